@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""PyTorch peer: the TF CIFAR-10 tutorial net, trained the way a towers tower trains it, so
+images/s can be compared side by side on the same machine in the same run.
+
+Same net as towers' `cifar10` model (NCHW, 24x24x3): conv1 5x5 3->64 SAME + ReLU, max-pool 3x3/2
+SAME (TF puts the extra padding after: F.pad right/bottom with -inf), LRN(depth_radius 4, bias 1,
+alpha 0.001/9, beta 0.75; PyTorch divides alpha by the window size 9, so alpha=0.001 here),
+conv2 5x5 64->64 + ReLU, LRN, max-pool, local3 2304->384 ReLU, local4 384->192 ReLU,
+logits 192->10; momentum SGD with weight decay 0.004 on local3/local4. A step is forward,
+cross-entropy, backward and the optimizer update, on a fixed random batch (no data loading).
+
+Prints one JSON line: {"peer": "pytorch", "mode": ..., "images_per_sec": ..., ...}.
+"""
+import argparse
+import json
+import platform
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class TutorialNet(nn.Module):
+    def __init__(self, in_ch=3, hw=24):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, 64, 5, padding=2)
+        self.conv2 = nn.Conv2d(64, 64, 5, padding=2)
+        self.norm = nn.LocalResponseNorm(size=9, alpha=0.001, beta=0.75, k=1.0)
+        flat = 64 * ((hw + 3) // 4) ** 2
+        self.local3 = nn.Linear(flat, 384)
+        self.local4 = nn.Linear(384, 192)
+        self.softmax_linear = nn.Linear(192, 10)
+
+    @staticmethod
+    def pool(x):
+        # TF SAME 3x3/2 on an even size pads one row/column after, with -inf.
+        x = F.pad(x, (0, 1, 0, 1), value=float("-inf"))
+        return F.max_pool2d(x, 3, 2)
+
+    def forward(self, x):
+        x = self.norm(self.pool(F.relu(self.conv1(x))))
+        x = self.pool(self.norm(F.relu(self.conv2(x))))
+        x = torch.flatten(x, 1)
+        x = F.relu(self.local3(x))
+        x = F.relu(self.local4(x))
+        return self.softmax_linear(x)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    ap.add_argument("--seconds", type=float, default=20.0, help="time to measure")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the step")
+    args = ap.parse_args()
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dev = torch.device(args.device)
+    net = TutorialNet().to(dev)
+    decay = [p for n, p in net.named_parameters() if n.startswith(("local3.weight", "local4.weight"))]
+    other = [p for n, p in net.named_parameters() if not n.startswith(("local3.weight", "local4.weight"))]
+    opt = torch.optim.SGD([{"params": decay, "weight_decay": 0.004}, {"params": other}], lr=0.01, momentum=0.9)
+    x = torch.randn(args.batch, 3, 24, 24, device=dev)
+    y = torch.randint(0, 10, (args.batch,), device=dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = torch.compile(step) if args.compile else step
+    sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
+    for _ in range(args.warmup):
+        loss = fn()
+    sync()
+    assert torch.isfinite(loss).item(), "loss is not finite"
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+        fn()
+        steps += 1
+    sync()
+    dt = time.perf_counter() - t0
+    print(json.dumps({
+        "peer": "pytorch", "version": torch.__version__, "mode": "compile" if args.compile else "eager",
+        "device": args.device, "threads": torch.get_num_threads(), "batch": args.batch,
+        "steps": steps, "seconds": dt, "images_per_sec": steps * args.batch / dt,
+        "mkldnn": torch.backends.mkldnn.is_available(), "machine": platform.processor() or platform.machine(),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+// step_bench — one training step of a tower (forward, backward, optimizer apply) and the
+// GEMM it is built on. Each benchmark validates its result before timing.
+//
+// Napkin math, cifar10 net at 24x24x3: forward = 2 * (conv1 64x75x576 + conv2 64x1600x144 +
+// local3 2304x384 + local4 384x192 + logits 192x10) = 37.3 MFLOP per image; a training step is
+// ~3x that (forward, dx, dW; conv1 skips dx), ~110 MFLOP per image, 14.1 GFLOP per batch of 128.
+// The limit is the machine's sgemm rate (BM_Sgemm below, per thread), since >90% of the
+// FLOPs are GEMMs.
+#include <cmath>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include "core/check.h"
+#include "core/device.h"
+#include "core/rng.h"
+#include "kernels/gemm.h"
+#include "models/models.h"
+#include "optim/optimizer.h"
+#include "towers/tower.h"
+
+namespace {
+
+using namespace towers;
+
+// Args: batch, threads.
+void BM_TowerStep(benchmark::State& state, const char* model) {
+  const int64_t batch = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  auto g = build_model(model);
+  Tower tower(*g, batch, threads);
+  std::vector<float> params(g->layout().total());
+  g->layout().initialize(params.data(), 1);
+  Optimizer opt(g->layout(), {"momentum"});
+  Rng rng(2);
+  std::vector<float> x(batch * numel(g->input_shape()));
+  for (float& v : x) v = rng.uniform(-1.5f, 1.5f);  // standardized-image range, never zeros
+  std::vector<int32_t> y(batch);
+  for (auto& v : y) v = static_cast<int32_t>(rng.below(10));
+  auto step = [&] {
+    tower.load_params(params.data());
+    StepStats s = tower.compute_gradients(x.data(), y.data(), batch, 1.0f / batch);
+    tower.device().execute([&] { opt.apply(params.data(), tower.grads(), 0.01f); });
+    return s;
+  };
+  // Validate: the loss is finite and near log(10) at initialisation, gradients are not zero.
+  StepStats s = step();
+  double gsum = 0;
+  for (int64_t i = 0; i < g->layout().total(); ++i) gsum += std::fabs(tower.grads()[i]);
+  if (!std::isfinite(s.loss_sum) || std::fabs(s.loss_sum / batch - std::log(10.0)) > 0.5 || gsum == 0) {
+    state.SkipWithError("step failed validation");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(step());
+  const double flops = 3.0 * g->flops_per_example();
+  state.counters["images_per_sec"] =
+      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP_per_sec"] = benchmark::Counter(batch * flops * 1e-9,
+                                                       benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK_CAPTURE(BM_TowerStep, cifar10, "cifar10")
+    ->ArgNames({"batch", "threads"})
+    ->Args({128, 1})
+    ->Args({128, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(3.0);
+BENCHMARK_CAPTURE(BM_TowerStep, fashion, "fashion")
+    ->ArgNames({"batch", "threads"})
+    ->Args({128, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(3.0);
+
+// The FLOP-rate limit: single-threaded OpenBLAS sgemm at conv2's shape (64 x 1152 x 1600,
+// one chunk of 8 images), run on `threads` threads at once as a tower does.
+void BM_Sgemm(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const int64_t m = 64, n = 1152, k = 1600;
+  CpuDevice dev(threads);
+  std::vector<std::vector<float>> a(threads, std::vector<float>(m * k)),
+      b(threads, std::vector<float>(k * n)), c(threads, std::vector<float>(m * n));
+  Rng rng(3);
+  for (auto& v : a) for (float& e : v) e = rng.uniform(-1, 1);
+  for (auto& v : b) for (float& e : v) e = rng.uniform(-1, 1);
+  // Validate one entry against a dot product.
+  kernels::cpu::gemm(false, false, m, n, k, 1.0f, a[0].data(), k, b[0].data(), n, 0.0f, c[0].data(), n);
+  double ref = 0;
+  for (int64_t i = 0; i < k; ++i) ref += static_cast<double>(a[0][i]) * b[0][i * n];
+  if (std::fabs(ref - c[0][0]) > 1e-3 * (1 + std::fabs(ref))) {
+    state.SkipWithError("sgemm result wrong");
+    return;
+  }
+  for (auto _ : state) {
+    dev.execute([&] {
+      oneapi::tbb::parallel_for(0, threads, [&](int t) {
+        kernels::cpu::gemm(false, false, m, n, k, 1.0f, a[t].data(), k, b[t].data(), n, 0.0f,
+                           c[t].data(), n);
+      });
+    });
+  }
+  state.counters["GFLOP_per_sec"] = benchmark::Counter(
+      2.0 * m * n * k * threads * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Sgemm)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,21 @@
+// activation.h — ReLU, CPU and CUDA twins. The CUDA twin takes its stream first.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;  // = cudaStream_t without pulling CUDA headers into host code
+
+namespace towers::kernels {
+
+namespace cpu {
+void relu_forward(int64_t n, const float* x, float* y);
+// dx = dy where y > 0, else 0 (y may alias x's storage: only y is read).
+void relu_backward(int64_t n, const float* y, const float* dy, float* dx);
+}  // namespace cpu
+
+namespace cuda {
+void relu_forward(CUstream_st* stream, int64_t n, const float* x, float* y);
+void relu_backward(CUstream_st* stream, int64_t n, const float* y, const float* dy, float* dx);
+}  // namespace cuda
+
+}  // namespace towers::kernels

@@ -1,0 +1,64 @@
+#include "kernels/pool.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+namespace towers::kernels::cpu {
+
+static inline void window_bounds(const Window& wdw, int64_t o, int64_t& lo, int64_t& hi) {
+  int64_t start = o * wdw.stride - wdw.pad_before;
+  lo = std::max<int64_t>(start, 0);
+  hi = std::min<int64_t>(start + wdw.k, wdw.in);
+}
+
+void maxpool_forward(int64_t planes, int64_t h, int64_t w, const Window& rows, const Window& cols,
+                     const float* x, float* y) {
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * h * w;
+    float* yp = y + p * rows.out * cols.out;
+    for (int64_t oy = 0; oy < rows.out; ++oy) {
+      int64_t y0, y1;
+      window_bounds(rows, oy, y0, y1);
+      for (int64_t ox = 0; ox < cols.out; ++ox) {
+        int64_t x0, x1;
+        window_bounds(cols, ox, x0, x1);
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t iy = y0; iy < y1; ++iy)
+          for (int64_t ix = x0; ix < x1; ++ix) m = std::max(m, xp[iy * w + ix]);
+        yp[oy * cols.out + ox] = m;
+      }
+    }
+  }
+}
+
+void maxpool_backward(int64_t planes, int64_t h, int64_t w, const Window& rows,
+                      const Window& cols, const float* x, const float* y, const float* dy,
+                      float* dx) {
+  std::memset(dx, 0, sizeof(float) * planes * h * w);
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * h * w;
+    float* dxp = dx + p * h * w;
+    const float* yp = y + p * rows.out * cols.out;
+    const float* dyp = dy + p * rows.out * cols.out;
+    for (int64_t oy = 0; oy < rows.out; ++oy) {
+      int64_t y0, y1;
+      window_bounds(rows, oy, y0, y1);
+      for (int64_t ox = 0; ox < cols.out; ++ox) {
+        int64_t x0, x1;
+        window_bounds(cols, ox, x0, x1);
+        const float m = yp[oy * cols.out + ox];
+        bool done = false;
+        for (int64_t iy = y0; iy < y1 && !done; ++iy)
+          for (int64_t ix = x0; ix < x1; ++ix)
+            if (xp[iy * w + ix] == m) {
+              dxp[iy * w + ix] += dyp[oy * cols.out + ox];
+              done = true;
+              break;
+            }
+      }
+    }
+  }
+}
+
+}  // namespace towers::kernels::cpu

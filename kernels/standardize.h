@@ -1,0 +1,12 @@
+// standardize.h — tf.image.per_image_standardization:
+//   y = (x - mean) / max(stddev, 1 / sqrt(numel)), mean and stddev over the whole image.
+#pragma once
+
+#include <cstdint>
+
+namespace towers::kernels::cpu {
+
+// n images of m floats each; in place is allowed (x == y).
+void standardize(int64_t n, int64_t m, const float* x, float* y);
+
+}  // namespace towers::kernels::cpu

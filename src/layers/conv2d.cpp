@@ -1,0 +1,111 @@
+#include "layers/conv2d.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+#include "core/parallel.h"
+#include "kernels/gemm.h"
+#include "layers/scratch.h"
+
+namespace towers {
+
+namespace {
+constexpr int64_t kChunk = 8;  // images per GEMM: big enough for an efficient GEMM,
+                               // small enough to give 2+ threads work at batch 16
+}
+
+Shape Conv2D::infer(const Shape& in) {
+  TOWERS_CHECK(in.size() == 3, "{}: conv2d needs a (C, H, W) input, got {}", name(),
+               to_string(in));
+  auto& g = geo_;
+  g.channels = in[0];
+  g.height = in[1];
+  g.width = in[2];
+  g.rows = kernels::make_window(in[1], cfg_.kernel, cfg_.stride, cfg_.padding);
+  g.cols = kernels::make_window(in[2], cfg_.kernel, cfg_.stride, cfg_.padding);
+  return {cfg_.out_channels, g.rows.out, g.cols.out};
+}
+
+std::vector<ParamSpec> Conv2D::params() const {
+  return {{name() + "/weight", {cfg_.out_channels, geo_.channels, cfg_.kernel, cfg_.kernel},
+           Init::truncated_normal(cfg_.weight_stddev), cfg_.weight_decay},
+          {name() + "/bias", {cfg_.out_channels}, Init::constant(cfg_.bias_init), 0.0f}};
+}
+
+int64_t Conv2D::flops_per_example() const {
+  return 2 * cfg_.out_channels * geo_.patch() * geo_.out_pixels();
+}
+
+void Conv2D::forward(const ForwardArgs& a) const {
+  const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
+  const int64_t in_sz = numel(in_shape()), out_sz = co * P;
+  for_chunks(a.n, kChunk, [&](int64_t, int64_t b0, int64_t b1) {
+    const int64_t cols = (b1 - b0) * P;
+    float* col = thread_scratch(ScratchSlot::Col, K * cols);  // (K, images * P)
+    float* out = thread_scratch(ScratchSlot::Out, co * cols);  // (co, images * P)
+    for (int64_t i = b0; i < b1; ++i)
+      kernels::cpu::im2col(geo_, a.x + i * in_sz, col + (i - b0) * P, cols);
+    kernels::cpu::gemm(false, false, co, cols, K, 1.0f, a.w, K, col, cols, 0.0f, out, cols);
+    // Scatter (co, images, P) to (images, co, P), adding the bias and the ReLU on the way.
+    for (int64_t i = b0; i < b1; ++i)
+      for (int64_t c = 0; c < co; ++c) {
+        const float* s = out + c * cols + (i - b0) * P;
+        float* d = a.y + i * out_sz + c * P;
+        const float bias = a.b[c];
+        if (cfg_.relu)
+          for (int64_t p = 0; p < P; ++p) d[p] = std::max(s[p] + bias, 0.0f);
+        else
+          for (int64_t p = 0; p < P; ++p) d[p] = s[p] + bias;
+      }
+  });
+}
+
+void Conv2D::backward(const BackwardArgs& a) const {
+  const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
+  const int64_t in_sz = numel(in_shape()), out_sz = co * P;
+  const int64_t chunks = ceil_div(a.n, kChunk), wsz = co * K;
+  // One partial (dW, db) per chunk, summed in chunk order: deterministic for any thread count.
+  std::vector<float> partial(chunks * (wsz + co));
+  for_chunks(a.n, kChunk, [&](int64_t k, int64_t b0, int64_t b1) {
+    const int64_t cols = (b1 - b0) * P;
+    float* col = thread_scratch(ScratchSlot::Col, K * cols);
+    float* g = thread_scratch(ScratchSlot::Out, co * cols);  // (co, images * P) masked dy
+    float* dwk = partial.data() + k * (wsz + co);
+    float* dbk = dwk + wsz;
+    for (int64_t c = 0; c < co; ++c) {
+      double bsum = 0.0;
+      for (int64_t i = b0; i < b1; ++i) {
+        const float* dy = a.dy + i * out_sz + c * P;
+        const float* y = a.y + i * out_sz + c * P;
+        float* d = g + c * cols + (i - b0) * P;
+        if (cfg_.relu)
+          for (int64_t p = 0; p < P; ++p) d[p] = y[p] > 0.0f ? dy[p] : 0.0f;
+        else
+          std::memcpy(d, dy, sizeof(float) * P);
+        for (int64_t p = 0; p < P; ++p) bsum += d[p];
+      }
+      dbk[c] = static_cast<float>(bsum);
+    }
+    for (int64_t i = b0; i < b1; ++i)
+      kernels::cpu::im2col(geo_, a.x + i * in_sz, col + (i - b0) * P, cols);
+    // dW_k (co, K) = g (co, cols) * col^T (cols, K)
+    kernels::cpu::gemm(false, true, co, K, cols, 1.0f, g, cols, col, cols, 0.0f, dwk, K);
+    if (a.dx != nullptr) {
+      // dcol (K, cols) = W^T (K, co) * g (co, cols), reusing the col buffer.
+      kernels::cpu::gemm(true, false, K, cols, co, 1.0f, a.w, K, g, cols, 0.0f, col, cols);
+      for (int64_t i = b0; i < b1; ++i)
+        kernels::cpu::col2im(geo_, col + (i - b0) * P, cols, a.dx + i * in_sz);
+    }
+  });
+  std::memcpy(a.dw, partial.data(), sizeof(float) * wsz);
+  std::memcpy(a.db, partial.data() + wsz, sizeof(float) * co);
+  for (int64_t k = 1; k < chunks; ++k) {
+    const float* p = partial.data() + k * (wsz + co);
+    for (int64_t j = 0; j < wsz; ++j) a.dw[j] += p[j];
+    for (int64_t j = 0; j < co; ++j) a.db[j] += p[wsz + j];
+  }
+}
+
+}  // namespace towers

@@ -1,0 +1,32 @@
+// dense.h — fully connected layer (TF tutorial's "local" layers), y = x W^T + b, optional ReLU.
+// The input is flattened in NCHW memory order (C, H, W). Weight [out, in].
+#pragma once
+
+#include "layers/layer.h"
+
+namespace towers {
+
+struct DenseConfig {
+  int64_t out = 0;
+  bool relu = true;
+  float weight_stddev = 0.04f, bias_init = 0.1f, weight_decay = 0.0f;
+};
+
+class Dense : public Layer {
+ public:
+  Dense(std::string name, DenseConfig cfg) : Layer(std::move(name)), cfg_(cfg) {}
+  std::string kind() const override { return "dense"; }
+  std::vector<ParamSpec> params() const override;
+  int64_t flops_per_example() const override { return 2 * in_ * cfg_.out; }
+  void forward(const ForwardArgs& a) const override;
+  void backward(const BackwardArgs& a) const override;
+
+ protected:
+  Shape infer(const Shape& in) override;
+
+ private:
+  DenseConfig cfg_;
+  int64_t in_ = 0;
+};
+
+}  // namespace towers

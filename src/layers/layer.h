@@ -1,0 +1,69 @@
+// layer.h — the layer contract. A layer is bound once to its input shape and is immutable
+// afterwards: it holds no per-call state, so every tower shares one graph's layers. Everything a
+// call needs (activations, saved buffers, parameters, gradients) is passed in by the tower.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "params/layout.h"
+
+namespace towers {
+
+struct ForwardArgs {
+  int64_t n = 0;              // examples in this call
+  const float* x = nullptr;   // (n, in_shape)
+  float* y = nullptr;         // (n, out_shape)
+  const float* w = nullptr;   // weight view into the flat parameter array (null if none)
+  const float* b = nullptr;   // bias view (null if none)
+  float* saved = nullptr;     // (n, saved_per_example()) floats kept for backward
+  bool training = true;       // false: no backward follows, nothing needs saving
+};
+
+struct BackwardArgs {
+  int64_t n = 0;
+  const float* x = nullptr;   // forward input
+  const float* y = nullptr;   // forward output
+  const float* dy = nullptr;  // (n, out_shape)
+  float* dx = nullptr;        // (n, in_shape), overwritten; null for the first layer
+  const float* w = nullptr;   // as in forward
+  const float* b = nullptr;
+  float* dw = nullptr;        // gradient views, same layout as w and b, overwritten
+  float* db = nullptr;
+  const float* saved = nullptr;
+};
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  virtual ~Layer() = default;
+
+  const std::string& name() const { return name_; }
+  virtual std::string kind() const = 0;
+  const Shape& in_shape() const { return in_; }
+  const Shape& out_shape() const { return out_; }
+
+  // Fixes the per-example input shape; computes the output shape (throws on a bad fit).
+  void bind(const Shape& in) {
+    in_ = in;
+    out_ = infer(in);
+  }
+  // The layer's variables: none, or "<name>/weight" then "<name>/bias".
+  virtual std::vector<ParamSpec> params() const { return {}; }
+  virtual int64_t saved_per_example() const { return 0; }
+  virtual int64_t flops_per_example() const { return 0; }  // forward multiply-adds x 2
+
+  virtual void forward(const ForwardArgs& a) const = 0;
+  virtual void backward(const BackwardArgs& a) const = 0;
+
+ protected:
+  virtual Shape infer(const Shape& in) = 0;  // may cache geometry
+
+ private:
+  std::string name_;
+  Shape in_, out_;
+};
+
+}  // namespace towers

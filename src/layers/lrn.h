@@ -1,0 +1,24 @@
+// lrn.h — local response normalisation across channels (tf.nn.lrn); saves its scale.
+#pragma once
+
+#include "kernels/lrn.h"
+#include "layers/layer.h"
+
+namespace towers {
+
+class Lrn : public Layer {
+ public:
+  Lrn(std::string name, kernels::LrnParams p) : Layer(std::move(name)), p_(p) {}
+  std::string kind() const override { return "lrn"; }
+  int64_t saved_per_example() const override { return numel(in_shape()); }
+  void forward(const ForwardArgs& a) const override;
+  void backward(const BackwardArgs& a) const override;
+
+ protected:
+  Shape infer(const Shape& in) override;
+
+ private:
+  kernels::LrnParams p_;
+};
+
+}  // namespace towers

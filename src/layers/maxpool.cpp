@@ -1,0 +1,35 @@
+#include "layers/maxpool.h"
+
+#include "core/check.h"
+#include "core/parallel.h"
+#include "kernels/pool.h"
+
+namespace towers {
+
+Shape MaxPool::infer(const Shape& in) {
+  TOWERS_CHECK(in.size() == 3, "{}: maxpool needs (C, H, W), got {}", name(), to_string(in));
+  rows_ = kernels::make_window(in[1], kernel_, stride_, padding_);
+  cols_ = kernels::make_window(in[2], kernel_, stride_, padding_);
+  return {in[0], rows_.out, cols_.out};
+}
+
+void MaxPool::forward(const ForwardArgs& a) const {
+  const int64_t c = in_shape()[0], h = in_shape()[1], w = in_shape()[2];
+  const int64_t in_sz = c * h * w, out_sz = numel(out_shape());
+  for_chunks(a.n, 4, [&](int64_t, int64_t b0, int64_t b1) {
+    kernels::cpu::maxpool_forward((b1 - b0) * c, h, w, rows_, cols_, a.x + b0 * in_sz,
+                                  a.y + b0 * out_sz);
+  });
+}
+
+void MaxPool::backward(const BackwardArgs& a) const {
+  if (a.dx == nullptr) return;
+  const int64_t c = in_shape()[0], h = in_shape()[1], w = in_shape()[2];
+  const int64_t in_sz = c * h * w, out_sz = numel(out_shape());
+  for_chunks(a.n, 4, [&](int64_t, int64_t b0, int64_t b1) {
+    kernels::cpu::maxpool_backward((b1 - b0) * c, h, w, rows_, cols_, a.x + b0 * in_sz,
+                                   a.y + b0 * out_sz, a.dy + b0 * out_sz, a.dx + b0 * in_sz);
+  });
+}
+
+}  // namespace towers

@@ -1,0 +1,26 @@
+// maxpool.h — max-pooling with TF window and SAME/VALID padding rules; no parameters.
+#pragma once
+
+#include "kernels/conv.h"
+#include "layers/layer.h"
+
+namespace towers {
+
+class MaxPool : public Layer {
+ public:
+  MaxPool(std::string name, int64_t kernel, int64_t stride, kernels::Padding padding)
+      : Layer(std::move(name)), kernel_(kernel), stride_(stride), padding_(padding) {}
+  std::string kind() const override { return "maxpool"; }
+  void forward(const ForwardArgs& a) const override;
+  void backward(const BackwardArgs& a) const override;
+
+ protected:
+  Shape infer(const Shape& in) override;
+
+ private:
+  int64_t kernel_, stride_;
+  kernels::Padding padding_;
+  kernels::Window rows_, cols_;
+};
+
+}  // namespace towers

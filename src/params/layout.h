@@ -1,0 +1,53 @@
+// layout.h — the one layout shared by parameters, gradients and optimizer slots:
+// a flat float array with a name -> (offset, shape) table (DESIGN.md, "One step, as data").
+// A broadcast is one copy, a reduction one call, a checkpoint one write.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace towers {
+
+struct Init {
+  enum class Kind { Constant, TruncatedNormal } kind = Kind::Constant;
+  float value = 0.0f;  // the constant, or the stddev
+  static Init constant(float v) { return {Kind::Constant, v}; }
+  static Init truncated_normal(float stddev) { return {Kind::TruncatedNormal, stddev}; }
+};
+
+struct ParamSpec {
+  std::string name;  // "<layer>/weight" or "<layer>/bias"
+  Shape shape;       // conv weight [out, in, kh, kw]; linear weight [out, in]; bias [out]
+  Init init;
+  float weight_decay = 0.0f;
+};
+
+struct Variable {
+  ParamSpec spec;
+  int64_t offset = 0;  // floats from the start of the flat array, 16-float (64-byte) aligned
+  int64_t size = 0;    // numel(spec.shape)
+};
+
+class ParameterLayout {
+ public:
+  ParameterLayout() = default;
+  explicit ParameterLayout(const std::vector<ParamSpec>& specs);
+
+  const std::vector<Variable>& variables() const { return vars_; }
+  int64_t total() const { return total_; }  // floats, padding included
+  int64_t count() const;                    // parameters, padding excluded
+  const Variable& find(const std::string& name) const;  // throws naming the variable
+
+  // Fills params (total() floats) from each variable's initialiser; padding stays 0.
+  // Draws for a variable depend only on (seed, its name), not on the other variables.
+  void initialize(float* params, uint64_t seed) const;
+
+ private:
+  std::vector<Variable> vars_;
+  int64_t total_ = 0;
+};
+
+}  // namespace towers

@@ -1,0 +1,165 @@
+// Kernel tests: softmax cross-entropy, standardization, ReLU and the optimizer updates
+// against their formulas.
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/check.h"
+#include "core/rng.h"
+#include "gradcheck.h"
+#include "kernels/activation.h"
+#include "kernels/optimizer.h"
+#include "kernels/softmax_xent.h"
+#include "kernels/standardize.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+namespace towers {
+namespace {
+
+TEST(SoftmaxXent, LossAndAccuracyOnKnownLogits) {
+  // logits (2, 3): uniform row gives log 3; a confident right answer gives ~0.
+  std::vector<float> z = {0, 0, 0, 10, -10, -10};
+  std::vector<int32_t> y = {1, 0};
+  auto r = kernels::cpu::softmax_xent(2, 3, z.data(), y.data(), 0.0f, nullptr);
+  EXPECT_NEAR(r.loss_sum, std::log(3.0) + std::log(1 + 2 * std::exp(-20.0)), 1e-6);
+  EXPECT_EQ(r.correct, 1);  // argmax of the uniform row is 0, label 1
+}
+
+TEST(SoftmaxXent, GradientMatchesNumerical) {
+  const int64_t n = 5, k = 7;
+  Rng rng(3);
+  std::vector<float> z(n * k), g(n * k);
+  std::vector<int32_t> y(n);
+  for (float& v : z) v = rng.uniform(-3, 3);
+  for (auto& v : y) v = static_cast<int32_t>(rng.below(k));
+  kernels::cpu::softmax_xent(n, k, z.data(), y.data(), 1.0f / n, g.data());
+  auto loss = [&] { return kernels::cpu::softmax_xent(n, k, z.data(), y.data(), 0, nullptr).loss_sum / n; };
+  auto r = testing::check_gradient(loss, z.data(), g.data(), testing::sample_indices(n * k, 100, 1), "logits");
+  EXPECT_TRUE(r.ok()) << r.worst;
+  EXPECT_EQ(r.checked, n * k);
+}
+
+TEST(Standardize, ZeroMeanUnitStdAndTheFloor) {
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 5, 5, 5, 5, 5, 5, 5, 5};
+  std::vector<float> y(16);
+  kernels::cpu::standardize(2, 8, x.data(), y.data());
+  double m = 0, s = 0;
+  for (int i = 0; i < 8; ++i) m += y[i];
+  for (int i = 0; i < 8; ++i) s += y[i] * y[i];
+  EXPECT_NEAR(m / 8, 0.0, 1e-6);
+  EXPECT_NEAR(s / 8, 1.0, 1e-5);
+  for (int i = 8; i < 16; ++i) EXPECT_EQ(y[i], 0.0f);  // constant image: stddev floored, no NaN
+}
+
+TEST(Relu, ForwardAndBackward) {
+  std::vector<float> x = {-1, 0, 2, -3, 4}, y(5), dy = {1, 1, 1, 1, 1}, dx(5);
+  kernels::cpu::relu_forward(5, x.data(), y.data());
+  EXPECT_EQ(y, (std::vector<float>{0, 0, 2, 0, 4}));
+  kernels::cpu::relu_backward(5, y.data(), dy.data(), dx.data());
+  EXPECT_EQ(dx, (std::vector<float>{0, 0, 1, 0, 1}));
+}
+
+// One variable of 3 floats through the Optimizer, checked step by step against the formulas.
+struct OptFixture {
+  ParameterLayout layout{{ParamSpec{"v/weight", {3}, Init::constant(0), 0.5f}}};
+  std::vector<float> w = std::vector<float>(layout.total(), 0.0f);
+  std::vector<float> g = std::vector<float>(layout.total(), 0.0f);
+  OptFixture() { w[0] = 1.0f, w[1] = -2.0f, w[2] = 0.5f, g[0] = 0.1f, g[1] = 0.2f, g[2] = -0.3f; }
+};
+
+TEST(Optimizer, SgdWithWeightDecay) {
+  OptFixture f;
+  Optimizer opt(f.layout, {"sgd"});
+  opt.apply(f.w.data(), f.g.data(), 0.1f);
+  EXPECT_FLOAT_EQ(f.w[0], 1.0f - 0.1f * (0.1f + 0.5f * 1.0f));
+  EXPECT_FLOAT_EQ(f.w[1], -2.0f - 0.1f * (0.2f + 0.5f * -2.0f));
+}
+
+TEST(Optimizer, MomentumAndNesterovTwoSteps) {
+  for (bool nesterov : {false, true}) {
+    OptFixture f;
+    OptimizerConfig c{"momentum"};
+    c.momentum = 0.9f, c.nesterov = nesterov;
+    Optimizer opt(f.layout, c);
+    double w = 1.0, a = 0.0;
+    for (int step = 0; step < 2; ++step) {
+      opt.apply(f.w.data(), f.g.data(), 0.1f);
+      double g = 0.1 + 0.5 * w;
+      a = 0.9 * a + g;
+      w -= nesterov ? 0.1 * (g + 0.9 * a) : 0.1 * a;
+      EXPECT_NEAR(f.w[0], w, 1e-6) << "nesterov " << nesterov << " step " << step;
+    }
+  }
+}
+
+TEST(Optimizer, AdamMatchesTfFormula) {
+  OptFixture f;
+  Optimizer opt(f.layout, {"adam"});
+  double w = 1.0, m = 0, v = 0;
+  for (int t = 1; t <= 3; ++t) {
+    opt.apply(f.w.data(), f.g.data(), 0.01f);
+    double g = 0.1 + 0.5 * w;
+    m = 0.9 * m + 0.1 * g;
+    v = 0.999 * v + 0.001 * g * g;
+    double lr_t = 0.01 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t));
+    w -= lr_t * m / (std::sqrt(v) + 1e-8);
+    EXPECT_NEAR(f.w[0], w, 1e-6);
+  }
+  EXPECT_EQ(opt.state()["updates"], 3);
+}
+
+TEST(Optimizer, AdagradAndRmspropMatchTfFormulas) {
+  OptFixture f;
+  Optimizer ada(f.layout, {"adagrad"});
+  ada.apply(f.w.data(), f.g.data(), 0.1f);
+  double g = 0.1 + 0.5;
+  EXPECT_NEAR(f.w[0], 1.0 - 0.1 * g / std::sqrt(0.1 + g * g), 1e-6);
+
+  OptFixture r;
+  OptimizerConfig c{"rmsprop"};
+  c.momentum = 0.5f;
+  Optimizer rms(r.layout, c);
+  rms.apply(r.w.data(), r.g.data(), 0.1f);
+  double ms = 0.9 * 1.0 + 0.1 * g * g;
+  double mom = 0.1 * g / std::sqrt(ms + 1e-10);
+  EXPECT_NEAR(r.w[0], 1.0 - mom, 1e-6);
+}
+
+TEST(Optimizer, UnknownNameIsAnErrorNamingTheFlag) {
+  ParameterLayout layout{{ParamSpec{"v", {1}, Init::constant(0), 0}}};
+  try {
+    Optimizer opt(layout, {"adamw2"});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--optimizer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("adamw2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Schedule, CountsEpochsNotSteps) {
+  ScheduleConfig s;
+  s.kind = "exponential", s.lr = 0.1f, s.decay_epochs = 2.0, s.decay_factor = 0.5f;
+  EXPECT_FLOAT_EQ(learning_rate(s, 1.99), 0.1f);
+  EXPECT_FLOAT_EQ(learning_rate(s, 2.0), 0.05f);
+  EXPECT_FLOAT_EQ(learning_rate(s, 4.5), 0.025f);
+  ScheduleConfig c;
+  c.kind = "cosine", c.lr = 1.0f, c.total_epochs = 10.0;
+  EXPECT_FLOAT_EQ(learning_rate(c, 0.0), 1.0f);
+  EXPECT_NEAR(learning_rate(c, 5.0), 0.5f, 1e-6);
+  EXPECT_NEAR(learning_rate(c, 10.0), 0.0f, 1e-6);
+  c.warmup_epochs = 1.0;
+  EXPECT_NEAR(learning_rate(c, 0.5), 0.5f * learning_rate(ScheduleConfig{"cosine", 1.0f, 350, 0.1f, 10.0, 0.0}, 0.5), 1e-6);
+}
+
+TEST(Schedule, RejectsNonsense) {
+  ScheduleConfig s;
+  s.lr = -1.0f;
+  EXPECT_THROW(validate(s), Error);
+  s.lr = 0.1f, s.kind = "triangle";
+  EXPECT_THROW(validate(s), Error);
+}
+
+}  // namespace
+}  // namespace towers

@@ -1,0 +1,209 @@
+// Layer tests: forward against naive references, backward against the gradient checker.
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/rng.h"
+#include "gradcheck.h"
+#include "kernels/conv.h"
+#include "kernels/lrn.h"
+#include "kernels/pool.h"
+#include "layers/conv2d.h"
+#include "layers/dense.h"
+#include "layers/lrn.h"
+#include "layers/maxpool.h"
+
+namespace towers {
+namespace {
+
+using kernels::Padding;
+
+void expect_gradients_ok(const Layer& layer, int64_t n, uint64_t seed) {
+  for (const auto& r : testing::check_layer(layer, n, seed)) {
+    EXPECT_TRUE(r.ok()) << r.worst << " (error " << r.max_error << ")";
+    EXPECT_GT(r.checked, 0);
+    EXPECT_LE(r.skipped_kinks, r.checked / 4 + 2) << "too many coordinates sat on kinks";
+  }
+}
+
+std::vector<float> random_vec(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& e : v) e = rng.uniform(lo, hi);
+  return v;
+}
+
+// Direct convolution with TF SAME/VALID padding, in double.
+std::vector<float> naive_conv(const std::vector<float>& x, const std::vector<float>& w,
+                              const std::vector<float>& b, int64_t n, int64_t ci, int64_t h,
+                              int64_t wd, int64_t co, int64_t k, int64_t s, Padding p, bool relu,
+                              int64_t& oh, int64_t& ow) {
+  auto R = kernels::make_window(h, k, s, p), C = kernels::make_window(wd, k, s, p);
+  oh = R.out, ow = C.out;
+  std::vector<float> y(n * co * oh * ow);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t o = 0; o < co; ++o)
+      for (int64_t oy = 0; oy < oh; ++oy)
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          double acc = b[o];
+          for (int64_t c = 0; c < ci; ++c)
+            for (int64_t ky = 0; ky < k; ++ky)
+              for (int64_t kx = 0; kx < k; ++kx) {
+                int64_t iy = oy * s - R.pad_before + ky, ix = ox * s - C.pad_before + kx;
+                if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
+                acc += static_cast<double>(x[((i * ci + c) * h + iy) * wd + ix]) *
+                       w[((o * ci + c) * k + ky) * k + kx];
+              }
+          y[((i * co + o) * oh + oy) * ow + ox] = static_cast<float>(relu ? std::max(acc, 0.0) : acc);
+        }
+  return y;
+}
+
+TEST(Window, TfSamePaddingPutsTheExtraAfter) {
+  auto w = kernels::make_window(24, 3, 2, Padding::Same);
+  EXPECT_EQ(w.out, 12);
+  EXPECT_EQ(w.pad_before, 0);  // total pad 1: all of it after
+  auto w2 = kernels::make_window(5, 4, 1, Padding::Same);
+  EXPECT_EQ(w2.out, 5);
+  EXPECT_EQ(w2.pad_before, 1);  // total 3: 1 before, 2 after
+  auto v = kernels::make_window(7, 3, 2, Padding::Valid);
+  EXPECT_EQ(v.out, 3);
+  EXPECT_EQ(v.pad_before, 0);
+}
+
+TEST(Im2col, Col2imIsItsAdjoint) {
+  kernels::ConvGeometry g;
+  g.channels = 3, g.height = 7, g.width = 6;
+  g.rows = kernels::make_window(7, 3, 2, Padding::Same);
+  g.cols = kernels::make_window(6, 3, 2, Padding::Same);
+  const int64_t cols = g.out_pixels(), K = g.patch();
+  auto x = random_vec(3 * 7 * 6, 1), c = random_vec(K * cols, 2);
+  std::vector<float> ix(K * cols), cx(x.size());
+  kernels::cpu::im2col(g, x.data(), ix.data(), cols);
+  kernels::cpu::col2im(g, c.data(), cols, cx.data());
+  double lhs = 0, rhs = 0;  // <im2col(x), c> == <x, col2im(c)>
+  for (size_t i = 0; i < ix.size(); ++i) lhs += static_cast<double>(ix[i]) * c[i];
+  for (size_t i = 0; i < x.size(); ++i) rhs += static_cast<double>(x[i]) * cx[i];
+  EXPECT_NEAR(lhs, rhs, 1e-4 * std::fabs(lhs) + 1e-5);
+}
+
+struct ConvCase {
+  int64_t ci, h, w, co, k, s;
+  Padding p;
+  bool relu;
+};
+
+class ConvTest : public ::testing::TestWithParam<ConvCase> {};
+
+TEST_P(ConvTest, ForwardMatchesDirectConvolution) {
+  const ConvCase c = GetParam();
+  const int64_t n = 11;  // not a multiple of the chunk size
+  Conv2D conv("conv", Conv2DConfig{c.co, c.k, c.s, c.p, c.relu});
+  conv.bind({c.ci, c.h, c.w});
+  auto x = random_vec(n * c.ci * c.h * c.w, 3), w = random_vec(c.co * c.ci * c.k * c.k, 4),
+       b = random_vec(c.co, 5);
+  int64_t oh, ow;
+  auto ref = naive_conv(x, w, b, n, c.ci, c.h, c.w, c.co, c.k, c.s, c.p, c.relu, oh, ow);
+  ASSERT_EQ(conv.out_shape(), (Shape{c.co, oh, ow}));
+  std::vector<float> y(ref.size());
+  ForwardArgs a;
+  a.n = n, a.x = x.data(), a.y = y.data(), a.w = w.data(), a.b = b.data();
+  conv.forward(a);
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-4) << "at " << i;
+}
+
+TEST_P(ConvTest, GradientsMatchNumerical) {
+  const ConvCase c = GetParam();
+  Conv2D conv("conv", Conv2DConfig{c.co, c.k, c.s, c.p, c.relu});
+  conv.bind({c.ci, c.h, c.w});
+  expect_gradients_ok(conv, 3, 7);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ConvTest,
+                         ::testing::Values(ConvCase{3, 8, 8, 4, 5, 1, Padding::Same, true},
+                                           ConvCase{2, 7, 6, 3, 3, 2, Padding::Same, false},
+                                           ConvCase{2, 9, 9, 3, 4, 1, Padding::Same, false},
+                                           ConvCase{3, 7, 7, 2, 3, 2, Padding::Valid, true}));
+
+TEST(Dense, ForwardIsXWtPlusB) {
+  Dense d("fc", DenseConfig{3, false});
+  d.bind({2, 2, 1});  // flattened to 4 in (C, H, W) order
+  std::vector<float> x = {1, 2, 3, 4, -1, 0, 1, 0};
+  std::vector<float> w = {1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 1};
+  std::vector<float> b = {0.5f, -0.5f, 0};
+  std::vector<float> y(6);
+  ForwardArgs a;
+  a.n = 2, a.x = x.data(), a.y = y.data(), a.w = w.data(), a.b = b.data();
+  d.forward(a);
+  EXPECT_EQ(y, (std::vector<float>{1.5f, 1.5f, 10, -0.5f, -0.5f, 0}));
+}
+
+TEST(Dense, GradientsMatchNumerical) {
+  Dense relu("fc", DenseConfig{40, true});
+  relu.bind({3, 4, 5});
+  expect_gradients_ok(relu, 19, 11);
+  Dense lin("logits", DenseConfig{7, false});
+  lin.bind({33});
+  expect_gradients_ok(lin, 5, 12);
+}
+
+TEST(MaxPool, SamePaddingNeverWinsAndSitsAfter) {
+  // 1 plane 4x4, window 3 stride 2 SAME: out 2x2, pad_before 0, one padded row/col after.
+  MaxPool p("pool", 3, 2, Padding::Same);
+  p.bind({1, 4, 4});
+  ASSERT_EQ(p.out_shape(), (Shape{1, 2, 2}));
+  std::vector<float> x(16);
+  for (int i = 0; i < 16; ++i) x[i] = -100.0f + i;  // all negative: padding as 0 would win
+  std::vector<float> y(4);
+  ForwardArgs a;
+  a.n = 1, a.x = x.data(), a.y = y.data();
+  p.forward(a);
+  // windows rows {0,1,2},{2,3} x cols {0,1,2},{2,3}
+  EXPECT_EQ(y, (std::vector<float>{-100 + 10, -100 + 11, -100 + 14, -100 + 15}));
+}
+
+TEST(MaxPool, GradientsMatchNumerical) {
+  MaxPool same("pool", 3, 2, Padding::Same);
+  same.bind({3, 9, 8});
+  expect_gradients_ok(same, 4, 21);
+  MaxPool valid("pool", 2, 2, Padding::Valid);
+  valid.bind({2, 6, 6});
+  expect_gradients_ok(valid, 3, 22);
+}
+
+TEST(Lrn, ForwardMatchesTfFormula) {
+  const kernels::LrnParams p{2, 1.5f, 0.3f, 0.75f};
+  Lrn lrn("norm", p);
+  lrn.bind({6, 2, 3});
+  const int64_t n = 2, C = 6, HW = 6;
+  auto x = random_vec(n * C * HW, 31, -2.0f, 2.0f);
+  std::vector<float> y(x.size()), saved(x.size());
+  ForwardArgs a;
+  a.n = n, a.x = x.data(), a.y = y.data(), a.saved = saved.data();
+  lrn.forward(a);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < HW; ++i) {
+        double s = 0;
+        for (int64_t k = std::max<int64_t>(0, c - 2); k <= std::min<int64_t>(C - 1, c + 2); ++k) {
+          double v = x[(b * C + k) * HW + i];
+          s += v * v;
+        }
+        double ref = x[(b * C + c) * HW + i] / std::pow(1.5 + 0.3 * s, 0.75);
+        EXPECT_NEAR(y[(b * C + c) * HW + i], ref, 1e-5);
+      }
+}
+
+TEST(Lrn, GradientsMatchNumerical) {
+  Lrn tutorial("norm1", kernels::LrnParams{4, 1.0f, 0.001f / 9.0f, 0.75f});
+  tutorial.bind({12, 3, 3});
+  expect_gradients_ok(tutorial, 3, 41);
+  // Large alpha so the cross-channel term of the gradient matters.
+  Lrn strong("norm", kernels::LrnParams{2, 1.0f, 0.5f, 0.6f});
+  strong.bind({7, 2, 2});
+  expect_gradients_ok(strong, 2, 42);
+}
+
+}  // namespace
+}  // namespace towers

@@ -1,0 +1,86 @@
+#include "towers/tower.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace towers {
+
+Tower::Tower(const Graph& graph, int64_t max_batch, int threads)
+    : graph_(graph), max_batch_(max_batch), device_(threads) {
+  TOWERS_CHECK(max_batch > 0, "a tower needs a positive batch, got {}", max_batch);
+  const ParameterLayout& layout = graph.layout();
+  params_ = DeviceBuffer(device_, layout.total());
+  grads_ = DeviceBuffer(device_, layout.total());
+  int64_t widest = numel(graph.input_shape());
+  for (const auto& l : graph.layers()) {
+    act_.emplace_back(device_, max_batch * numel(l->out_shape()));
+    saved_.emplace_back(device_, max_batch * l->saved_per_example());
+    widest = std::max(widest, numel(l->out_shape()));
+    bool has_vars = !l->params().empty();
+    w_off_.push_back(has_vars ? layout.find(l->name() + "/weight").offset : -1);
+    b_off_.push_back(has_vars ? layout.find(l->name() + "/bias").offset : -1);
+  }
+  for (auto& d : dact_) d = DeviceBuffer(device_, max_batch * widest);
+}
+
+void Tower::load_params(const float* host) {
+  device_.copy_in(params_.data(), host, graph_.layout().total());
+}
+
+const float* Tower::forward(const float* images, int64_t n, bool training) {
+  TOWERS_CHECK(n > 0 && n <= max_batch_, "batch of {} for a tower built for {}", n, max_batch_);
+  const auto& layers = graph_.layers();
+  const float* x = images;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    ForwardArgs a;
+    a.n = n;
+    a.x = x;
+    a.y = act_[i].data();
+    a.w = w_off_[i] >= 0 ? params_.data() + w_off_[i] : nullptr;
+    a.b = b_off_[i] >= 0 ? params_.data() + b_off_[i] : nullptr;
+    a.saved = saved_[i].data();
+    a.training = training;
+    layers[i]->forward(a);
+    x = a.y;
+  }
+  return x;
+}
+
+StepStats Tower::compute_gradients(const float* images, const int32_t* labels, int64_t n,
+                                   float grad_scale) {
+  return device_.execute([&] {
+    const float* logits = forward(images, n, true);
+    const int64_t k = graph_.num_classes();
+    float* dy = dact_[0].data();
+    auto r = kernels::cpu::softmax_xent(n, k, logits, labels, grad_scale, dy);
+    const auto& layers = graph_.layers();
+    int cur = 0;
+    for (size_t i = layers.size(); i-- > 0;) {
+      BackwardArgs a;
+      a.n = n;
+      a.x = i == 0 ? images : act_[i - 1].data();
+      a.y = act_[i].data();
+      a.dy = dact_[cur].data();
+      a.dx = i == 0 ? nullptr : dact_[1 - cur].data();
+      a.w = w_off_[i] >= 0 ? params_.data() + w_off_[i] : nullptr;
+      a.b = b_off_[i] >= 0 ? params_.data() + b_off_[i] : nullptr;
+      a.dw = w_off_[i] >= 0 ? grads_.data() + w_off_[i] : nullptr;
+      a.db = b_off_[i] >= 0 ? grads_.data() + b_off_[i] : nullptr;
+      a.saved = saved_[i].data();
+      layers[i]->backward(a);
+      cur = 1 - cur;
+    }
+    return StepStats{r.loss_sum, r.correct, n};
+  });
+}
+
+StepStats Tower::evaluate(const float* images, const int32_t* labels, int64_t n) {
+  return device_.execute([&] {
+    const float* logits = forward(images, n, false);
+    auto r = kernels::cpu::softmax_xent(n, graph_.num_classes(), logits, labels, 0.0f, nullptr);
+    return StepStats{r.loss_sum, r.correct, n};
+  });
+}
+
+}  // namespace towers

@@ -1,0 +1,68 @@
+// trainer.h — `towers train` and `towers eval` as library calls: a run from flags to summary.
+// One tower here; the multi-tower modes of the engine build on the same loop.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+namespace towers {
+
+struct TrainConfig {
+  std::string model = "fashion";
+  std::string dataset = "fashion-mnist";
+  std::string data_dir;             // empty: the dataset's default location
+  std::string augment = "auto";     // auto | tutorial | flip | none
+  int64_t synthetic_size = 10000;   // train examples of --dataset synthetic (test: a fifth)
+  double epochs = 0.0;              // one of epochs / steps sets the length
+  int64_t steps = 0;
+  int64_t batch = 128;              // per tower
+  int towers = 1;
+  int threads = 0;                  // 0: all cores
+  uint64_t seed = 1;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  std::string metrics_path;
+  std::string checkpoint_dir;
+  double checkpoint_every_epochs = 1.0;  // plus one at the end
+  int keep_checkpoints = 3;
+  bool resume = false;
+  double eval_every_epochs = 1.0;   // 0: only at the end
+  int64_t log_every = 50;           // steps between "step" metrics lines / plain progress
+  bool quiet = false;
+};
+
+void validate(const TrainConfig& c);  // throws naming the bad flag
+nlohmann::json to_json(const TrainConfig& c);
+
+struct TrainSummary {
+  double test_accuracy = 0.0, test_loss = 0.0;
+  double train_images_per_sec = 0.0, wall_seconds = 0.0;
+  int64_t steps = 0, start_step = 0;
+  double epochs = 0.0, final_loss = 0.0;
+  bool interrupted = false;
+  std::string last_checkpoint;
+};
+
+// Set (e.g. by SIGINT) to stop after the current step; a checkpoint is written if the run
+// has a checkpoint dir.
+extern std::atomic<bool> g_stop_requested;
+
+TrainSummary train(const TrainConfig& c);
+
+struct EvalSummary {
+  std::string model;
+  int64_t step = 0, examples = 0;
+  double test_accuracy = 0.0, test_loss = 0.0;
+};
+// Evaluates a checkpoint on the test split of the dataset it was trained on, unless
+// dataset/data_dir override it.
+EvalSummary evaluate_checkpoint(const std::string& path, const std::string& dataset,
+                                const std::string& data_dir, int threads);
+
+}  // namespace towers
