@@ -1,6 +1,6 @@
 // pool.h — max-pooling over (C, H, W) planes with TF window/padding rules.
 // Padding never wins a max (TF treats it as -inf). Backward routes each output gradient to the
-// first maximal input of its window (row-major scan), recomputed from x and y as TF does.
+// first maximal input of its window (row-major scan), whose position forward records.
 #pragma once
 
 #include <cstdint>
@@ -9,12 +9,12 @@
 
 namespace towers::kernels::cpu {
 
-// x (planes, H, W) -> y (planes, rows.out, cols.out)
+// x (planes, H, W) -> y (planes, rows.out, cols.out). argmax (same shape as y, may be null)
+// receives the index within its plane of each maximum, as a float (exact below 2^24).
 void maxpool_forward(int64_t planes, int64_t h, int64_t w, const Window& rows, const Window& cols,
-                     const float* x, float* y);
-// dx (planes, H, W) is overwritten.
+                     const float* x, float* y, float* argmax);
+// dx (planes, H, W) is overwritten: dx[argmax] += dy.
 void maxpool_backward(int64_t planes, int64_t h, int64_t w, const Window& rows,
-                      const Window& cols, const float* x, const float* y, const float* dy,
-                      float* dx);
+                      const Window& cols, const float* argmax, const float* dy, float* dx);
 
 }  // namespace towers::kernels::cpu

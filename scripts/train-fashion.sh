@@ -13,5 +13,5 @@ resume=false
 for a in "$@"; do [ "$a" = "--resume" ] && resume=true; done
 if ! $resume; then rm -f "$out"/ckpt-*.safetensors "$out"/metrics.jsonl; fi
 exec build/towers train --model fashion --dataset fashion-mnist \
-  --epochs 4 --batch 128 --optimizer momentum --lr 0.01 --lr-schedule cosine \
+  --epochs 5 --batch 128 --optimizer momentum --lr 0.01 --lr-schedule cosine \
   --metrics "$out/metrics.jsonl" --checkpoint-dir "$out" "$@"

@@ -29,11 +29,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
+fs::path temp_root() {
+  return fs::path(testing::TempDir()) / ("towers_data_" + std::to_string(getpid()));
+}
+
+// Removes this process's files once the suite is done.
+class RemoveTempRoot : public testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(temp_root(), ec);
+  }
+};
+const auto* const kRemoveTempRoot = testing::AddGlobalTestEnvironment(new RemoveTempRoot);
+
 // A fresh directory per test, so tests never see each other's files.
 std::string temp_dir() {
   const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path dir = fs::path(testing::TempDir()) / ("towers_data_" + std::to_string(getpid())) /
-                       (std::string(info->test_suite_name()) + "." + info->name());
+  const fs::path dir = temp_root() / (std::string(info->test_suite_name()) + "." + info->name());
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();

@@ -45,8 +45,8 @@ GradCheckResult check_gradient(const std::function<double()>& loss, float* x,
     ++r.checked;
     const double a = analytic[i];
     const double err = std::fabs(a - num) / (atol + rtol * std::max(std::fabs(a), std::fabs(num)));
-    if (err > r.max_error) {
-      r.max_error = err;
+    if (!(err <= r.max_error)) {  // a NaN anywhere is the worst error
+      r.max_error = std::isnan(err) ? INFINITY : err;
       r.worst = fmt::format("{}[{}]: analytic {:.6g} numeric {:.6g}", label, i, a, num);
     }
   }
@@ -85,7 +85,9 @@ std::vector<GradCheckResult> check_layer(const Layer& layer, int64_t n, uint64_t
     return s;
   };
   run_forward();
-  std::vector<float> dx(in_sz);
+  // backward must overwrite its outputs: start them as NaN so accumulation would show.
+  std::vector<float> dx(in_sz, NAN);
+  for (auto& g : grads) std::fill(g.begin(), g.end(), NAN);
   BackwardArgs b;
   b.n = n;
   b.x = x.data();

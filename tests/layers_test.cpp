@@ -1,5 +1,7 @@
 // Layer tests: forward against naive references, backward against the gradient checker.
 #include <cmath>
+#include <ostream>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -94,6 +96,11 @@ struct ConvCase {
   bool relu;
 };
 
+void PrintTo(const ConvCase& c, std::ostream* os) {
+  *os << c.ci << "x" << c.h << "x" << c.w << " -> " << c.co << ", k" << c.k << " s" << c.s
+      << (c.p == Padding::Same ? " SAME" : " VALID") << (c.relu ? " relu" : "");
+}
+
 class ConvTest : public ::testing::TestWithParam<ConvCase> {};
 
 TEST_P(ConvTest, ForwardMatchesDirectConvolution) {
@@ -124,7 +131,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvTest,
                          ::testing::Values(ConvCase{3, 8, 8, 4, 5, 1, Padding::Same, true},
                                            ConvCase{2, 7, 6, 3, 3, 2, Padding::Same, false},
                                            ConvCase{2, 9, 9, 3, 4, 1, Padding::Same, false},
-                                           ConvCase{3, 7, 7, 2, 3, 2, Padding::Valid, true}));
+                                           ConvCase{3, 7, 7, 2, 3, 2, Padding::Valid, true}),
+                         [](const ::testing::TestParamInfo<ConvCase>& i) {
+                           const ConvCase& c = i.param;
+                           return "c" + std::to_string(c.ci) + "x" + std::to_string(c.h) + "x" +
+                                  std::to_string(c.w) + "_k" + std::to_string(c.k) + "s" +
+                                  std::to_string(c.s) + (c.p == Padding::Same ? "_same" : "_valid") +
+                                  (c.relu ? "_relu" : "");
+                         });
 
 TEST(Dense, ForwardIsXWtPlusB) {
   Dense d("fc", DenseConfig{3, false});

@@ -4,7 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -77,6 +80,7 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(c.batch <= 65536, "--batch {} is too large (at most 65536 per tower)", c.batch);
   TOWERS_REQUIRE(c.epochs >= 0.0 && std::isfinite(c.epochs), "--epochs must be >= 0, got {}", c.epochs);
   TOWERS_REQUIRE(c.steps >= 0, "--steps must be >= 0, got {}", c.steps);
+  TOWERS_REQUIRE(c.stop_at_step >= 0, "--stop-at-step must be >= 0, got {}", c.stop_at_step);
   TOWERS_REQUIRE(c.epochs > 0.0 || c.steps > 0, "give the run a length: --epochs or --steps");
   TOWERS_REQUIRE(!(c.epochs > 0.0 && c.steps > 0), "give only one of --epochs and --steps");
   TOWERS_REQUIRE(c.threads >= 0, "--threads must be >= 0 (0 = all cores), got {}", c.threads);
@@ -89,7 +93,8 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
   TOWERS_REQUIRE(c.synthetic_size >= 1, "--synthetic-size must be at least 1, got {}", c.synthetic_size);
   const auto& o = c.optimizer;
-  TOWERS_REQUIRE(o.momentum >= 0.0f && o.momentum < 1.0f, "--momentum must be in [0, 1), got {}", o.momentum);
+  TOWERS_REQUIRE(!o.momentum || (*o.momentum >= 0.0f && *o.momentum < 1.0f),
+                 "--momentum must be in [0, 1), got {}", o.momentum.value_or(0.0f));
   validate(c.schedule);
   build_model(c.model);  // throws for an unknown model
   const ParameterLayout empty;
@@ -109,7 +114,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"threads", c.threads},
           {"seed", c.seed},
           {"optimizer", c.optimizer.name},
-          {"momentum", c.optimizer.momentum},
+          {"momentum", c.optimizer.momentum ? nlohmann::json(*c.optimizer.momentum) : nlohmann::json()},
           {"nesterov", c.optimizer.nesterov},
           {"lr", c.schedule.lr},
           {"lr_schedule", c.schedule.kind},
@@ -140,16 +145,37 @@ TrainSummary train(const TrainConfig& c_in) {
   if (c.schedule.kind == "cosine" && c.steps > 0)
     c.schedule.total_epochs = static_cast<double>(total_steps) * c.batch / n_train;
 
+  if (!c.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(c.checkpoint_dir, ec);
+    TOWERS_REQUIRE(std::filesystem::is_directory(c.checkpoint_dir),
+                   "--checkpoint-dir: '{}' is not a directory and cannot be created{}",
+                   c.checkpoint_dir, ec ? ": " + ec.message() : "");
+    TOWERS_REQUIRE(access(c.checkpoint_dir.c_str(), W_OK) == 0,
+                   "--checkpoint-dir: '{}' is not writable", c.checkpoint_dir);
+    // A fresh run into a folder of another run's checkpoints would later mix the two on
+    // --resume or in the rotation of old files.
+    if (!c.resume) {
+      auto existing = io::latest_checkpoint(c.checkpoint_dir);
+      TOWERS_REQUIRE(!existing,
+                     "--checkpoint-dir: '{}' already holds checkpoints ({}); add --resume to "
+                     "continue that run, or give an empty directory",
+                     c.checkpoint_dir, existing.value_or(""));
+    }
+  }
+
   std::vector<float> params(layout.total());
   Optimizer opt(layout, c.optimizer);
   int64_t start_step = 0;
   std::optional<std::string> resume_from;
   if (c.resume) resume_from = io::latest_checkpoint(c.checkpoint_dir);
   if (resume_from) {
+    const io::CheckpointMeta head = io::read_checkpoint_meta(*resume_from);
+    TOWERS_REQUIRE(head.model == c.model, "--resume: {} holds model '{}' but --model is '{}'",
+                   *resume_from, head.model, c.model);
     io::Checkpoint ck = io::load_checkpoint(*resume_from, layout, opt.slot_names());
-    TOWERS_REQUIRE(ck.meta.model == c.model, "--resume: {} holds model '{}' but --model is '{}'",
-                   *resume_from, ck.meta.model, c.model);
     const auto& old = ck.meta.config;
+    TOWERS_REQUIRE(old.is_object(), "--resume: {} has no readable run configuration", *resume_from);
     // The example stream is a function of (seed, batch): resuming with others would not
     // continue the same run.
     TOWERS_REQUIRE(old.value("batch", c.batch) == c.batch,
@@ -161,6 +187,13 @@ TrainSummary train(const TrainConfig& c_in) {
     TOWERS_REQUIRE(old.value("dataset", c.dataset) == c.dataset,
                    "--resume: {} was trained on --dataset {}, this run has --dataset {}",
                    *resume_from, old.value("dataset", c.dataset), c.dataset);
+    TOWERS_REQUIRE(old.value("augment", c.augment) == c.augment,
+                   "--resume: {} was trained with --augment {}, this run has --augment {}",
+                   *resume_from, old.value("augment", c.augment), c.augment);
+    TOWERS_REQUIRE(c.dataset != "synthetic" ||
+                       old.value("synthetic_size", c.synthetic_size) == c.synthetic_size,
+                   "--resume: {} was trained with --synthetic-size {}, this run has {}",
+                   *resume_from, old.value("synthetic_size", c.synthetic_size), c.synthetic_size);
     std::copy(ck.params.data(), ck.params.data() + layout.total(), params.begin());
     for (auto& [name, buf] : ck.slots)
       std::copy(buf.data(), buf.data() + layout.total(), opt.slot(name));
@@ -170,14 +203,22 @@ TrainSummary train(const TrainConfig& c_in) {
     layout.initialize(params.data(), c.seed);
   }
 
+  std::unique_ptr<Tower> tower_ptr;
+  try {
+    tower_ptr = std::make_unique<Tower>(*graph, c.batch, threads);
+  } catch (const std::bad_alloc&) {
+    TOWERS_BAD_INPUT("--batch {}: not enough memory for the activations of model {}", c.batch,
+                     c.model);
+  }
+  Tower& tower = *tower_ptr;
+  data::BatchPipeline pipeline(data.train, tf.train, c.batch, c.seed, start_step, 2);
+
+  // Only now, with every input checked and memory in hand, is anything written.
   MetricsWriter metrics(c.metrics_path, resume_from.has_value());
   Progress progress(stderr);
   auto say = [&](const std::string& s) {
     if (!c.quiet) progress.line(s);
   };
-
-  Tower tower(*graph, c.batch, threads);
-  data::BatchPipeline pipeline(data.train, tf.train, c.batch, c.seed, start_step, 2);
   nlohmann::json config_json = to_json(c);
   metrics.write({{"event", "config"}, {"config", config_json}, {"parameters", layout.count()},
                  {"train_examples", n_train}, {"test_examples", data.test.size()},
@@ -201,11 +242,12 @@ TrainSummary train(const TrainConfig& c_in) {
   TrainSummary sum;
   sum.start_step = start_step;
   const auto t_train = Clock::now();
-  double compute_seconds = 0.0, window_loss = 0.0;
+  double compute_seconds = 0.0, window_loss = 0.0, side_seconds = 0.0;  // side: eval, checkpoints
   int64_t window_steps = 0, window_correct = 0;
   auto t_window = Clock::now();
   int64_t step = start_step;
-  while (step < total_steps) {
+  const int64_t end_step = c.stop_at_step > 0 ? std::min(c.stop_at_step, total_steps) : total_steps;
+  while (step < end_step) {
     if (g_stop_requested.load()) {
       sum.interrupted = true;
       break;
@@ -227,7 +269,7 @@ TrainSummary train(const TrainConfig& c_in) {
     window_loss += loss, window_correct += s.correct, ++window_steps;
     sum.final_loss = loss;
 
-    if (step % c.log_every == 0 || step == total_steps) {
+    if (step % c.log_every == 0 || step == end_step) {
       const double dt = seconds_since(t_window);
       const double ips = window_steps * c.batch / dt;
       metrics.write({{"event", "step"}, {"step", step}, {"epoch", epoch_at(step)},
@@ -239,7 +281,7 @@ TrainSummary train(const TrainConfig& c_in) {
       t_window = Clock::now();
     }
     if (!c.quiet) {
-      const double elapsed = seconds_since(t_train);
+      const double elapsed = seconds_since(t_train) - side_seconds;
       const double rate = (step - start_step) / std::max(elapsed, 1e-9);
       progress.update(step, total_steps, epoch_at(step), loss, rate * c.batch,
                       (total_steps - step) / std::max(rate, 1e-9), c.log_every);
@@ -248,7 +290,10 @@ TrainSummary train(const TrainConfig& c_in) {
     auto crossed = [&](double every) {
       return every > 0.0 && std::floor(epoch_at(step) / every) > std::floor(epoch_at(step - 1) / every);
     };
-    if (crossed(c.eval_every_epochs) && step != total_steps) {
+    const auto t_side = Clock::now();
+    bool side_work = false;
+    if (crossed(c.eval_every_epochs) && step != end_step) {
+      side_work = true;
       EvalResult ev = evaluate(tower, data.test, tf.eval);
       metrics.write({{"event", "eval"}, {"step", step}, {"epoch", epoch_at(step)},
                      {"test_accuracy", ev.accuracy}, {"test_loss", ev.loss},
@@ -256,15 +301,24 @@ TrainSummary train(const TrainConfig& c_in) {
       say(fmt::format("epoch {:.2f}: test accuracy {:.2f}% (loss {:.4f})", epoch_at(step),
                       100.0 * ev.accuracy, ev.loss));
     }
-    if (!c.checkpoint_dir.empty() && crossed(c.checkpoint_every_epochs) && step != total_steps)
+    if (!c.checkpoint_dir.empty() && crossed(c.checkpoint_every_epochs) && step != end_step) {
+      side_work = true;
       sum.last_checkpoint = write_checkpoint(step);
+    }
+    if (side_work) {
+      // images/s measures training: the window restarts after evaluations and checkpoints.
+      side_seconds += seconds_since(t_side);
+      t_window = Clock::now();
+    }
   }
-  const double train_seconds = seconds_since(t_train);
+  const double train_seconds = seconds_since(t_train) - side_seconds;
   if (!c.checkpoint_dir.empty() && step > start_step) sum.last_checkpoint = write_checkpoint(step);
   if (sum.interrupted) say(fmt::format("interrupted at step {}{}", step,
                                        sum.last_checkpoint.empty() ? "" : "; saved " + sum.last_checkpoint));
 
-  EvalResult ev = evaluate(tower, data.test, tf.eval);
+  // An interrupted run stops promptly: its checkpoint is written, the test pass is skipped.
+  EvalResult ev;
+  if (!sum.interrupted) ev = evaluate(tower, data.test, tf.eval);
   sum.steps = step;
   sum.epochs = epoch_at(step);
   sum.test_accuracy = ev.accuracy;
@@ -275,8 +329,8 @@ TrainSummary train(const TrainConfig& c_in) {
   metrics.write({{"event", "summary"},
                  {"model", c.model},
                  {"dataset", c.dataset},
-                 {"test_accuracy", sum.test_accuracy},
-                 {"test_loss", sum.test_loss},
+                 {"test_accuracy", sum.interrupted ? nlohmann::json() : nlohmann::json(sum.test_accuracy)},
+                 {"test_loss", sum.interrupted ? nlohmann::json() : nlohmann::json(sum.test_loss)},
                  {"train_images_per_sec", sum.train_images_per_sec},
                  {"compute_images_per_sec", trained / std::max(compute_seconds, 1e-9)},
                  {"wall_seconds", sum.wall_seconds},
@@ -287,7 +341,8 @@ TrainSummary train(const TrainConfig& c_in) {
                  {"final_loss", sum.final_loss},
                  {"interrupted", sum.interrupted},
                  {"checkpoint", sum.last_checkpoint}});
-  say(fmt::format("done: {} steps ({:.2f} epochs) in {}, {:.0f} images/s; test accuracy {:.2f}% "
+  if (!sum.interrupted)
+    say(fmt::format("done: {} steps ({:.2f} epochs) in {}, {:.0f} images/s; test accuracy {:.2f}% "
                   "on {} examples",
                   sum.steps, sum.epochs, format_duration(sum.wall_seconds),
                   sum.train_images_per_sec, 100.0 * sum.test_accuracy, ev.examples));

@@ -21,6 +21,7 @@ struct TrainConfig {
   int64_t synthetic_size = 10000;   // train examples of --dataset synthetic (test: a fifth)
   double epochs = 0.0;              // one of epochs / steps sets the length
   int64_t steps = 0;
+  int64_t stop_at_step = 0;         // >0: end this job after that step (schedule unchanged)
   int64_t batch = 128;              // per tower
   int towers = 1;
   int threads = 0;                  // 0: all cores

@@ -35,6 +35,9 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--epochs", c.epochs, "length of the run in epochs");
   app.add_option("--steps", c.steps, "length of the run in steps (applied updates)");
+  app.add_option("--stop-at-step", c.stop_at_step,
+                 "end this job after that step, with a checkpoint; the schedule still spans the "
+                 "whole run (for runs split over several jobs; continue with --resume)");
   app.add_option("--batch", c.batch, "examples per tower per step")->capture_default_str();
   app.add_option("--towers", c.towers, "number of towers")->capture_default_str();
   app.add_option("--threads", c.threads, "threads per tower (0: all cores)")->capture_default_str();
@@ -50,7 +53,8 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c) {
   app.add_option("--decay-factor", c.schedule.decay_factor, "exponential: factor per decay")
       ->capture_default_str();
   app.add_option("--warmup-epochs", c.schedule.warmup_epochs, "linear warmup")->capture_default_str();
-  app.add_option("--momentum", c.optimizer.momentum, "momentum and rmsprop")->capture_default_str();
+  app.add_option("--momentum", c.optimizer.momentum,
+                 "momentum and rmsprop (default 0.9 for momentum, 0 for rmsprop)");
   app.add_flag("--nesterov", c.optimizer.nesterov, "Nesterov momentum");
   app.add_option("--metrics", c.metrics_path, "JSON-lines record of the run");
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "write checkpoints here");
@@ -86,7 +90,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);  // prints the message (or the help)
+    return rc == 0 ? 0 : 2;
   }
 
   try {

@@ -67,12 +67,14 @@ void Conv2D::backward(const BackwardArgs& a) const {
   const int64_t in_sz = numel(in_shape()), out_sz = co * P;
   const int64_t chunks = ceil_div(a.n, kChunk), wsz = co * K;
   // One partial (dW, db) per chunk, summed in chunk order: deterministic for any thread count.
-  std::vector<float> partial(chunks * (wsz + co));
+  // Every entry is overwritten (GEMM with beta 0, one sum per channel): no zeroing needed.
+  // The calling thread owns this buffer; the chunks use the Col and Out slots of theirs.
+  float* partial = thread_scratch(ScratchSlot::Partial, chunks * (wsz + co));
   for_chunks(a.n, kChunk, [&](int64_t k, int64_t b0, int64_t b1) {
     const int64_t cols = (b1 - b0) * P;
     float* col = thread_scratch(ScratchSlot::Col, K * cols);
     float* g = thread_scratch(ScratchSlot::Out, co * cols);  // (co, images * P) masked dy
-    float* dwk = partial.data() + k * (wsz + co);
+    float* dwk = partial + k * (wsz + co);
     float* dbk = dwk + wsz;
     for (int64_t c = 0; c < co; ++c) {
       double bsum = 0.0;
@@ -99,10 +101,10 @@ void Conv2D::backward(const BackwardArgs& a) const {
         kernels::cpu::col2im(geo_, col + (i - b0) * P, cols, a.dx + i * in_sz);
     }
   });
-  std::memcpy(a.dw, partial.data(), sizeof(float) * wsz);
-  std::memcpy(a.db, partial.data() + wsz, sizeof(float) * co);
+  std::memcpy(a.dw, partial, sizeof(float) * wsz);
+  std::memcpy(a.db, partial + wsz, sizeof(float) * co);
   for (int64_t k = 1; k < chunks; ++k) {
-    const float* p = partial.data() + k * (wsz + co);
+    const float* p = partial + k * (wsz + co);
     for (int64_t j = 0; j < wsz; ++j) a.dw[j] += p[j];
     for (int64_t j = 0; j < co; ++j) a.db[j] += p[wsz + j];
   }

@@ -18,7 +18,7 @@ void MaxPool::forward(const ForwardArgs& a) const {
   const int64_t in_sz = c * h * w, out_sz = numel(out_shape());
   for_chunks(a.n, 4, [&](int64_t, int64_t b0, int64_t b1) {
     kernels::cpu::maxpool_forward((b1 - b0) * c, h, w, rows_, cols_, a.x + b0 * in_sz,
-                                  a.y + b0 * out_sz);
+                                  a.y + b0 * out_sz, a.training ? a.saved + b0 * out_sz : nullptr);
   });
 }
 
@@ -27,8 +27,8 @@ void MaxPool::backward(const BackwardArgs& a) const {
   const int64_t c = in_shape()[0], h = in_shape()[1], w = in_shape()[2];
   const int64_t in_sz = c * h * w, out_sz = numel(out_shape());
   for_chunks(a.n, 4, [&](int64_t, int64_t b0, int64_t b1) {
-    kernels::cpu::maxpool_backward((b1 - b0) * c, h, w, rows_, cols_, a.x + b0 * in_sz,
-                                   a.y + b0 * out_sz, a.dy + b0 * out_sz, a.dx + b0 * in_sz);
+    kernels::cpu::maxpool_backward((b1 - b0) * c, h, w, rows_, cols_, a.saved + b0 * out_sz,
+                                   a.dy + b0 * out_sz, a.dx + b0 * in_sz);
   });
 }
 

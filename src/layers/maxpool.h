@@ -11,6 +11,7 @@ class MaxPool : public Layer {
   MaxPool(std::string name, int64_t kernel, int64_t stride, kernels::Padding padding)
       : Layer(std::move(name)), kernel_(kernel), stride_(stride), padding_(padding) {}
   std::string kind() const override { return "maxpool"; }
+  int64_t saved_per_example() const override { return numel(out_shape()); }  // argmax
   void forward(const ForwardArgs& a) const override;
   void backward(const BackwardArgs& a) const override;
 

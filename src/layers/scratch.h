@@ -7,7 +7,7 @@
 
 namespace towers {
 
-enum class ScratchSlot { Col, Out, Extra };
+enum class ScratchSlot { Col, Out, Extra, Partial };
 
 float* thread_scratch(ScratchSlot slot, int64_t count);
 

@@ -18,6 +18,7 @@ std::vector<std::string> optimizer_names() {
 Optimizer::Optimizer(const ParameterLayout& layout, OptimizerConfig cfg)
     : layout_(layout), cfg_(std::move(cfg)) {
   const std::string& n = cfg_.name;
+  if (!cfg_.momentum) cfg_.momentum = n == "momentum" ? 0.9f : 0.0f;
   if (n == "momentum") slot_names_ = {"momentum"};
   else if (n == "adagrad") slot_names_ = {"accumulator"};
   else if (n == "adam") slot_names_ = {"m", "v"};
@@ -64,21 +65,26 @@ void Optimizer::apply(float* params, const float* grads, float lr) {
       const float* g = grads + o;
       if (n == "sgd") kernels::cpu::sgd_update(cnt, w, g, lr, wd);
       else if (n == "momentum")
-        kernels::cpu::momentum_update(cnt, w, s0 + o, g, lr, cfg_.momentum, cfg_.nesterov, wd);
+        kernels::cpu::momentum_update(cnt, w, s0 + o, g, lr, *cfg_.momentum, cfg_.nesterov, wd);
       else if (n == "adagrad") kernels::cpu::adagrad_update(cnt, w, s0 + o, g, lr, wd);
       else if (n == "adam")
         kernels::cpu::adam_update(cnt, w, s0 + o, s1 + o, g, adam_lr, cfg_.beta1, cfg_.beta2,
                                   cfg_.epsilon, wd);
       else
-        kernels::cpu::rmsprop_update(cnt, w, s0 + o, s1 + o, g, lr, cfg_.rho, cfg_.momentum,
+        kernels::cpu::rmsprop_update(cnt, w, s0 + o, s1 + o, g, lr, cfg_.rho, *cfg_.momentum,
                                      cfg_.rms_epsilon, wd);
     });
   }
 }
 
-nlohmann::json Optimizer::state() const { return {{"name", cfg_.name}, {"updates", updates_}}; }
+nlohmann::json Optimizer::state() const {
+  return {{"name", cfg_.name}, {"updates", updates_}, {"momentum", *cfg_.momentum}};
+}
 
 void Optimizer::load_state(const nlohmann::json& s) {
+  TOWERS_REQUIRE(s.is_object() && s.contains("updates") && s["updates"].is_number_integer() &&
+                     s["updates"].get<int64_t>() >= 0,
+                 "checkpoint optimizer state is malformed: {}", s.dump());
   TOWERS_REQUIRE(s.contains("name") && s["name"] == cfg_.name,
                  "checkpoint was written by optimizer {} but this run uses {}",
                  s.value("name", std::string("?")), cfg_.name);

@@ -3,6 +3,7 @@
 // checkpoint stores them exactly like parameters: "optimizer/<slot>/<variable>".
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,7 +17,7 @@ namespace towers {
 
 struct OptimizerConfig {
   std::string name = "momentum";  // sgd | momentum | adagrad | adam | rmsprop
-  float momentum = 0.9f;          // momentum, rmsprop
+  std::optional<float> momentum;  // unset: 0.9 for momentum, 0 for rmsprop (TF v1 defaults)
   bool nesterov = false;
   float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  // adam (TF v1 defaults)
   float rho = 0.9f, rms_epsilon = 1e-10f;               // rmsprop (TF v1 defaults)
