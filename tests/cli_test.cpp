@@ -131,7 +131,7 @@ TEST(Cli, SameSeedGivesBitwiseIdenticalRuns) {
   ASSERT_EQ(run_towers("train --model cifar10 --dataset synthetic --synthetic-size 64 --batch 16 "
                        "--steps 3 --quiet --checkpoint-dir " + a).exit_code, 0);
   ASSERT_EQ(run_towers("train --model cifar10 --dataset synthetic --synthetic-size 64 --batch 16 "
-                       "--steps 3 --quiet --threads 1 --checkpoint-dir " + b).exit_code, 0);
+                       "--steps 3 --quiet --threads-per-tower 1 --checkpoint-dir " + b).exit_code, 0);
   auto g = build_model("cifar10");
   auto ca = io::load_checkpoint(a + "/ckpt-000000003.safetensors", g->layout(), {});
   auto cb = io::load_checkpoint(b + "/ckpt-000000003.safetensors", g->layout(), {});
@@ -153,6 +153,11 @@ TEST(CliBadInput, NonsenseFlags) {
   const std::string dir = temp_dir();
   const std::string m = " --metrics " + dir + "/m.jsonl";
   expect_error(run_towers(kQuick + "--steps 5 --towers 0" + m), {"--towers"});
+  expect_error(run_towers(kQuick + "--steps 5 --mode hogwild" + m), {"--mode", "hogwild"});
+  expect_error(run_towers(kQuick + "--steps 5 --mode ssp" + m), {"--staleness"});
+  expect_error(run_towers(kQuick + "--steps 5 --towers 2 --replicas-to-aggregate 3" + m), {"--replicas-to-aggregate"});
+  expect_error(run_towers(kQuick + "--steps 5 --towers 2 --slow-tower 2:10" + m), {"--slow-tower", "2:10"});
+  expect_error(run_towers(kQuick + "--steps 5 --use-locking" + m), {"--use-locking"});
   const std::string plain = "train --model mlp --dataset synthetic --synthetic-size 200 --quiet ";
   expect_error(run_towers(plain + "--steps 5 --lr -0.1" + m), {"--lr", "-0.1"});
   expect_error(run_towers(kQuick + "--steps 5 --batch 0" + m), {"--batch"});

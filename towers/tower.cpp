@@ -1,6 +1,7 @@
 #include "towers/tower.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/check.h"
 
@@ -26,6 +27,13 @@ Tower::Tower(const Graph& graph, int64_t max_batch, int threads)
 
 void Tower::load_params(const float* host) {
   device_.copy_in(params_.data(), host, graph_.layout().total());
+}
+
+void Tower::load_params_shared(const float* host) {
+  float* dst = params_.data();
+  const int64_t n = graph_.layout().total();
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = std::atomic_ref<float>(const_cast<float&>(host[i])).load(std::memory_order_relaxed);
 }
 
 const float* Tower::forward(const float* images, int64_t n, bool training) {

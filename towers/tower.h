@@ -28,7 +28,11 @@ class Tower {
 
   float* params() { return params_.data(); }
   const float* grads() const { return grads_.data(); }
+  float* mutable_grads() { return grads_.data(); }  // reductions sum into tower 0's buffer
   void load_params(const float* host);  // one copy of the whole flat array
+  // The same copy while other threads write host (async modes): relaxed atomic loads, so a
+  // tower may see a mix of versions, which Hogwild accepts, but never a torn float.
+  void load_params_shared(const float* host);
 
   // images (n, C, H, W), labels (n). Overwrites the gradient buffer with
   // d(sum of losses * grad_scale)/d(params); grad_scale = 1 / global batch gives the mean.

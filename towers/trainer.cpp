@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <cstdio>
 #include <vector>
 
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include "metrics/metrics.h"
 #include "models/models.h"
 #include "towers/tower.h"
+#include "towers/tower_group.h"
 
 namespace towers {
 
@@ -68,14 +70,42 @@ data::DatasetRequest dataset_request(const std::string& name, const std::string&
   return r;
 }
 
+std::vector<std::pair<int, int>> parse_slow_towers(const std::vector<std::string>& specs,
+                                                   int towers) {
+  std::vector<std::pair<int, int>> out;
+  for (const std::string& s : specs) {
+    int t = -1, ms = -1;
+    char tail = 0;
+    const bool ok = std::sscanf(s.c_str(), "%d:%d%c", &t, &ms, &tail) == 2;
+    TOWERS_REQUIRE(ok && t >= 0 && t < towers && ms >= 0,
+                   "--slow-tower '{}': expected TOWER:MILLISECONDS with 0 <= TOWER < {}", s,
+                   towers);
+    out.emplace_back(t, ms);
+  }
+  return out;
+}
+
 }  // namespace
 
 void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(c.towers >= 1, "--towers must be at least 1, got {}", c.towers);
-  TOWERS_REQUIRE(c.towers == 1,
-                 "--towers {}: this build trains one tower per run; multi-tower modes are not "
-                 "available yet",
-                 c.towers);
+  TOWERS_REQUIRE(c.towers <= 256, "--towers {} is too many (at most 256)", c.towers);
+  const Mode mode = parse_mode(c.mode);
+  TOWERS_REQUIRE(c.threads_per_tower >= 0, "--threads-per-tower must be >= 0 (0 = cores / towers), got {}",
+                 c.threads_per_tower);
+  TOWERS_REQUIRE(c.replicas_to_aggregate >= 0 && c.replicas_to_aggregate <= c.towers,
+                 "--replicas-to-aggregate must be between 1 and --towers ({}), got {}", c.towers,
+                 c.replicas_to_aggregate);
+  TOWERS_REQUIRE(c.replicas_to_aggregate == 0 || mode == Mode::Sync,
+                 "--replicas-to-aggregate applies to --mode sync only");
+  TOWERS_REQUIRE(mode != Mode::Ssp || c.staleness >= 0,
+                 "--mode ssp needs --staleness S (S >= 0, the most steps a tower may run ahead)");
+  TOWERS_REQUIRE(mode == Mode::Ssp || c.staleness < 0, "--staleness applies to --mode ssp only");
+  TOWERS_REQUIRE(!c.use_locking || mode != Mode::Sync,
+                 "--use-locking applies to --mode async and ssp (sync applies once per step)");
+  TOWERS_REQUIRE(c.lr_scaling == "none" || c.lr_scaling == "linear",
+                 "--lr-scaling: unknown rule '{}' (known: none, linear)", c.lr_scaling);
+  parse_slow_towers(c.slow_towers, c.towers);
   TOWERS_REQUIRE(c.batch >= 1, "--batch must be at least 1, got {}", c.batch);
   TOWERS_REQUIRE(c.batch <= 65536, "--batch {} is too large (at most 65536 per tower)", c.batch);
   TOWERS_REQUIRE(c.epochs >= 0.0 && std::isfinite(c.epochs), "--epochs must be >= 0, got {}", c.epochs);
@@ -83,7 +113,6 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(c.stop_at_step >= 0, "--stop-at-step must be >= 0, got {}", c.stop_at_step);
   TOWERS_REQUIRE(c.epochs > 0.0 || c.steps > 0, "give the run a length: --epochs or --steps");
   TOWERS_REQUIRE(!(c.epochs > 0.0 && c.steps > 0), "give only one of --epochs and --steps");
-  TOWERS_REQUIRE(c.threads >= 0, "--threads must be >= 0 (0 = all cores), got {}", c.threads);
   TOWERS_REQUIRE(c.keep_checkpoints >= 1, "--keep-checkpoints must be at least 1, got {}",
                  c.keep_checkpoints);
   TOWERS_REQUIRE(c.checkpoint_every_epochs >= 0.0, "--checkpoint-every must be >= 0, got {}",
@@ -111,7 +140,13 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"steps", c.steps},
           {"batch", c.batch},
           {"towers", c.towers},
-          {"threads", c.threads},
+          {"threads_per_tower", c.threads_per_tower},
+          {"mode", c.mode},
+          {"replicas_to_aggregate", c.replicas_to_aggregate},
+          {"staleness", c.staleness},
+          {"use_locking", c.use_locking},
+          {"staleness_aware_lr", c.staleness_aware_lr},
+          {"lr_scaling", c.lr_scaling},
           {"seed", c.seed},
           {"optimizer", c.optimizer.name},
           {"momentum", c.optimizer.momentum ? nlohmann::json(*c.optimizer.momentum) : nlohmann::json()},
@@ -127,7 +162,9 @@ TrainSummary train(const TrainConfig& c_in) {
   TrainConfig c = c_in;
   validate(c);
   const auto t_start = Clock::now();
-  const int threads = c.threads > 0 ? c.threads : hardware_threads();
+  const Mode mode = parse_mode(c.mode);
+  const int cores = hardware_threads();
+  const int threads = c.threads_per_tower > 0 ? c.threads_per_tower : std::max(1, cores / c.towers);
   auto graph = build_model(c.model);
   const ParameterLayout& layout = graph->layout();
 
@@ -138,19 +175,31 @@ TrainSummary train(const TrainConfig& c_in) {
       data::transforms_for(c.augment, c.dataset, graph->input_shape(), data.train, c.model);
   const int64_t n_train = data.train.size();
 
-  if (c.schedule.kind == "cosine" && c.epochs > 0.0) c.schedule.total_epochs = c.epochs;
+  EngineConfig ec;
+  ec.mode = mode;
+  ec.towers = c.towers;
+  ec.threads_per_tower = threads;
+  ec.replicas_to_aggregate = c.replicas_to_aggregate;
+  ec.staleness = std::max<int64_t>(c.staleness, 0);
+  ec.use_locking = c.use_locking;
+  ec.staleness_aware_lr = c.staleness_aware_lr;
+  ec.stragglers = parse_slow_towers(c.slow_towers, c.towers);
+  const int aggregated = mode == Mode::Sync ? (c.replicas_to_aggregate > 0 ? c.replicas_to_aggregate : c.towers) : 1;
+  // One step = one applied update; the schedule counts the examples behind the updates.
+  const int64_t per_update = c.batch * aggregated;
+  if (c.lr_scaling == "linear") c.schedule.lr *= static_cast<float>(aggregated);
+
   const int64_t total_steps =
       c.steps > 0 ? c.steps
-                  : static_cast<int64_t>(std::ceil(c.epochs * static_cast<double>(n_train) / c.batch));
-  if (c.schedule.kind == "cosine" && c.steps > 0)
-    c.schedule.total_epochs = static_cast<double>(total_steps) * c.batch / n_train;
+                  : static_cast<int64_t>(std::ceil(c.epochs * static_cast<double>(n_train) / per_update));
+  c.schedule.total_epochs = static_cast<double>(total_steps) * per_update / n_train;
 
   if (!c.checkpoint_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(c.checkpoint_dir, ec);
+    std::error_code ec_dir;
+    std::filesystem::create_directories(c.checkpoint_dir, ec_dir);
     TOWERS_REQUIRE(std::filesystem::is_directory(c.checkpoint_dir),
                    "--checkpoint-dir: '{}' is not a directory and cannot be created{}",
-                   c.checkpoint_dir, ec ? ": " + ec.message() : "");
+                   c.checkpoint_dir, ec_dir ? ": " + ec_dir.message() : "");
     TOWERS_REQUIRE(access(c.checkpoint_dir.c_str(), W_OK) == 0,
                    "--checkpoint-dir: '{}' is not writable", c.checkpoint_dir);
     // A fresh run into a folder of another run's checkpoints would later mix the two on
@@ -166,7 +215,7 @@ TrainSummary train(const TrainConfig& c_in) {
 
   std::vector<float> params(layout.total());
   Optimizer opt(layout, c.optimizer);
-  int64_t start_step = 0;
+  int64_t start_step = 0, start_examples = 0;
   std::optional<std::string> resume_from;
   if (c.resume) resume_from = io::latest_checkpoint(c.checkpoint_dir);
   if (resume_from) {
@@ -176,42 +225,44 @@ TrainSummary train(const TrainConfig& c_in) {
     io::Checkpoint ck = io::load_checkpoint(*resume_from, layout, opt.slot_names());
     const auto& old = ck.meta.config;
     TOWERS_REQUIRE(old.is_object(), "--resume: {} has no readable run configuration", *resume_from);
-    // The example stream is a function of (seed, batch): resuming with others would not
-    // continue the same run.
-    TOWERS_REQUIRE(old.value("batch", c.batch) == c.batch,
-                   "--resume: {} was trained with --batch {}, this run has --batch {}",
-                   *resume_from, old.value("batch", c.batch), c.batch);
-    TOWERS_REQUIRE(old.value("seed", c.seed) == c.seed,
-                   "--resume: {} was trained with --seed {}, this run has --seed {}",
-                   *resume_from, old.value("seed", c.seed), c.seed);
-    TOWERS_REQUIRE(old.value("dataset", c.dataset) == c.dataset,
-                   "--resume: {} was trained on --dataset {}, this run has --dataset {}",
-                   *resume_from, old.value("dataset", c.dataset), c.dataset);
-    TOWERS_REQUIRE(old.value("augment", c.augment) == c.augment,
-                   "--resume: {} was trained with --augment {}, this run has --augment {}",
-                   *resume_from, old.value("augment", c.augment), c.augment);
-    TOWERS_REQUIRE(c.dataset != "synthetic" ||
-                       old.value("synthetic_size", c.synthetic_size) == c.synthetic_size,
-                   "--resume: {} was trained with --synthetic-size {}, this run has {}",
-                   *resume_from, old.value("synthetic_size", c.synthetic_size), c.synthetic_size);
+    // The example stream is a function of (seed, batch, towers, mode): resuming with others
+    // would not continue the same run.
+    auto same = [&](const char* key, const auto& now, const char* flag) {
+      using T = std::decay_t<decltype(now)>;
+      const T was = old.value(key, now);
+      TOWERS_REQUIRE(was == now, "--resume: {} was trained with {} {}, this run has {} {}",
+                     *resume_from, flag, was, flag, now);
+    };
+    same("batch", c.batch, "--batch");
+    same("seed", c.seed, "--seed");
+    same("dataset", c.dataset, "--dataset");
+    same("augment", c.augment, "--augment");
+    same("towers", c.towers, "--towers");
+    same("mode", c.mode, "--mode");
+    if (c.dataset == "synthetic") same("synthetic_size", c.synthetic_size, "--synthetic-size");
     std::copy(ck.params.data(), ck.params.data() + layout.total(), params.begin());
     for (auto& [name, buf] : ck.slots)
       std::copy(buf.data(), buf.data() + layout.total(), opt.slot(name));
     opt.load_state(ck.meta.optimizer_state);
     start_step = ck.meta.step;
+    start_examples = ck.meta.examples_seen;
   } else {
     layout.initialize(params.data(), c.seed);
   }
 
-  std::unique_ptr<Tower> tower_ptr;
+  std::unique_ptr<TowerGroup> group;
   try {
-    tower_ptr = std::make_unique<Tower>(*graph, c.batch, threads);
+    group = std::make_unique<TowerGroup>(*graph, ec, c.batch, params.data(), opt);
   } catch (const std::bad_alloc&) {
-    TOWERS_BAD_INPUT("--batch {}: not enough memory for the activations of model {}", c.batch,
-                     c.model);
+    TOWERS_BAD_INPUT("--batch {} x --towers {}: not enough memory for the activations of model {}",
+                     c.batch, c.towers, c.model);
   }
-  Tower& tower = *tower_ptr;
-  data::BatchPipeline pipeline(data.train, tf.train, c.batch, c.seed, start_step, 2);
+  std::unique_ptr<Tower> eval_tower;  // made on first use, with every core
+  auto evaluate_now = [&] {
+    if (!eval_tower) eval_tower = std::make_unique<Tower>(*graph, 256, cores);
+    eval_tower->load_params(params.data());
+    return evaluate(*eval_tower, data.test, tf.eval);
+  };
 
   // Only now, with every input checked and memory in hand, is anything written.
   MetricsWriter metrics(c.metrics_path, resume_from.has_value());
@@ -223,129 +274,124 @@ TrainSummary train(const TrainConfig& c_in) {
   metrics.write({{"event", "config"}, {"config", config_json}, {"parameters", layout.count()},
                  {"train_examples", n_train}, {"test_examples", data.test.size()},
                  {"start_step", start_step}, {"total_steps", total_steps},
-                 {"threads", threads}, {"device", tower.device().name()}});
-  say(fmt::format("towers: model {} ({} parameters), {} on {} ({} train / {} test), {} steps of "
-                  "batch {}, {}{}",
-                  c.model, layout.count(), c.optimizer.name, c.dataset, n_train,
-                  data.test.size(), total_steps, c.batch, tower.device().name(),
+                 {"threads_per_tower", threads}, {"cores", cores},
+                 {"oversubscribed", c.towers * threads > cores},
+                 {"device", group->tower(0).device().name()}});
+  say(fmt::format("towers: model {} ({} parameters), {} on {} ({} train / {} test), {} steps, "
+                  "{} x {} tower(s) of batch {} on cpu ({} threads each){}",
+                  c.model, layout.count(), c.optimizer.name, c.dataset, n_train, data.test.size(),
+                  total_steps, c.mode, c.towers, c.batch, threads,
                   resume_from ? fmt::format(", resumed from {} at step {}", *resume_from, start_step) : ""));
 
-  auto epoch_at = [&](int64_t step) { return static_cast<double>(step) * c.batch / n_train; };
+  auto epoch_at = [&](int64_t step) { return static_cast<double>(step) * per_update / n_train; };
+  TrainSummary sum;
+  sum.start_step = start_step;
   auto write_checkpoint = [&](int64_t step) {
-    io::CheckpointMeta meta{c.model, step, step * c.batch, epoch_at(step), config_json, opt.state()};
+    io::CheckpointMeta meta{c.model, step, start_examples + (step - start_step) * per_update,
+                            epoch_at(step), config_json, opt.state()};
     std::string path = io::save_checkpoint(c.checkpoint_dir, meta, layout, params.data(),
                                            opt.slots(), c.keep_checkpoints);
     metrics.write({{"event", "checkpoint"}, {"step", step}, {"path", path}});
-    return path;
+    sum.last_checkpoint = path;
   };
 
-  TrainSummary sum;
-  sum.start_step = start_step;
   const auto t_train = Clock::now();
-  double compute_seconds = 0.0, window_loss = 0.0, side_seconds = 0.0;  // side: eval, checkpoints
-  int64_t window_steps = 0, window_correct = 0;
-  auto t_window = Clock::now();
-  int64_t step = start_step;
+  double side_seconds = 0.0;
   const int64_t end_step = c.stop_at_step > 0 ? std::min(c.stop_at_step, total_steps) : total_steps;
-  while (step < end_step) {
-    if (g_stop_requested.load()) {
-      sum.interrupted = true;
-      break;
-    }
-    data::Batch batch = pipeline.next();
-    const double epoch = epoch_at(step);
-    const float lr = learning_rate(c.schedule, epoch);
-    const auto t0 = Clock::now();
-    tower.load_params(params.data());
-    StepStats s = tower.compute_gradients(batch.images.data(), batch.labels.data(), c.batch,
-                                          1.0f / static_cast<float>(c.batch));
-    tower.device().execute([&] { opt.apply(params.data(), tower.grads(), lr); });
-    compute_seconds += seconds_since(t0);
-    ++step;
-    const double loss = s.loss_sum / c.batch;
-    TOWERS_REQUIRE(std::isfinite(loss),
-                   "training diverged at step {} (loss {}): lower --lr (now {})", step, loss,
-                   c.schedule.lr);
-    window_loss += loss, window_correct += s.correct, ++window_steps;
+  auto crossed = [&](double every, int64_t step) {
+    return every > 0.0 && std::floor(epoch_at(step) / every) > std::floor(epoch_at(step - 1) / every);
+  };
+  RunHooks hooks;
+  hooks.lr_at = [&](int64_t step) { return learning_rate(c.schedule, epoch_at(step)); };
+  hooks.stop_requested = [] { return g_stop_requested.load(); };
+  hooks.on_update = [&](const UpdateRecord& r) {
+    const double loss = r.loss;
+    TOWERS_REQUIRE(std::isfinite(loss), "training diverged at step {} (loss {}): lower --lr (now {})",
+                   r.version, loss, c.schedule.lr);
     sum.final_loss = loss;
-
-    if (step % c.log_every == 0 || step == end_step) {
-      const double dt = seconds_since(t_window);
-      const double ips = window_steps * c.batch / dt;
-      metrics.write({{"event", "step"}, {"step", step}, {"epoch", epoch_at(step)},
-                     {"loss", window_loss / window_steps},
-                     {"train_accuracy", static_cast<double>(window_correct) / (window_steps * c.batch)},
-                     {"lr", lr}, {"images_per_sec", ips}, {"tower", 0}, {"staleness", 0},
-                     {"wall_seconds", seconds_since(t_start)}});
-      window_loss = 0.0, window_correct = 0, window_steps = 0;
-      t_window = Clock::now();
-    }
+    metrics.write({{"event", "step"}, {"step", r.version}, {"epoch", epoch_at(r.version)},
+                   {"loss", loss}, {"train_accuracy", static_cast<double>(r.correct) / r.examples},
+                   {"lr", r.lr}, {"tower", r.tower >= 0 ? nlohmann::json(r.tower) : nlohmann::json()},
+                   {"contributors", r.contributors}, {"staleness", r.staleness},
+                   {"wall_seconds", seconds_since(t_start)}});
     if (!c.quiet) {
       const double elapsed = seconds_since(t_train) - side_seconds;
-      const double rate = (step - start_step) / std::max(elapsed, 1e-9);
-      progress.update(step, total_steps, epoch_at(step), loss, rate * c.batch,
-                      (total_steps - step) / std::max(rate, 1e-9), c.log_every);
+      const double rate = (r.version - start_step) / std::max(elapsed, 1e-9);
+      progress.update(r.version, end_step, epoch_at(r.version), loss, rate * per_update,
+                      (end_step - r.version) / std::max(rate, 1e-9), c.log_every);
     }
-    // Epoch-based events fire when the stream crosses a multiple of their period.
-    auto crossed = [&](double every) {
-      return every > 0.0 && std::floor(epoch_at(step) / every) > std::floor(epoch_at(step - 1) / every);
-    };
+    if (r.version >= end_step) return false;  // the end has its own evaluation and checkpoint
+    return crossed(c.eval_every_epochs, r.version) ||
+           (!c.checkpoint_dir.empty() && crossed(c.checkpoint_every_epochs, r.version));
+  };
+  hooks.side_work = [&](int64_t step) {
     const auto t_side = Clock::now();
-    bool side_work = false;
-    if (crossed(c.eval_every_epochs) && step != end_step) {
-      side_work = true;
-      EvalResult ev = evaluate(tower, data.test, tf.eval);
+    if (crossed(c.eval_every_epochs, step)) {
+      EvalResult ev = evaluate_now();
       metrics.write({{"event", "eval"}, {"step", step}, {"epoch", epoch_at(step)},
                      {"test_accuracy", ev.accuracy}, {"test_loss", ev.loss},
-                     {"wall_seconds", seconds_since(t_start)}});
+                     {"wall_seconds", seconds_since(t_start)},
+                     {"train_seconds", seconds_since(t_train) - side_seconds}});
       say(fmt::format("epoch {:.2f}: test accuracy {:.2f}% (loss {:.4f})", epoch_at(step),
                       100.0 * ev.accuracy, ev.loss));
     }
-    if (!c.checkpoint_dir.empty() && crossed(c.checkpoint_every_epochs) && step != end_step) {
-      side_work = true;
-      sum.last_checkpoint = write_checkpoint(step);
-    }
-    if (side_work) {
-      // images/s measures training: the window restarts after evaluations and checkpoints.
-      side_seconds += seconds_since(t_side);
-      t_window = Clock::now();
-    }
-  }
+    if (!c.checkpoint_dir.empty() && crossed(c.checkpoint_every_epochs, step)) write_checkpoint(step);
+    side_seconds += seconds_since(t_side);  // images/s measures training only
+  };
+
+  group->run(data.train, tf.train, c.seed, start_step, end_step, start_examples / c.batch, hooks);
+  const int64_t step = group->version();
+  sum.interrupted = g_stop_requested.load() && step < end_step;
   const double train_seconds = seconds_since(t_train) - side_seconds;
-  if (!c.checkpoint_dir.empty() && step > start_step) sum.last_checkpoint = write_checkpoint(step);
-  if (sum.interrupted) say(fmt::format("interrupted at step {}{}", step,
-                                       sum.last_checkpoint.empty() ? "" : "; saved " + sum.last_checkpoint));
+  if (!c.checkpoint_dir.empty() && step > start_step) write_checkpoint(step);
+  if (sum.interrupted)
+    say(fmt::format("interrupted at step {}{}", step,
+                    sum.last_checkpoint.empty() ? "" : "; saved " + sum.last_checkpoint));
 
   // An interrupted run stops promptly: its checkpoint is written, the test pass is skipped.
   EvalResult ev;
-  if (!sum.interrupted) ev = evaluate(tower, data.test, tf.eval);
+  if (!sum.interrupted) ev = evaluate_now();
   sum.steps = step;
   sum.epochs = epoch_at(step);
   sum.test_accuracy = ev.accuracy;
   sum.test_loss = ev.loss;
-  const int64_t trained = (step - start_step) * c.batch;
+  const int64_t trained = (step - start_step) * per_update;
   sum.train_images_per_sec = trained / std::max(train_seconds, 1e-9);
   sum.wall_seconds = seconds_since(t_start);
-  metrics.write({{"event", "summary"},
-                 {"model", c.model},
-                 {"dataset", c.dataset},
-                 {"test_accuracy", sum.interrupted ? nlohmann::json() : nlohmann::json(sum.test_accuracy)},
-                 {"test_loss", sum.interrupted ? nlohmann::json() : nlohmann::json(sum.test_loss)},
-                 {"train_images_per_sec", sum.train_images_per_sec},
-                 {"compute_images_per_sec", trained / std::max(compute_seconds, 1e-9)},
-                 {"wall_seconds", sum.wall_seconds},
-                 {"train_seconds", train_seconds},
-                 {"steps", sum.steps},
-                 {"start_step", start_step},
-                 {"epochs", sum.epochs},
-                 {"final_loss", sum.final_loss},
-                 {"interrupted", sum.interrupted},
-                 {"checkpoint", sum.last_checkpoint}});
+  sum.tower_stats = group->stats().to_json(train_seconds);
+  nlohmann::json summary = {{"event", "summary"},
+                            {"model", c.model},
+                            {"dataset", c.dataset},
+                            {"mode", c.mode},
+                            {"towers", c.towers},
+                            {"threads_per_tower", threads},
+                            {"test_accuracy", sum.interrupted ? nlohmann::json() : nlohmann::json(sum.test_accuracy)},
+                            {"test_loss", sum.interrupted ? nlohmann::json() : nlohmann::json(sum.test_loss)},
+                            {"train_images_per_sec", sum.train_images_per_sec},
+                            {"wall_seconds", sum.wall_seconds},
+                            {"train_seconds", train_seconds},
+                            {"steps", sum.steps},
+                            {"start_step", start_step},
+                            {"epochs", sum.epochs},
+                            {"final_loss", sum.final_loss},
+                            {"interrupted", sum.interrupted},
+                            {"checkpoint", sum.last_checkpoint}};
+  summary.update(sum.tower_stats);
+  metrics.write(summary);
   if (!sum.interrupted)
     say(fmt::format("done: {} steps ({:.2f} epochs) in {}, {:.0f} images/s; test accuracy {:.2f}% "
-                  "on {} examples",
-                  sum.steps, sum.epochs, format_duration(sum.wall_seconds),
-                  sum.train_images_per_sec, 100.0 * sum.test_accuracy, ev.examples));
+                    "on {} examples",
+                    sum.steps, sum.epochs, format_duration(sum.wall_seconds),
+                    sum.train_images_per_sec, 100.0 * sum.test_accuracy, ev.examples));
+  if (c.towers > 1 && !c.quiet) {
+    std::string line = fmt::format("towers: max staleness {}, dropped gradients {};", group->stats().max_staleness(),
+                                   group->stats().dropped_total());
+    for (const auto& t : sum.tower_stats["towers"])
+      line += fmt::format(" [{}: {} steps, {:.0f} ms p50, {:.0f} ms p99]", t["tower"].get<int>(),
+                          t["steps"].get<int64_t>(), t["step_ms_p50"].get<double>(),
+                          t["step_ms_p99"].get<double>());
+    say(line);
+  }
   return sum;
 }
 

@@ -1,10 +1,12 @@
 // trainer.h — `towers train` and `towers eval` as library calls: a run from flags to summary.
-// One tower here; the multi-tower modes of the engine build on the same loop.
+// The trainer owns the data, the host parameters, the schedule, metrics, evaluation and
+// checkpoints; a TowerGroup runs the towers in the chosen mode.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -24,7 +26,14 @@ struct TrainConfig {
   int64_t stop_at_step = 0;         // >0: end this job after that step (schedule unchanged)
   int64_t batch = 128;              // per tower
   int towers = 1;
-  int threads = 0;                  // 0: all cores
+  int threads_per_tower = 0;        // 0: cores / towers (at least 1)
+  std::string mode = "sync";        // sync | async | ssp
+  int replicas_to_aggregate = 0;    // sync: update after the first K towers (0: all)
+  int64_t staleness = -1;           // ssp: the bound (required)
+  bool use_locking = false;         // async/ssp: serialise the apply per variable
+  bool staleness_aware_lr = false;  // lr / max(1, staleness)
+  std::string lr_scaling = "none";  // none | linear (lr x towers aggregated per update)
+  std::vector<std::string> slow_towers;  // "I:MS": tower I sleeps MS ms per step
   uint64_t seed = 1;
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
@@ -48,6 +57,7 @@ struct TrainSummary {
   double epochs = 0.0, final_loss = 0.0;
   bool interrupted = false;
   std::string last_checkpoint;
+  nlohmann::json tower_stats;  // staleness histogram, per-tower steps and times, dropped
 };
 
 // Set (e.g. by SIGINT) to stop after the current step; a checkpoint is written if the run

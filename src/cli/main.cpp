@@ -39,8 +39,20 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c) {
                  "end this job after that step, with a checkpoint; the schedule still spans the "
                  "whole run (for runs split over several jobs; continue with --resume)");
   app.add_option("--batch", c.batch, "examples per tower per step")->capture_default_str();
-  app.add_option("--towers", c.towers, "number of towers")->capture_default_str();
-  app.add_option("--threads", c.threads, "threads per tower (0: all cores)")->capture_default_str();
+  app.add_option("--towers", c.towers, "number of towers (model replicas)")->capture_default_str();
+  app.add_option("--threads-per-tower,--threads", c.threads_per_tower,
+                 "compute threads of each tower (0: cores / towers)")->capture_default_str();
+  app.add_option("--mode", c.mode, "sync, async or ssp")->capture_default_str();
+  app.add_option("--replicas-to-aggregate", c.replicas_to_aggregate,
+                 "sync: apply once the first K towers have reported; later gradients of that "
+                 "step are dropped (backup towers; 0: all)");
+  app.add_option("--staleness", c.staleness, "ssp: the most steps a tower may run ahead of the slowest");
+  app.add_flag("--use-locking", c.use_locking, "async/ssp: serialise the apply per variable");
+  app.add_flag("--staleness-aware-lr", c.staleness_aware_lr, "divide the lr by max(1, staleness)");
+  app.add_option("--lr-scaling", c.lr_scaling,
+                 "none, or linear: lr x the towers whose gradients make one update")->capture_default_str();
+  app.add_option("--slow-tower", c.slow_towers,
+                 "TOWER:MS: tower TOWER sleeps MS milliseconds per step (a straggler, to study them)");
   app.add_option("--seed", c.seed, "seed of initialisation, example order and augmentation")
       ->capture_default_str();
   app.add_option("--optimizer", c.optimizer.name, "sgd, momentum, adagrad, adam, rmsprop")

@@ -35,16 +35,19 @@ struct BatchPipeline::Slot {
 };
 
 BatchPipeline::BatchPipeline(const Dataset& train, AugmentConfig config, int64_t batch,
-                             uint64_t seed, int64_t start_step, int prefetch_depth)
-    : train_(train), config_(config), batch_(batch), seed_(seed), next_step_(start_step) {
+                             uint64_t seed, int64_t start_step, int prefetch_depth,
+                             int64_t stride)
+    : train_(train), config_(config), batch_(batch), seed_(seed), next_step_(start_step),
+      stride_(stride) {
   train.validate();
   validate(config_, train);
   TOWERS_REQUIRE(batch > 0, "batch size {} must be positive", batch);
   TOWERS_REQUIRE(start_step >= 0, "start step {} must not be negative", start_step);
+  TOWERS_REQUIRE(stride >= 1, "step stride {} must be positive", stride);
   TOWERS_REQUIRE(prefetch_depth >= 0, "prefetch depth {} must not be negative", prefetch_depth);
   if (prefetch_depth > 0) arena_ = std::make_unique<oneapi::tbb::task_arena>();
   for (int k = 0; k < prefetch_depth; ++k) slots_.push_back(std::make_unique<Slot>());
-  for (int k = 0; k < prefetch_depth; ++k) schedule(start_step + k);
+  for (int k = 0; k < prefetch_depth; ++k) schedule(start_step + k * stride_);
 }
 
 BatchPipeline::~BatchPipeline() {
@@ -60,7 +63,7 @@ BatchPipeline::~BatchPipeline() {
 Shape BatchPipeline::example_shape() const { return data::example_shape(config_, train_); }
 
 BatchPipeline::Slot& BatchPipeline::slot_of(int64_t step) {
-  return *slots_[static_cast<size_t>(step % static_cast<int64_t>(slots_.size()))];
+  return *slots_[static_cast<size_t>((step / stride_) % static_cast<int64_t>(slots_.size()))];
 }
 
 void BatchPipeline::schedule(int64_t step) {
@@ -109,7 +112,7 @@ Batch BatchPipeline::next() {
     Batch b;
     b.step = step;
     prepare(b, indices_of(step));
-    ++next_step_;
+    next_step_ += stride_;
     return b;
   }
   TOWERS_CHECK(!failed_, "BatchPipeline::next after a failed batch preparation");
@@ -122,8 +125,8 @@ Batch BatchPipeline::next() {
   }
   Batch b = std::move(slot.batch);
   slot.batch = Batch{};
-  ++next_step_;
-  schedule(step + static_cast<int64_t>(slots_.size()));
+  next_step_ += stride_;
+  schedule(step + static_cast<int64_t>(slots_.size()) * stride_);
   return b;
 }
 

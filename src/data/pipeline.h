@@ -36,7 +36,7 @@ class BatchPipeline {
   // prepared by oneTBB tasks while the caller works on the current one; depth 0 prepares
   // each batch inside next().
   BatchPipeline(const Dataset& train, AugmentConfig config, int64_t batch, uint64_t seed,
-                int64_t start_step, int prefetch_depth = 2);
+                int64_t start_step, int prefetch_depth = 2, int64_t stride = 1);
   ~BatchPipeline();  // waits for the batches in flight
   BatchPipeline(const BatchPipeline&) = delete;
   BatchPipeline& operator=(const BatchPipeline&) = delete;
@@ -59,6 +59,7 @@ class BatchPipeline {
   int64_t batch_;
   uint64_t seed_;
   int64_t next_step_;
+  int64_t stride_;  // next() walks start_step, start_step + stride, ... (a tower's shard)
   bool failed_ = false;
   // Touched only by the caller's thread (in schedule), never by the tasks.
   int64_t cached_epoch_ = -1;

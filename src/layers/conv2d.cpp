@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "core/parallel.h"
 #include "kernels/gemm.h"
+#include "kernels/reduce.h"
 #include "layers/scratch.h"
 
 namespace towers {
@@ -66,16 +67,21 @@ void Conv2D::backward(const BackwardArgs& a) const {
   const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
   const int64_t in_sz = numel(in_shape()), out_sz = co * P;
   const int64_t chunks = ceil_div(a.n, kChunk), wsz = co * K;
-  // One partial (dW, db) per chunk, summed in chunk order: deterministic for any thread count.
-  // Every entry is overwritten (GEMM with beta 0, one sum per channel): no zeroing needed.
-  // The calling thread owns this buffer; the chunks use the Col and Out slots of theirs.
-  float* partial = thread_scratch(ScratchSlot::Partial, chunks * (wsz + co));
+  // One partial (dW, db) per chunk, tree-summed (kernels/reduce.h): deterministic for any
+  // thread count, and the same tree whether the chunks sit in one tower or several. The first
+  // partial is dW itself. The calling thread owns the Partial buffer; chunks use Col and Out.
+  float* extra = thread_scratch(ScratchSlot::Partial, (chunks - 1) * wsz + chunks * co);
+  std::vector<float*> dws(chunks), dbs(chunks);
+  for (int64_t k = 0; k < chunks; ++k) {
+    dws[k] = k == 0 ? a.dw : extra + (k - 1) * wsz;
+    dbs[k] = k == 0 ? a.db : extra + (chunks - 1) * wsz + k * co;
+  }
   for_chunks(a.n, kChunk, [&](int64_t k, int64_t b0, int64_t b1) {
     const int64_t cols = (b1 - b0) * P;
     float* col = thread_scratch(ScratchSlot::Col, K * cols);
     float* g = thread_scratch(ScratchSlot::Out, co * cols);  // (co, images * P) masked dy
-    float* dwk = partial + k * (wsz + co);
-    float* dbk = dwk + wsz;
+    float* dwk = dws[k];
+    float* dbk = dbs[k];
     for (int64_t c = 0; c < co; ++c) {
       double bsum = 0.0;
       for (int64_t i = b0; i < b1; ++i) {
@@ -101,12 +107,11 @@ void Conv2D::backward(const BackwardArgs& a) const {
         kernels::cpu::col2im(geo_, col + (i - b0) * P, cols, a.dx + i * in_sz);
     }
   });
-  std::memcpy(a.dw, partial, sizeof(float) * wsz);
-  std::memcpy(a.db, partial + wsz, sizeof(float) * co);
-  for (int64_t k = 1; k < chunks; ++k) {
-    const float* p = partial + k * (wsz + co);
-    for (int64_t j = 0; j < wsz; ++j) a.dw[j] += p[j];
-    for (int64_t j = 0; j < co; ++j) a.db[j] += p[wsz + j];
+  if (chunks > 1) {
+    for_chunks(wsz, 1 << 14, [&](int64_t, int64_t b, int64_t e) {
+      kernels::cpu::tree_sum(dws.data(), chunks, b, e);
+    });
+    kernels::cpu::tree_sum(dbs.data(), chunks, 0, co);
   }
 }
 

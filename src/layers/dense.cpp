@@ -1,16 +1,22 @@
 #include "layers/dense.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
+
+#include <oneapi/tbb/parallel_for.h>
 
 #include "core/parallel.h"
 #include "kernels/gemm.h"
+#include "kernels/reduce.h"
+#include "layers/scratch.h"
 
 namespace towers {
 
 namespace {
 constexpr int64_t kRows = 16;  // batch rows per GEMM in forward and dx
-constexpr int64_t kOuts = 32;  // weight rows per GEMM in dW
+constexpr int64_t kOuts = 32;      // weight rows per GEMM in dW
+constexpr int64_t kGradRows = 64;  // examples per partial weight gradient
 }  // namespace
 
 Shape Dense::infer(const Shape& in) {
@@ -41,23 +47,42 @@ void Dense::forward(const ForwardArgs& a) const {
 void Dense::backward(const BackwardArgs& a) const {
   const int64_t o = cfg_.out, n = a.n;
   // g = dy masked by the ReLU: the gradient at the pre-activation.
-  std::vector<float> g(n * o);
+  float* g = thread_scratch(ScratchSlot::Extra, n * o);
   for (int64_t i = 0; i < n * o; ++i) g[i] = (!cfg_.relu || a.y[i] > 0.0f) ? a.dy[i] : 0.0f;
-  for (int64_t j = 0; j < o; ++j) {
-    double s = 0.0;
-    for (int64_t r = 0; r < n; ++r) s += g[r * o + j];
-    a.db[j] = static_cast<float>(s);
+  // dW (o, in) = g^T (o, n) * x (n, in) and db = column sums of g, as one partial per chunk of
+  // kGradRows examples, tree-summed (kernels/reduce.h) like the conv layers' partials; the
+  // first partial is dW itself. Each partial is split over weight rows so that a single chunk
+  // still uses every thread.
+  const int64_t chunks = ceil_div(n, kGradRows), wsz = o * in_;
+  float* extra = thread_scratch(ScratchSlot::Partial, (chunks - 1) * wsz + chunks * o);
+  std::vector<float*> dw(chunks), db(chunks);
+  for (int64_t k = 0; k < chunks; ++k) {
+    dw[k] = k == 0 ? a.dw : extra + (k - 1) * wsz;
+    db[k] = k == 0 ? a.db : extra + (chunks - 1) * wsz + k * o;
   }
-  // dW (o, in) = g^T (o, n) * x (n, in), split over weight rows: no reduction needed.
-  for_chunks(o, kOuts, [&](int64_t, int64_t j0, int64_t j1) {
-    kernels::cpu::gemm(true, false, j1 - j0, in_, n, 1.0f, g.data() + j0, o, a.x, in_, 0.0f,
-                       a.dw + j0 * in_, in_);
+  const int64_t row_blocks = ceil_div(o, kOuts);
+  oneapi::tbb::parallel_for(int64_t{0}, chunks * row_blocks, [&](int64_t job) {
+    const int64_t k = job / row_blocks, j0 = (job % row_blocks) * kOuts;
+    const int64_t j1 = std::min(j0 + kOuts, o), r0 = k * kGradRows, r1 = std::min(r0 + kGradRows, n);
+    kernels::cpu::gemm(true, false, j1 - j0, in_, r1 - r0, 1.0f, g + r0 * o + j0, o,
+                       a.x + r0 * in_, in_, 0.0f, dw[k] + j0 * in_, in_);
+    for (int64_t j = j0; j < j1; ++j) {
+      double s = 0.0;
+      for (int64_t r = r0; r < r1; ++r) s += g[r * o + j];
+      db[k][j] = static_cast<float>(s);
+    }
   });
+  if (chunks > 1) {
+    for_chunks(wsz, 1 << 14, [&](int64_t, int64_t b, int64_t e) {
+      kernels::cpu::tree_sum(dw.data(), chunks, b, e);
+    });
+    kernels::cpu::tree_sum(db.data(), chunks, 0, o);
+  }
   if (a.dx != nullptr) {
     // dx (n, in) = g (n, o) * W (o, in), split over batch rows.
     for_chunks(n, kRows, [&](int64_t, int64_t r0, int64_t r1) {
-      kernels::cpu::gemm(false, false, r1 - r0, in_, o, 1.0f, g.data() + r0 * o, o, a.w, in_,
-                         0.0f, a.dx + r0 * in_, in_);
+      kernels::cpu::gemm(false, false, r1 - r0, in_, o, 1.0f, g + r0 * o, o, a.w, in_, 0.0f,
+                         a.dx + r0 * in_, in_);
     });
   }
 }

@@ -3,6 +3,9 @@
 // checkpoint stores them exactly like parameters: "optimizer/<slot>/<variable>".
 #pragma once
 
+#include <atomic>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -31,12 +34,19 @@ class Optimizer {
 
   const OptimizerConfig& config() const { return cfg_; }
   // params -= update(grads, lr); grads has the layout too. Increments the update count.
+  // The caller has the parameters and slots to itself (sync mode).
   void apply(float* params, const float* grads, float lr);
+  // The same update while other threads read and apply to the same arrays (async, Hogwild):
+  // every access to params and slots is a relaxed atomic, so the races are well-defined C++
+  // (a reader may see a mix of old and new values; concurrent updates of one element may
+  // lose one of them, as Hogwild accepts). use_locking serialises the update of each
+  // variable (TF's use_locking=True); readers still never lock.
+  void apply_shared(float* params, const float* grads, float lr, bool use_locking);
 
   const std::vector<std::string>& slot_names() const { return slot_names_; }
   std::vector<std::pair<std::string, const float*>> slots() const;
   float* slot(const std::string& name);
-  int64_t updates() const { return updates_; }
+  int64_t updates() const { return updates_.load(); }
 
   nlohmann::json state() const;              // scalars: {"updates": t}
   void load_state(const nlohmann::json& s);  // from a checkpoint
@@ -46,7 +56,15 @@ class Optimizer {
   OptimizerConfig cfg_;
   std::vector<std::string> slot_names_;
   std::vector<HostBuffer> slot_buffers_;
-  int64_t updates_ = 0;
+  std::atomic<int64_t> updates_{0};
+  std::unique_ptr<std::mutex[]> var_locks_;  // one per variable, for use_locking
+
+  struct Rates {
+    float lr, adam_lr;
+  };
+  Rates rates(float lr, int64_t t) const;
+  // The rule on n elements: w, slot pointers and g already offset to the same element.
+  void update(int64_t n, float* w, float* s0, float* s1, const float* g, Rates r, float wd) const;
 };
 
 }  // namespace towers

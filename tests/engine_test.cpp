@@ -1,0 +1,223 @@
+// The tower engine's invariants, run end to end through `towers train` and its metrics:
+// N sync towers equal one tower with N times the batch; sync runs are bitwise reproducible;
+// the SSP bound holds (and the check can fail: async breaks it); backup towers drop a
+// straggler's late gradients instead of waiting; async towers all apply their updates.
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "io/checkpoint.h"
+#include "models/models.h"
+
+namespace towers {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+int run(const std::string& args, std::string* output = nullptr) {
+  std::string cmd = std::string(TOWERS_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  std::array<char, 4096> buf{};
+  std::string out;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  if (output) *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+std::string temp_file(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path dir = fs::path(::testing::TempDir()) / ("towers_engine_" + std::to_string(getpid())) /
+                 (std::string(info->test_suite_name()) + "." + info->name());
+  fs::create_directories(dir);
+  fs::remove_all(dir / name);
+  return (dir / name).string();
+}
+
+std::vector<json> events(const std::string& path, const std::string& kind) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    json j = json::parse(line);
+    if (j["event"] == kind) out.push_back(j);
+  }
+  return out;
+}
+
+// MLP on synthetic data: fast enough to run many steps in a test.
+const std::string kMlp =
+    "train --model mlp --dataset synthetic --synthetic-size 3000 --optimizer momentum --lr 0.02 "
+    "--quiet --seed 3 ";
+
+TEST(Engine, TwoSyncTowersOfHalfTheBatchEqualOneTower) {
+  // The bar: fashion net on Fashion-MNIST, 2 x 64 versus 1 x 128, 50 steps.
+  const std::string fashion = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(fashion)) GTEST_SKIP() << "no Fashion-MNIST at " << fashion;
+  const std::string one = temp_file("one.jsonl"), two = temp_file("two.jsonl");
+  const std::string base = "train --model fashion --dataset fashion-mnist --steps 50 --quiet --lr 0.01 ";
+  const std::string ck1 = temp_file("ck1"), ck2 = temp_file("ck2");
+  ASSERT_EQ(run(base + "--towers 1 --batch 128 --checkpoint-dir " + ck1 + " --metrics " + one), 0);
+  ASSERT_EQ(run(base + "--towers 2 --batch 64 --mode sync --checkpoint-dir " + ck2 + " --metrics " + two), 0);
+  auto a = events(one, "step"), b = events(two, "step");
+  ASSERT_EQ(a.size(), 50u);
+  ASSERT_EQ(b.size(), 50u);
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double la = a[i]["loss"], lb = b[i]["loss"];
+    worst = std::max(worst, std::fabs(la - lb) / std::fabs(la));
+  }
+  EXPECT_LT(worst, 1e-4) << "largest relative loss difference over 50 steps";
+  // Stronger than the bar: the chunk and tower reductions form one tree (kernels/reduce.h), so
+  // the parameters after 50 updates are bitwise equal; only the reported loss, a double sum
+  // over towers, may differ in its last bits.
+  EXPECT_LT(worst, 1e-12);
+  auto g = build_model("fashion");
+  auto p1 = io::load_checkpoint(ck1 + "/ckpt-000000050.safetensors", g->layout(), {"momentum"});
+  auto p2 = io::load_checkpoint(ck2 + "/ckpt-000000050.safetensors", g->layout(), {"momentum"});
+  EXPECT_EQ(std::memcmp(p1.params.data(), p2.params.data(), sizeof(float) * g->layout().total()), 0);
+  // The loss moved: the comparison is not of 50 copies of the initial loss.
+  EXPECT_LT(a.back()["loss"].get<double>(), 0.8 * a.front()["loss"].get<double>());
+}
+
+TEST(Engine, SyncRunsWithOneSeedAreIdentical) {
+  const std::string a = temp_file("a.jsonl"), b = temp_file("b.jsonl");
+  const std::string args = kMlp + "--steps 40 --towers 3 --batch 16 --mode sync --metrics ";
+  ASSERT_EQ(run(args + a), 0);
+  ASSERT_EQ(run(args + b), 0);
+  auto x = events(a, "step"), y = events(b, "step");
+  ASSERT_EQ(x.size(), 40u);
+  ASSERT_EQ(y.size(), 40u);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i]["loss"], y[i]["loss"]) << "step " << i + 1;
+  EXPECT_EQ(events(a, "summary")[0]["test_loss"], events(b, "summary")[0]["test_loss"]);
+}
+
+// Replays the per-update tower ids and returns the largest lead (completed steps of the
+// fastest minus the slowest) ever seen.
+int64_t max_lead(const std::vector<json>& steps, int towers) {
+  std::vector<int64_t> clock(towers, 0);
+  int64_t lead = 0;
+  for (const auto& s : steps) {
+    ++clock[s["tower"].get<int>()];
+    lead = std::max(lead, *std::max_element(clock.begin(), clock.end()) -
+                              *std::min_element(clock.begin(), clock.end()));
+  }
+  return lead;
+}
+
+TEST(Engine, SspBoundIsNeverExceeded) {
+  // Tower 0 is slow, so the others run into the bound again and again.
+  for (int s : {0, 2}) {
+    const std::string m = temp_file("ssp" + std::to_string(s) + ".jsonl");
+    ASSERT_EQ(run(kMlp + "--steps 60 --towers 3 --batch 16 --mode ssp --slow-tower 0:15 --staleness " +
+                  std::to_string(s) + " --metrics " + m), 0);
+    auto steps = events(m, "step");
+    ASSERT_EQ(steps.size(), 60u);
+    // A tower starts a step only while at most s steps ahead, so completed steps differ by at
+    // most s + 1; and the slow tower makes the bound bind.
+    EXPECT_LE(max_lead(steps, 3), s + 1) << "staleness " << s;
+    EXPECT_EQ(max_lead(steps, 3), s + 1) << "the bound never bound: the test proves nothing";
+    EXPECT_LE(events(m, "summary")[0]["max_staleness"].get<int64_t>(), 2 * (s + 1));
+  }
+  // The same run without a bound leaves the slow tower far behind: the check above can fail.
+  const std::string m = temp_file("async.jsonl");
+  ASSERT_EQ(run(kMlp + "--steps 60 --towers 3 --batch 16 --mode async --slow-tower 0:15 --metrics " + m), 0);
+  EXPECT_GT(max_lead(events(m, "step"), 3), 5);
+}
+
+TEST(Engine, BackupTowersDropAStragglerInsteadOfWaiting) {
+  const std::string k2 = temp_file("k2.jsonl"), k3 = temp_file("k3.jsonl");
+  const std::string args = kMlp + "--steps 40 --towers 3 --batch 16 --mode sync --slow-tower 2:40 ";
+  ASSERT_EQ(run(args + "--replicas-to-aggregate 2 --metrics " + k2), 0);
+  ASSERT_EQ(run(args + "--replicas-to-aggregate 3 --metrics " + k3), 0);
+  auto backup = events(k2, "summary")[0], all = events(k3, "summary")[0];
+  EXPECT_EQ(backup["steps"], 40);
+  for (const auto& s : events(k2, "step")) EXPECT_EQ(s["contributors"], 2);
+  // With 2 of 3, the straggler is in almost no update and its late gradients are dropped
+  // and counted; with 3 of 3 it is in every one (and every update waited for it).
+  EXPECT_LE(backup["towers"][2]["applied"].get<int64_t>(), 4);
+  EXPECT_GE(backup["dropped_gradients"].get<int64_t>(), 1);
+  EXPECT_EQ(backup["towers"][0]["applied"].get<int64_t>() + backup["towers"][1]["applied"].get<int64_t>() +
+                backup["towers"][2]["applied"].get<int64_t>(),
+            80);
+  EXPECT_EQ(all["towers"][2]["applied"], 40);
+  EXPECT_EQ(all["dropped_gradients"], 0);
+}
+
+TEST(Engine, AsyncTowersEachApplyAndLearn) {
+  for (const std::string locking : {"", "--use-locking "}) {
+    const std::string m = temp_file("async.jsonl");
+    ASSERT_EQ(run(kMlp + "--epochs 2 --towers 3 --batch 16 --mode async " + locking + "--metrics " + m), 0);
+    auto sum = events(m, "summary")[0];
+    const int64_t steps = sum["steps"];
+    EXPECT_EQ(steps, 375);  // ceil(2 * 3000 / 16): one update per tower step
+    int64_t hist = 0, applied = 0;
+    for (auto& [k, v] : sum["staleness_histogram"].items()) hist += v.get<int64_t>();
+    for (const auto& t : sum["towers"]) {
+      applied += t["applied"].get<int64_t>();
+      EXPECT_GT(t["applied"].get<int64_t>(), 0);
+    }
+    EXPECT_EQ(hist, steps);
+    EXPECT_EQ(applied, steps);
+    EXPECT_GT(sum["test_accuracy"].get<double>(), 0.9) << locking;
+  }
+}
+
+TEST(Engine, StalenessAwareLrDividesByTheStaleness) {
+  const std::string m = temp_file("aware.jsonl");
+  ASSERT_EQ(run(kMlp + "--steps 60 --towers 3 --batch 16 --mode async --staleness-aware-lr --metrics " + m), 0);
+  for (const auto& s : events(m, "step")) {
+    const double k = std::max<int64_t>(1, s["staleness"].get<int64_t>());
+    EXPECT_NEAR(s["lr"].get<double>() * k, 0.02, 1e-7);
+  }
+}
+
+TEST(Engine, TheScheduleFollowsEpochsForAnyNumberOfTowers) {
+  // Exponential decay every epoch: at a given epoch, 1 and 4 sync towers use the same lr,
+  // though 4 towers take a quarter of the steps.
+  std::map<int, std::vector<std::pair<double, double>>> seen;
+  for (int n : {1, 4}) {
+    const std::string m = temp_file("sched" + std::to_string(n) + ".jsonl");
+    ASSERT_EQ(run(kMlp + "--epochs 3 --batch 25 --lr-schedule exponential --decay-epochs 1 "
+                  "--decay-factor 0.5 --mode sync --towers " + std::to_string(n) + " --metrics " + m), 0);
+    for (const auto& s : events(m, "step")) {
+      // lr of the update that ended at `epoch` was chosen at its start
+      const double start_epoch = s["epoch"].get<double>() - 25.0 * n / 3000.0;
+      EXPECT_NEAR(s["lr"].get<double>(), 0.02 * std::pow(0.5, std::floor(start_epoch + 1e-9)), 1e-7);
+      seen[n].emplace_back(start_epoch, s["lr"].get<double>());
+    }
+  }
+  EXPECT_EQ(seen[1].size(), 4 * seen[4].size());
+  // --lr-scaling linear is the opt-in that changes it.
+  const std::string m = temp_file("linear.jsonl");
+  ASSERT_EQ(run(kMlp + "--steps 2 --batch 25 --towers 4 --lr-scaling linear --metrics " + m), 0);
+  EXPECT_NEAR(events(m, "step")[0]["lr"].get<double>(), 0.08, 1e-7);
+}
+
+TEST(Engine, UnevenDatasetsNeverHang) {
+  // 1001 examples, 3 towers of 7: no batch boundary meets an epoch boundary.
+  for (const std::string mode : {"sync", "async", "ssp --staleness 1"}) {
+    std::string out;
+    EXPECT_EQ(run("train --model mlp --dataset synthetic --synthetic-size 1001 --quiet --batch 7 "
+                  "--towers 3 --epochs 2 --mode " + mode, &out), 0)
+        << mode << ": " << out;
+  }
+}
+
+}  // namespace
+}  // namespace towers
