@@ -118,6 +118,10 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(c.checkpoint_every_epochs >= 0.0, "--checkpoint-every must be >= 0, got {}",
                  c.checkpoint_every_epochs);
   TOWERS_REQUIRE(c.eval_every_epochs >= 0.0, "--eval-every must be >= 0, got {}", c.eval_every_epochs);
+  TOWERS_REQUIRE(c.target_accuracy >= 0.0 && c.target_accuracy <= 1.0,
+                 "--target-accuracy must be a fraction in [0, 1], got {}", c.target_accuracy);
+  TOWERS_REQUIRE(c.target_accuracy == 0.0 || c.eval_every_epochs > 0.0,
+                 "--target-accuracy needs periodic evaluation (--eval-every > 0)");
   TOWERS_REQUIRE(c.log_every >= 1, "--log-every must be at least 1, got {}", c.log_every);
   TOWERS_REQUIRE(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
   TOWERS_REQUIRE(c.synthetic_size >= 1, "--synthetic-size must be at least 1, got {}", c.synthetic_size);
@@ -303,7 +307,8 @@ TrainSummary train(const TrainConfig& c_in) {
   };
   RunHooks hooks;
   hooks.lr_at = [&](int64_t step) { return learning_rate(c.schedule, epoch_at(step)); };
-  hooks.stop_requested = [] { return g_stop_requested.load(); };
+  std::atomic<bool> target_reached{false};
+  hooks.stop_requested = [&] { return g_stop_requested.load() || target_reached.load(); };
   hooks.on_update = [&](const UpdateRecord& r) {
     const double loss = r.loss;
     TOWERS_REQUIRE(std::isfinite(loss), "training diverged at step {} (loss {}): lower --lr (now {})",
@@ -331,9 +336,19 @@ TrainSummary train(const TrainConfig& c_in) {
       metrics.write({{"event", "eval"}, {"step", step}, {"epoch", epoch_at(step)},
                      {"test_accuracy", ev.accuracy}, {"test_loss", ev.loss},
                      {"wall_seconds", seconds_since(t_start)},
-                     {"train_seconds", seconds_since(t_train) - side_seconds}});
+                     {"train_seconds", seconds_since(t_train) - side_seconds - seconds_since(t_side)}});
       say(fmt::format("epoch {:.2f}: test accuracy {:.2f}% (loss {:.4f})", epoch_at(step),
                       100.0 * ev.accuracy, ev.loss));
+      if (c.target_accuracy > 0.0 && ev.accuracy >= c.target_accuracy && !target_reached.load()) {
+        sum.time_to_target = seconds_since(t_train) - side_seconds - seconds_since(t_side);
+        sum.wall_to_target = seconds_since(t_start);
+        metrics.write({{"event", "target"}, {"step", step}, {"epoch", epoch_at(step)},
+                       {"test_accuracy", ev.accuracy}, {"train_seconds", sum.time_to_target},
+                       {"wall_seconds", sum.wall_to_target}});
+        say(fmt::format("reached the target accuracy {:.2f}% after {} of training",
+                        100.0 * c.target_accuracy, format_duration(sum.time_to_target)));
+        target_reached.store(true);
+      }
     }
     if (!c.checkpoint_dir.empty() && crossed(c.checkpoint_every_epochs, step)) write_checkpoint(step);
     side_seconds += seconds_since(t_side);  // images/s measures training only
@@ -351,6 +366,11 @@ TrainSummary train(const TrainConfig& c_in) {
   // An interrupted run stops promptly: its checkpoint is written, the test pass is skipped.
   EvalResult ev;
   if (!sum.interrupted) ev = evaluate_now();
+  if (c.target_accuracy > 0.0 && !target_reached.load() && !sum.interrupted &&
+      ev.accuracy >= c.target_accuracy) {
+    sum.time_to_target = train_seconds;
+    sum.wall_to_target = seconds_since(t_start);
+  }
   sum.steps = step;
   sum.epochs = epoch_at(step);
   sum.test_accuracy = ev.accuracy;
@@ -375,7 +395,10 @@ TrainSummary train(const TrainConfig& c_in) {
                             {"epochs", sum.epochs},
                             {"final_loss", sum.final_loss},
                             {"interrupted", sum.interrupted},
-                            {"checkpoint", sum.last_checkpoint}};
+                            {"checkpoint", sum.last_checkpoint},
+                            {"target_accuracy", c.target_accuracy},
+                            {"time_to_target", sum.time_to_target >= 0 ? nlohmann::json(sum.time_to_target) : nlohmann::json()},
+                            {"wall_to_target", sum.wall_to_target >= 0 ? nlohmann::json(sum.wall_to_target) : nlohmann::json()}};
   summary.update(sum.tower_stats);
   metrics.write(summary);
   if (!sum.interrupted)

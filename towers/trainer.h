@@ -43,6 +43,7 @@ struct TrainConfig {
   int keep_checkpoints = 3;
   bool resume = false;
   double eval_every_epochs = 1.0;   // 0: only at the end
+  double target_accuracy = 0.0;     // >0: stop at the first evaluation that reaches it
   int64_t log_every = 50;           // steps between "step" metrics lines / plain progress
   bool quiet = false;
 };
@@ -58,6 +59,8 @@ struct TrainSummary {
   bool interrupted = false;
   std::string last_checkpoint;
   nlohmann::json tower_stats;  // staleness histogram, per-tower steps and times, dropped
+  double time_to_target = -1.0;     // training seconds to --target-accuracy (-1: not reached)
+  double wall_to_target = -1.0;
 };
 
 // Set (e.g. by SIGINT) to stop after the current step; a checkpoint is written if the run

@@ -1,6 +1,7 @@
 // towers — the command line: train a model, evaluate a checkpoint.
 //   towers train --model fashion --dataset fashion-mnist --epochs 3
 //   towers eval --checkpoint runs/ckpt-000001407.safetensors
+//   towers scale --model fashion --towers 1,2 --modes sync,async --steps 200
 // Every bad flag or file ends in one line naming it, and exit code 2 (flags) or 1 (runtime).
 #include <csignal>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "models/models.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "towers/scale.h"
 #include "towers/trainer.h"
 
 namespace {
@@ -24,7 +26,8 @@ void on_interrupt(int) {
   std::signal(SIGINT, SIG_DFL);
 }
 
-void add_train_flags(CLI::App& app, towers::TrainConfig& c) {
+// Flags of a training run; `towers scale` takes them too, less the ones it sweeps or forbids.
+void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_option("--model", c.model, "model: cifar10, fashion, mlp")->capture_default_str();
   app.add_option("--dataset", c.dataset, "dataset: fashion-mnist, cifar10, synthetic")
       ->capture_default_str();
@@ -39,14 +42,16 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c) {
                  "end this job after that step, with a checkpoint; the schedule still spans the "
                  "whole run (for runs split over several jobs; continue with --resume)");
   app.add_option("--batch", c.batch, "examples per tower per step")->capture_default_str();
-  app.add_option("--towers", c.towers, "number of towers (model replicas)")->capture_default_str();
+  if (!for_scale)
+    app.add_option("--towers", c.towers, "number of towers (model replicas)")->capture_default_str();
   app.add_option("--threads-per-tower,--threads", c.threads_per_tower,
                  "compute threads of each tower (0: cores / towers)")->capture_default_str();
-  app.add_option("--mode", c.mode, "sync, async or ssp")->capture_default_str();
+  if (!for_scale) app.add_option("--mode", c.mode, "sync, async or ssp")->capture_default_str();
   app.add_option("--replicas-to-aggregate", c.replicas_to_aggregate,
                  "sync: apply once the first K towers have reported; later gradients of that "
                  "step are dropped (backup towers; 0: all)");
-  app.add_option("--staleness", c.staleness, "ssp: the most steps a tower may run ahead of the slowest");
+  if (!for_scale)
+    app.add_option("--staleness", c.staleness, "ssp: the most steps a tower may run ahead of the slowest");
   app.add_flag("--use-locking", c.use_locking, "async/ssp: serialise the apply per variable");
   app.add_flag("--staleness-aware-lr", c.staleness_aware_lr, "divide the lr by max(1, staleness)");
   app.add_option("--lr-scaling", c.lr_scaling,
@@ -68,12 +73,16 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c) {
   app.add_option("--momentum", c.optimizer.momentum,
                  "momentum and rmsprop (default 0.9 for momentum, 0 for rmsprop)");
   app.add_flag("--nesterov", c.optimizer.nesterov, "Nesterov momentum");
-  app.add_option("--metrics", c.metrics_path, "JSON-lines record of the run");
-  app.add_option("--checkpoint-dir", c.checkpoint_dir, "write checkpoints here");
-  app.add_option("--checkpoint-every", c.checkpoint_every_epochs,
-                 "epochs between checkpoints (0: only at the end)")->capture_default_str();
-  app.add_option("--keep-checkpoints", c.keep_checkpoints, "checkpoints kept")->capture_default_str();
-  app.add_flag("--resume", c.resume, "continue from the latest checkpoint in --checkpoint-dir");
+  if (!for_scale) {
+    app.add_option("--metrics", c.metrics_path, "JSON-lines record of the run");
+    app.add_option("--checkpoint-dir", c.checkpoint_dir, "write checkpoints here");
+    app.add_option("--checkpoint-every", c.checkpoint_every_epochs,
+                   "epochs between checkpoints (0: only at the end)")->capture_default_str();
+    app.add_option("--keep-checkpoints", c.keep_checkpoints, "checkpoints kept")->capture_default_str();
+    app.add_flag("--resume", c.resume, "continue from the latest checkpoint in --checkpoint-dir");
+  }
+  app.add_option("--target-accuracy", c.target_accuracy,
+                 "stop at the first evaluation with at least this test accuracy (a fraction)");
   app.add_option("--eval-every", c.eval_every_epochs, "epochs between test evaluations (0: end only)")
       ->capture_default_str();
   app.add_option("--log-every", c.log_every, "steps between step records")->capture_default_str();
@@ -88,7 +97,18 @@ int main(int argc, char** argv) {
 
   towers::TrainConfig train_cfg;
   CLI::App* train = app.add_subcommand("train", "train a model");
-  add_train_flags(*train, train_cfg);
+  add_train_flags(*train, train_cfg, false);
+
+  towers::ScaleConfig scale_cfg;
+  scale_cfg.plot_script = std::string(TOWERS_SOURCE_DIR) + "/bench/plot_scale.py";
+  CLI::App* scale = app.add_subcommand(
+      "scale", "tower-scaling experiment: train for each mode and tower count, write CSV/JSON and a plot");
+  add_train_flags(*scale, scale_cfg.base, true);
+  scale->add_option("--towers", scale_cfg.towers, "tower counts, e.g. 1,2,4")->delimiter(',')->capture_default_str();
+  scale->add_option("--modes", scale_cfg.modes, "modes, e.g. sync,async,ssp")->delimiter(',')->capture_default_str();
+  scale->add_option("--ssp-staleness", scale_cfg.ssp_staleness, "the bound of the ssp runs")->capture_default_str();
+  scale->add_option("--out", scale_cfg.out_dir, "output folder")->capture_default_str();
+  scale->add_option("--plot-script", scale_cfg.plot_script, "plot script (empty: no plot)");
 
   std::string ckpt, eval_dataset, eval_dir, eval_metrics;
   int eval_threads = 0;
@@ -111,6 +131,11 @@ int main(int argc, char** argv) {
       std::signal(SIGINT, on_interrupt);
       towers::TrainSummary s = towers::train(train_cfg);
       return s.interrupted ? 130 : 0;
+    }
+    if (*scale) {
+      std::signal(SIGINT, on_interrupt);
+      towers::run_scale(scale_cfg);
+      return towers::g_stop_requested.load() ? 130 : 0;
     }
     towers::EvalSummary s = towers::evaluate_checkpoint(ckpt, eval_dataset, eval_dir, eval_threads);
     nlohmann::json j = {{"event", "eval"}, {"checkpoint", ckpt}, {"model", s.model},

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The tower-scaling experiments behind the README's plots, on this machine's CPU cores:
+#   1. time to 90% Fashion-MNIST test accuracy with 2 towers in sync, async and ssp modes
+#   2. throughput at 1, 2 and 4 towers (one thread each) in every mode, fixed steps
+#   bench/run-scale.sh [BUILD_DIR]     -> bench/results/<date>-scale/{accuracy,throughput}/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+out=bench/results/$(date +%Y-%m-%d)-scale
+mkdir -p "$out"
+"$build/towers" scale --model fashion --dataset fashion-mnist --batch 128 --threads-per-tower 1 \
+  --optimizer momentum --lr 0.01 --lr-schedule cosine --lr-scaling linear --epochs 6 \
+  --eval-every 0.5 --target-accuracy 0.90 --towers 2 --modes sync,async,ssp --ssp-staleness 2 \
+  --out "$out/accuracy" --log-every 200
+"$build/towers" scale --model fashion --dataset fashion-mnist --batch 128 --threads-per-tower 1 \
+  --optimizer momentum --lr 0.01 --steps 96 --eval-every 0 --towers 1,2,4 \
+  --modes sync,async,ssp --ssp-staleness 2 --out "$out/throughput" --quiet

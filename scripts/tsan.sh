@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# tsan.sh — ThreadSanitizer build (build-tsan) of towers and towers_tests, then the engine and
+# CLI tests and the multi-tower modes run directly. Fails on any TSan report.
+#
+# Known limitation (see the report that introduced this script): Debian's libtbb.so.12 is not
+# instrumented, so TSan cannot see the happens-before edges of TBB spawn/steal/join/enqueue and
+# reports false races on data handed between tasks (every parallel_for, task_group, arena
+# enqueue). No suppression separates those from real races: `race:tbb::detail::*` also hides a
+# deliberate race inside a parallel_for body, `called_from_lib:libtbb.so.12` makes it worse.
+# So this script FAILS until oneTBB itself is built with -fsanitize=thread (TBB_SANITIZE=thread)
+# and build-tsan links against that build (e.g. -DTBB_DIR=<instrumented oneTBB>/lib/cmake/TBB).
+# Not part of .ci/run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+JOBS="${JOBS:-1}"
+SUPP="tests/tsan.supp"
+
+nice -n 19 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS="-fsanitize=thread -g -O1" -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
+  -DTOWERS_CUDA=OFF -DTOWERS_BUILD_BENCH=OFF -DTOWERS_NATIVE=OFF ${TBB_DIR:+-DTBB_DIR="$TBB_DIR"} || exit 1
+nice -n 19 ninja -C build-tsan -j "$JOBS" towers towers_tests || exit 1
+
+opts="halt_on_error=0 second_deadlock_stack=1 exitcode=66"
+[ -f "$SUPP" ] && opts="$opts suppressions=$PWD/$SUPP"
+export TSAN_OPTIONS="$opts"
+LOG=build-tsan/tsan-logs; rm -rf "$LOG"; mkdir -p "$LOG"
+fail=0
+run() {  # name, timeout seconds, command...
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" nice -n 19 "$@" >"$LOG/$name.log" 2>&1
+  local rc=$? n
+  # The tests capture the stderr of the towers processes they spawn; count reports anywhere.
+  n=$(grep -c "WARNING: ThreadSanitizer" "$LOG/$name.log")
+  echo "tsan: $name: exit $rc, $n report(s) ($LOG/$name.log)"
+  if [ "$rc" -ne 0 ] || [ "$n" -ne 0 ]; then fail=1; fi
+}
+run tests 3600 build-tsan/tests/towers_tests --gtest_filter='Engine.*:Cli.*'
+T="build-tsan/towers train --model mlp --dataset synthetic --synthetic-size 2000 --batch 16 --towers 3 --steps 60 --quiet"
+run async        600 $T --mode async
+run ssp          600 $T --mode ssp --staleness 1
+run sync         600 $T --mode sync
+run sync-backup  600 $T --mode sync --replicas-to-aggregate 2 --slow-tower 2:20
+run async-locked 600 $T --mode async --use-locking
+[ "$fail" -eq 0 ] && echo "tsan: clean" || echo "tsan: FAILED (reports or errors above)"
+exit "$fail"
