@@ -25,17 +25,23 @@ def main(folder: Path) -> None:
     runs = doc["runs"]
     cfg = doc["config"]
     modes = list(dict.fromkeys(r["mode"] for r in runs))
-    fig, (ax_ips, ax_eff, ax_acc) = plt.subplots(1, 3, figsize=(16, 4.8))
+    counts = sorted({r["towers"] for r in runs})
+    if len(counts) > 1:
+        fig, (ax_ips, ax_eff, ax_acc) = plt.subplots(1, 3, figsize=(16, 4.8))
+    else:  # one tower count: throughput against towers says nothing
+        fig, ax_acc = plt.subplots(1, 1, figsize=(7, 4.8))
+        ax_ips = ax_eff = None
 
     for m in modes:
         rs = sorted((r for r in runs if r["mode"] == m), key=lambda r: r["towers"])
         n = [r["towers"] for r in rs]
         ips = [r["images_per_sec"] for r in rs]
         c = COLORS.get(m)
-        ax_ips.plot(n, ips, "o-", color=c, label=m)
-        ax_eff.plot(n, [r["efficiency"] for r in rs], "o-", color=c, label=m)
-        per_tower = ips[0] / n[0]
-        ax_ips.plot(n, [per_tower * k for k in n], "--", color=c, alpha=0.4)
+        if ax_ips is not None:
+            ax_ips.plot(n, ips, "o-", color=c, label=m)
+            ax_eff.plot(n, [r["efficiency"] for r in rs], "o-", color=c, label=m)
+            per_tower = ips[0] / n[0]
+            ax_ips.plot(n, [per_tower * k for k in n], "--", color=c, alpha=0.4)
         for r in rs:
             events = [json.loads(line) for line in open(folder / Path(r["metrics"]).name)]
             ev = [e for e in events if e["event"] == "eval"]
@@ -45,20 +51,23 @@ def main(folder: Path) -> None:
             style = {1: "-", 2: "--", 4: ":"}.get(r["towers"], "-.")
             ax_acc.plot(t, acc, style, color=c, marker=".", label=f"{m} x{r['towers']}")
 
-    ax_ips.set(xlabel="towers", ylabel="training images/s", title="throughput (dashed: linear)")
-    ax_eff.set(xlabel="towers", ylabel="images/s(N) / (N x images/s(1))", title="scaling efficiency",
-               ylim=(0, 1.15))
-    ax_eff.axhline(1.0, color="gray", lw=0.8)
+    if ax_ips is not None:
+        ax_ips.set(xlabel="towers", ylabel="training images/s", title="throughput (dashed: linear)")
+        ax_eff.set(xlabel="towers", ylabel=f"images/s(N) / (N/{counts[0]} x images/s({counts[0]}))",
+                   title="scaling efficiency", ylim=(0, 1.15))
+        ax_eff.axhline(1.0, color="gray", lw=0.8)
+        for ax in (ax_ips, ax_eff):
+            ax.set_xticks(counts)
     ax_acc.set(xlabel="training seconds", ylabel="test accuracy (%)", title="accuracy vs time")
     target = doc.get("target_accuracy") or 0
     if target:
         ax_acc.axhline(100 * target, color="gray", lw=0.8, ls="--")
-    for ax in (ax_ips, ax_eff):
-        ax.set_xticks(sorted({r["towers"] for r in runs}))
     for ax in (ax_ips, ax_eff, ax_acc):
+        if ax is None:
+            continue
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"towers scale: model {cfg['model']} on {cfg['dataset']}, batch {cfg['batch']} per tower, "
+    fig.suptitle(f"towers scale: model {cfg['model']} on {cfg['dataset']}, batch {cfg['batch']} per tower,\n"
                  f"{cfg['optimizer']} lr {cfg['lr']:g}, {cfg.get('threads_per_tower') or 'auto'} thread(s) per tower")
     fig.tight_layout()
     out = folder / "scale.png"

@@ -55,6 +55,7 @@ void run_scale(const ScaleConfig& cfg) {
       TrainSummary s = train(c);
       if (s.interrupted) return;
       const double ips = s.train_images_per_sec;
+      // Efficiency is relative to the first (smallest) tower count of the sweep.
       if (n == cfg.towers.front()) base_ips[m] = ips / n;
       rows.push_back({{"mode", m},
                       {"towers", n},
