@@ -184,7 +184,7 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
     }
     std::vector<int> wake;
     bool side = false;
-    int64_t produced = 0;
+    int64_t produced = 0;  // the version this step's update produced (records only)
     try {
       data::Batch b = pipes[i]->next();
       std::shared_lock<std::shared_mutex> g(gate);
@@ -272,8 +272,12 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
       throw;
     }
     if (side) {
+      // With the gate held exclusively no update is in flight (every apply and version
+      // increment happens under the shared gate), so the version read here is exactly the
+      // state of the parameters and optimizer: label the evaluation or checkpoint with it,
+      // not with `produced`, which other towers may have passed in the meantime.
       std::unique_lock<std::shared_mutex> g(gate);
-      hooks.side_work(produced);
+      hooks.side_work(version_.load());
     }
     for (int j : wake) launch(j);
     launch(i);

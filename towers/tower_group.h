@@ -59,7 +59,9 @@ struct UpdateRecord {
 struct RunHooks {
   std::function<float(int64_t version)> lr_at;  // the schedule's lr for the next update
   // Called under the group's record lock after each update; returns true when side work
-  // (evaluation, a checkpoint) is due. Side work then runs with every tower paused.
+  // (evaluation, a checkpoint) is due. Side work then runs with every tower paused, and is
+  // given the version the parameters are at then (async towers may have applied more
+  // updates between the one that made the work due and the pause).
   std::function<bool(const UpdateRecord&)> on_update;
   std::function<void(int64_t version)> side_work;
   std::function<bool()> stop_requested;

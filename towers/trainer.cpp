@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <utility>
 #include <cstdio>
 #include <vector>
 
@@ -305,6 +306,7 @@ TrainSummary train(const TrainConfig& c_in) {
   auto crossed = [&](double every, int64_t step) {
     return every > 0.0 && std::floor(epoch_at(step) / every) > std::floor(epoch_at(step - 1) / every);
   };
+  bool eval_due = false, ckpt_due = false;  // set by on_update, done by side_work
   RunHooks hooks;
   hooks.lr_at = [&](int64_t step) { return learning_rate(c.schedule, epoch_at(step)); };
   std::atomic<bool> target_reached{false};
@@ -326,12 +328,13 @@ TrainSummary train(const TrainConfig& c_in) {
                       (end_step - r.version) / std::max(rate, 1e-9), c.log_every);
     }
     if (r.version >= end_step) return false;  // the end has its own evaluation and checkpoint
-    return crossed(c.eval_every_epochs, r.version) ||
-           (!c.checkpoint_dir.empty() && crossed(c.checkpoint_every_epochs, r.version));
+    eval_due = eval_due || crossed(c.eval_every_epochs, r.version);
+    ckpt_due = ckpt_due || (!c.checkpoint_dir.empty() && crossed(c.checkpoint_every_epochs, r.version));
+    return eval_due || ckpt_due;
   };
   hooks.side_work = [&](int64_t step) {
     const auto t_side = Clock::now();
-    if (crossed(c.eval_every_epochs, step)) {
+    if (std::exchange(eval_due, false)) {
       EvalResult ev = evaluate_now();
       metrics.write({{"event", "eval"}, {"step", step}, {"epoch", epoch_at(step)},
                      {"test_accuracy", ev.accuracy}, {"test_loss", ev.loss},
@@ -350,7 +353,7 @@ TrainSummary train(const TrainConfig& c_in) {
         target_reached.store(true);
       }
     }
-    if (!c.checkpoint_dir.empty() && crossed(c.checkpoint_every_epochs, step)) write_checkpoint(step);
+    if (std::exchange(ckpt_due, false)) write_checkpoint(step);
     side_seconds += seconds_since(t_side);  // images/s measures training only
   };
 
