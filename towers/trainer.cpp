@@ -348,8 +348,9 @@ TrainSummary train(const TrainConfig& c_in) {
         metrics.write({{"event", "target"}, {"step", step}, {"epoch", epoch_at(step)},
                        {"test_accuracy", ev.accuracy}, {"train_seconds", sum.time_to_target},
                        {"wall_seconds", sum.wall_to_target}});
-        say(fmt::format("reached the target accuracy {:.2f}% after {} of training",
-                        100.0 * c.target_accuracy, format_duration(sum.time_to_target)));
+        say(fmt::format("test accuracy {:.2f}% reaches the target {:.2f}% after {} of training",
+                        100.0 * ev.accuracy, 100.0 * c.target_accuracy,
+                        format_duration(sum.time_to_target)));
         target_reached.store(true);
       }
     }
