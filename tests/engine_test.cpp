@@ -142,13 +142,14 @@ TEST(Engine, SspBoundIsNeverExceeded) {
 
 TEST(Engine, BackupTowersDropAStragglerInsteadOfWaiting) {
   const std::string k2 = temp_file("k2.jsonl"), k3 = temp_file("k3.jsonl");
-  const std::string args = kMlp + "--steps 40 --towers 3 --batch 16 --mode sync --slow-tower 2:40 ";
+  const std::string args = kMlp + "--steps 40 --towers 3 --batch 16 --mode sync --slow-tower 2:150 ";
   ASSERT_EQ(run(args + "--replicas-to-aggregate 2 --metrics " + k2), 0);
   ASSERT_EQ(run(args + "--replicas-to-aggregate 3 --metrics " + k3), 0);
   auto backup = events(k2, "summary")[0], all = events(k3, "summary")[0];
   EXPECT_EQ(backup["steps"], 40);
   for (const auto& s : events(k2, "step")) EXPECT_EQ(s["contributors"], 2);
-  // With 2 of 3, the straggler is in almost no update and its late gradients are dropped
+  // With 2 of 3, the straggler (150 ms a step, against ~1 ms for the others: a margin that
+  // survives a loaded CI machine) is in almost no update and its late gradients are dropped
   // and counted; with 3 of 3 it is in every one (and every update waited for it).
   EXPECT_LE(backup["towers"][2]["applied"].get<int64_t>(), 4);
   EXPECT_GE(backup["dropped_gradients"].get<int64_t>(), 1);
