@@ -1,9 +1,9 @@
 #include "towers/tower.h"
 
 #include <algorithm>
-#include <atomic>
 
 #include "core/check.h"
+#include "core/relaxed.h"
 
 namespace towers {
 
@@ -30,10 +30,7 @@ void Tower::load_params(const float* host) {
 }
 
 void Tower::load_params_shared(const float* host) {
-  float* dst = params_.data();
-  const int64_t n = graph_.layout().total();
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = std::atomic_ref<float>(const_cast<float&>(host[i])).load(std::memory_order_relaxed);
+  load_relaxed(host, params_.data(), graph_.layout().total());
 }
 
 const float* Tower::forward(const float* images, int64_t n, bool training) {

@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "core/relaxed.h"
 #include "kernels/optimizer.h"
 
 namespace towers {
@@ -85,19 +86,6 @@ void Optimizer::apply(float* params, const float* grads, float lr) {
   }
 }
 
-namespace {
-
-void load_relaxed(const float* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = std::atomic_ref<float>(const_cast<float&>(src[i])).load(std::memory_order_relaxed);
-}
-
-void store_relaxed(const float* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    std::atomic_ref<float>(dst[i]).store(src[i], std::memory_order_relaxed);
-}
-
-}  // namespace
 
 void Optimizer::apply_shared(float* params, const float* grads, float lr, bool use_locking) {
   const Rates r = rates(lr, ++updates_);
