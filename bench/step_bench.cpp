@@ -29,7 +29,7 @@ void BM_TowerStep(benchmark::State& state, const char* model) {
   const int64_t batch = state.range(0);
   const int threads = static_cast<int>(state.range(1));
   auto g = build_model(model);
-  Tower tower(*g, batch, threads);
+  CpuTower tower(*g, batch, threads);
   std::vector<float> params(g->layout().total());
   g->layout().initialize(params.data(), 1);
   Optimizer opt(g->layout(), {"momentum"});

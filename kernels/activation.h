@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-struct CUstream_st;  // = cudaStream_t without pulling CUDA headers into host code
+#include "kernels/hd.h"
 
 namespace towers::kernels {
 

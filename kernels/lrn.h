@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kernels/hd.h"
+
 namespace towers::kernels {
 
 struct LrnParams {
@@ -20,5 +22,12 @@ void lrn_forward(const LrnParams& p, int64_t n, int64_t c, int64_t hw, const flo
 void lrn_backward(const LrnParams& p, int64_t n, int64_t c, int64_t hw, const float* x,
                   const float* y, const float* scale, const float* dy, float* dx);
 }  // namespace cpu
+
+namespace cuda {
+void lrn_forward(CUstream_st* s, const LrnParams& p, int64_t n, int64_t c, int64_t hw,
+                 const float* x, float* y, float* scale);
+void lrn_backward(CUstream_st* s, const LrnParams& p, int64_t n, int64_t c, int64_t hw,
+                  const float* x, const float* y, const float* scale, const float* dy, float* dx);
+}  // namespace cuda
 
 }  // namespace towers::kernels

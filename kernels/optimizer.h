@@ -6,7 +6,11 @@
 
 #include <cstdint>
 
-namespace towers::kernels::cpu {
+#include "kernels/hd.h"
+
+namespace towers::kernels {
+
+namespace cpu {
 
 // w -= lr * g'
 void sgd_update(int64_t n, float* w, const float* g, float lr, float wd);
@@ -24,4 +28,18 @@ void adam_update(int64_t n, float* w, float* m, float* v, const float* g, float 
 void rmsprop_update(int64_t n, float* w, float* ms, float* mom, const float* g, float lr,
                     float rho, float mu, float eps, float wd);
 
-}  // namespace towers::kernels::cpu
+}  // namespace cpu
+
+namespace cuda {  // the same rules (kernels/optimizer_rules.h), one thread per element
+void sgd_update(CUstream_st* s, int64_t n, float* w, const float* g, float lr, float wd);
+void momentum_update(CUstream_st* s, int64_t n, float* w, float* a, const float* g, float lr,
+                     float mu, bool nesterov, float wd);
+void adagrad_update(CUstream_st* s, int64_t n, float* w, float* acc, const float* g, float lr,
+                    float wd);
+void adam_update(CUstream_st* s, int64_t n, float* w, float* m, float* v, const float* g,
+                 float lr_t, float b1, float b2, float eps, float wd);
+void rmsprop_update(CUstream_st* s, int64_t n, float* w, float* ms, float* mom, const float* g,
+                    float lr, float rho, float mu, float eps, float wd);
+}  // namespace cuda
+
+}  // namespace towers::kernels

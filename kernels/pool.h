@@ -7,7 +7,9 @@
 
 #include "kernels/conv.h"
 
-namespace towers::kernels::cpu {
+namespace towers::kernels {
+
+namespace cpu {
 
 // x (planes, H, W) -> y (planes, rows.out, cols.out). argmax (same shape as y, may be null)
 // receives the index within its plane of each maximum, as a float (exact below 2^24).
@@ -17,4 +19,14 @@ void maxpool_forward(int64_t planes, int64_t h, int64_t w, const Window& rows, c
 void maxpool_backward(int64_t planes, int64_t h, int64_t w, const Window& rows,
                       const Window& cols, const float* argmax, const float* dy, float* dx);
 
-}  // namespace towers::kernels::cpu
+}  // namespace cpu
+
+namespace cuda {
+void maxpool_forward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
+                     const Window& cols, const float* x, float* y, float* argmax);
+// Each input element gathers the dy of the windows whose argmax it is (no atomics).
+void maxpool_backward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
+                      const Window& cols, const float* argmax, const float* dy, float* dx);
+}  // namespace cuda
+
+}  // namespace towers::kernels

@@ -7,10 +7,25 @@
 
 #include <cstdint>
 
-namespace towers::kernels::cpu {
+#include "kernels/hd.h"
+
+namespace towers::kernels {
+
+namespace cpu {
 
 // blocks[0..count) each hold n floats; afterwards blocks[0] holds their tree sum (the other
 // blocks are scratch). Elements [begin, end) only, so callers can split the work.
 void tree_sum(float* const* blocks, int64_t count, int64_t begin, int64_t end);
 
-}  // namespace towers::kernels::cpu
+}  // namespace cpu
+
+namespace cuda {
+// The same tree over count device blocks of n floats on one GPU (count <= kMaxTreeBlocks);
+// blocks is a host array of device pointers.
+constexpr int kMaxTreeBlocks = 64;
+void tree_sum(CUstream_st* s, float* const* blocks, int64_t count, int64_t n);
+// x *= alpha (the 1/N of an average).
+void scale(CUstream_st* s, int64_t n, float alpha, float* x);
+}  // namespace cuda
+
+}  // namespace towers::kernels

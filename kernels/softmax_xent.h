@@ -3,7 +3,11 @@
 
 #include <cstdint>
 
-namespace towers::kernels::cpu {
+#include "kernels/hd.h"
+
+namespace towers::kernels {
+
+namespace cpu {
 
 struct XentResult {
   double loss_sum = 0.0;  // sum over the batch of -log softmax(logits)[label]
@@ -15,4 +19,18 @@ struct XentResult {
 XentResult softmax_xent(int64_t n, int64_t k, const float* logits, const int32_t* labels,
                         float grad_scale, float* dlogits);
 
-}  // namespace towers::kernels::cpu
+}  // namespace cpu
+
+namespace cuda {
+// One thread per example, the CPU twin's arithmetic (double). The batch sums are left to the
+// caller, per example: row_loss (n doubles) and row_correct (n int32), all device memory;
+// sum_rows adds them on the host in the CPU twin's order.
+void softmax_xent(CUstream_st* s, int64_t n, int64_t k, const float* logits,
+                  const int32_t* labels, float grad_scale, float* dlogits, double* row_loss,
+                  int32_t* row_correct);
+}  // namespace cuda
+
+// Host side: the batch result from per-example losses and hits (host memory).
+cpu::XentResult sum_rows(int64_t n, const double* row_loss, const int32_t* row_correct);
+
+}  // namespace towers::kernels

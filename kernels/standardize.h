@@ -4,9 +4,20 @@
 
 #include <cstdint>
 
-namespace towers::kernels::cpu {
+#include "kernels/hd.h"
+
+namespace towers::kernels {
+
+namespace cpu {
 
 // n images of m floats each; in place is allowed (x == y).
 void standardize(int64_t n, int64_t m, const float* x, float* y);
 
-}  // namespace towers::kernels::cpu
+}  // namespace cpu
+
+namespace cuda {
+// One block per image; sums in double.
+void standardize(CUstream_st* s, int64_t n, int64_t m, const float* x, float* y);
+}  // namespace cuda
+
+}  // namespace towers::kernels

@@ -62,7 +62,7 @@ TEST(Models, InitialisationIsDeterministicAndFollowsTheTutorial) {
 TEST(Models, WholeCifar10NetGradientMatchesNumerical) {
   auto g = build_model("cifar10");
   const int64_t n = 2;
-  Tower tower(*g, n, 2);
+  CpuTower tower(*g, n, 2);
   std::vector<float> params(g->layout().total());
   g->layout().initialize(params.data(), 3);
   // Larger last-layer weights so the loss is not flat in the early layers.

@@ -5,11 +5,37 @@
 #include "core/check.h"
 #include "core/relaxed.h"
 
+#if TOWERS_HAVE_CUDA
+#include "towers/cuda_tower.h"
+#endif
+
 namespace towers {
 
-Tower::Tower(const Graph& graph, int64_t max_batch, int threads)
-    : graph_(graph), max_batch_(max_batch), device_(threads) {
+Tower::Tower(const Graph& graph, int64_t max_batch) : graph_(graph), max_batch_(max_batch) {
   TOWERS_CHECK(max_batch > 0, "a tower needs a positive batch, got {}", max_batch);
+  const ParameterLayout& layout = graph.layout();
+  for (const auto& l : graph.layers()) {
+    bool has_vars = !l->params().empty();
+    w_off_.push_back(has_vars ? layout.find(l->name() + "/weight").offset : -1);
+    b_off_.push_back(has_vars ? layout.find(l->name() + "/bias").offset : -1);
+  }
+}
+
+void Tower::check_batch(int64_t n) const {
+  TOWERS_CHECK(n > 0 && n <= max_batch_, "batch of {} for a tower built for {}", n, max_batch_);
+}
+
+std::unique_ptr<Tower> make_tower(const Graph& graph, int64_t max_batch, const TowerPlacement& p) {
+  if (p.kind == DeviceKind::Cpu) return std::make_unique<CpuTower>(graph, max_batch, p.threads);
+#if TOWERS_HAVE_CUDA
+  return std::make_unique<CudaTower>(graph, max_batch, p);
+#else
+  TOWERS_BAD_INPUT("--device cuda: this towers was built without CUDA (no nvcc at configure time)");
+#endif
+}
+
+CpuTower::CpuTower(const Graph& graph, int64_t max_batch, int threads)
+    : Tower(graph, max_batch), device_(threads) {
   const ParameterLayout& layout = graph.layout();
   params_ = DeviceBuffer(device_, layout.total());
   grads_ = DeviceBuffer(device_, layout.total());
@@ -18,24 +44,21 @@ Tower::Tower(const Graph& graph, int64_t max_batch, int threads)
     act_.emplace_back(device_, max_batch * numel(l->out_shape()));
     saved_.emplace_back(device_, max_batch * l->saved_per_example());
     widest = std::max(widest, numel(l->out_shape()));
-    bool has_vars = !l->params().empty();
-    w_off_.push_back(has_vars ? layout.find(l->name() + "/weight").offset : -1);
-    b_off_.push_back(has_vars ? layout.find(l->name() + "/bias").offset : -1);
   }
   for (auto& d : dact_) d = DeviceBuffer(device_, max_batch * widest);
 }
 
-void Tower::load_params(const float* host) {
-  device_.copy_in(params_.data(), host, graph_.layout().total());
+void CpuTower::load_params(const float* host) {
+  device_.copy_in(params_.data(), host, graph().layout().total());
 }
 
-void Tower::load_params_shared(const float* host) {
-  load_relaxed(host, params_.data(), graph_.layout().total());
+void CpuTower::load_params_shared(const float* host) {
+  load_relaxed(host, params_.data(), graph().layout().total());
 }
 
-const float* Tower::forward(const float* images, int64_t n, bool training) {
-  TOWERS_CHECK(n > 0 && n <= max_batch_, "batch of {} for a tower built for {}", n, max_batch_);
-  const auto& layers = graph_.layers();
+const float* CpuTower::forward(const float* images, int64_t n, bool training) {
+  check_batch(n);
+  const auto& layers = graph().layers();
   const float* x = images;
   for (size_t i = 0; i < layers.size(); ++i) {
     ForwardArgs a;
@@ -52,14 +75,14 @@ const float* Tower::forward(const float* images, int64_t n, bool training) {
   return x;
 }
 
-StepStats Tower::compute_gradients(const float* images, const int32_t* labels, int64_t n,
+StepStats CpuTower::compute_gradients(const float* images, const int32_t* labels, int64_t n,
                                    float grad_scale) {
   return device_.execute([&] {
     const float* logits = forward(images, n, true);
-    const int64_t k = graph_.num_classes();
+    const int64_t k = graph().num_classes();
     float* dy = dact_[0].data();
     auto r = kernels::cpu::softmax_xent(n, k, logits, labels, grad_scale, dy);
-    const auto& layers = graph_.layers();
+    const auto& layers = graph().layers();
     int cur = 0;
     for (size_t i = layers.size(); i-- > 0;) {
       BackwardArgs a;
@@ -80,10 +103,10 @@ StepStats Tower::compute_gradients(const float* images, const int32_t* labels, i
   });
 }
 
-StepStats Tower::evaluate(const float* images, const int32_t* labels, int64_t n) {
+StepStats CpuTower::evaluate(const float* images, const int32_t* labels, int64_t n) {
   return device_.execute([&] {
     const float* logits = forward(images, n, false);
-    auto r = kernels::cpu::softmax_xent(n, graph_.num_classes(), logits, labels, 0.0f, nullptr);
+    auto r = kernels::cpu::softmax_xent(n, graph().num_classes(), logits, labels, 0.0f, nullptr);
     return StepStats{r.loss_sum, r.correct, n};
   });
 }

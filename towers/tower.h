@@ -1,9 +1,12 @@
 // tower.h — one model replica on one device: the shared graph, a parameter mirror, one
 // contiguous gradient buffer (the layout of the parameter store), and the activations of one
 // batch. A step is: copy parameters in, forward, loss, backward into the gradient buffer.
+// CpuTower computes on a oneTBB arena of its own; CudaTower (towers/cuda_tower.h) on a GPU,
+// with its gradients landing in pinned host memory. The engine sees only this interface.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/device.h"
@@ -18,40 +21,82 @@ struct StepStats {
   int64_t examples = 0;
 };
 
+// Where a tower runs.
+struct TowerPlacement {
+  DeviceKind kind = DeviceKind::Cpu;
+  int threads = 1;           // CPU: compute threads; GPU: threads for the tower's host work
+  int gpu = 0;               // CUDA ordinal
+  bool tf32 = false;         // cuBLAS TF32 tensor-core math
+  bool cuda_graphs = true;   // replay each step's forward+backward as one CUDA graph
+};
+
 class Tower {
  public:
-  Tower(const Graph& graph, int64_t max_batch, int threads);
+  Tower(const Graph& graph, int64_t max_batch);
+  virtual ~Tower() = default;
+  Tower(const Tower&) = delete;
+  Tower& operator=(const Tower&) = delete;
 
   const Graph& graph() const { return graph_; }
-  CpuDevice& device() { return device_; }
   int64_t max_batch() const { return max_batch_; }
+  virtual Device& device() = 0;
+  // Threads for the host-side work that belongs to this tower (its optimizer apply, its share
+  // of a host reduction). For a CPU tower these are its compute threads.
+  virtual CpuDevice& host() = 0;
 
-  float* params() { return params_.data(); }
-  const float* grads() const { return grads_.data(); }
-  float* mutable_grads() { return grads_.data(); }  // reductions sum into tower 0's buffer
-  void load_params(const float* host);  // one copy of the whole flat array
-  // The same copy while other threads write host (async modes): relaxed atomic loads, so a
-  // tower may see a mix of versions, which Hogwild accepts, but never a torn float.
-  void load_params_shared(const float* host);
+  // The gradients of the last compute_gradients, in host memory (pinned for a GPU tower).
+  virtual const float* grads() const = 0;
+  virtual float* mutable_grads() = 0;  // reductions sum into tower 0's buffer
+  virtual void load_params(const float* host) = 0;  // one copy of the whole flat array
+  // The same copy while other threads write host (async modes): a tower may see a mix of
+  // versions, which Hogwild accepts, but never a torn float.
+  virtual void load_params_shared(const float* host) = 0;
 
-  // images (n, C, H, W), labels (n). Overwrites the gradient buffer with
+  // images (n, C, H, W), labels (n), host memory. Overwrites the gradient buffer with
   // d(sum of losses * grad_scale)/d(params); grad_scale = 1 / global batch gives the mean.
+  virtual StepStats compute_gradients(const float* images, const int32_t* labels, int64_t n,
+                                      float grad_scale) = 0;
+  // Forward only.
+  virtual StepStats evaluate(const float* images, const int32_t* labels, int64_t n) = 0;
+
+ protected:
+  void check_batch(int64_t n) const;
+  // Per layer: offsets of its weight and bias in the flat layout, -1 when it has none.
+  std::vector<int64_t> w_off_, b_off_;
+
+ private:
+  const Graph& graph_;
+  int64_t max_batch_;
+};
+
+class CpuTower final : public Tower {
+ public:
+  CpuTower(const Graph& graph, int64_t max_batch, int threads);
+
+  CpuDevice& device() override { return device_; }
+  CpuDevice& host() override { return device_; }
+  float* params() { return params_.data(); }
+  const float* grads() const override { return grads_.data(); }
+  float* mutable_grads() override { return grads_.data(); }
+  void load_params(const float* host) override;
+  void load_params_shared(const float* host) override;
   StepStats compute_gradients(const float* images, const int32_t* labels, int64_t n,
-                              float grad_scale);
-  // Forward only; logits of the last call stay in logits().
-  StepStats evaluate(const float* images, const int32_t* labels, int64_t n);
+                              float grad_scale) override;
+  StepStats evaluate(const float* images, const int32_t* labels, int64_t n) override;
+  // Logits of the last call.
   const float* logits() const { return act_.back().data(); }
 
  private:
   const float* forward(const float* images, int64_t n, bool training);
 
-  const Graph& graph_;
-  int64_t max_batch_;
   CpuDevice device_;
   DeviceBuffer params_, grads_;
   std::vector<DeviceBuffer> act_, saved_;
   DeviceBuffer dact_[2];
-  std::vector<int64_t> w_off_, b_off_;  // per layer; -1 when the layer has no variables
 };
+
+// A CpuTower or, in a CUDA build, a CudaTower. Throws a user-facing error when the placement
+// asks for a GPU this build or machine does not have.
+std::unique_ptr<Tower> make_tower(const Graph& graph, int64_t max_batch, const TowerPlacement& p);
 
 }  // namespace towers

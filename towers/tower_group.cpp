@@ -11,7 +11,9 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "core/gpu.h"
 #include "kernels/reduce.h"
+#include "towers/nccl_reduce.h"
 
 namespace towers {
 
@@ -33,16 +35,52 @@ std::string to_string(Mode m) {
   return m == Mode::Sync ? "sync" : m == Mode::Async ? "async" : "ssp";
 }
 
+Reduce parse_reduce(const std::string& s) {
+  if (s == "host") return Reduce::Host;
+  if (s == "nccl") return Reduce::Nccl;
+  TOWERS_BAD_INPUT("--reduce: unknown reduction '{}' (known: host, nccl)", s);
+}
+
+std::string to_string(Reduce r) { return r == Reduce::Host ? "host" : "nccl"; }
+
 TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, float* params,
                        Optimizer& opt)
     : graph_(graph), cfg_(std::move(cfg)), batch_(batch), params_(params), opt_(opt),
       stats_(cfg_.towers) {
   TOWERS_CHECK(cfg_.towers >= 1 && cfg_.threads_per_tower >= 1, "bad tower config");
   if (cfg_.replicas_to_aggregate == 0) cfg_.replicas_to_aggregate = cfg_.towers;
-  for (int i = 0; i < cfg_.towers; ++i)
-    towers_.push_back(std::make_unique<Tower>(graph, batch, cfg_.threads_per_tower));
-  if (cfg_.towers > 1) grad_sum_.resize(graph.layout().total());
+  const bool cuda = cfg_.device == DeviceKind::Cuda;
+  TOWERS_CHECK(!cuda || cfg_.gpus >= 1, "a CUDA tower group needs at least one GPU");
+  for (int i = 0; i < cfg_.towers; ++i) {
+    TowerPlacement p;
+    p.kind = cfg_.device;
+    p.threads = cfg_.threads_per_tower;
+    p.gpu = cuda ? i % cfg_.gpus : 0;
+    p.tf32 = cfg_.tf32;
+    p.cuda_graphs = cfg_.cuda_graphs;
+    towers_.push_back(make_tower(graph, batch, p));
+  }
+  const int64_t total = graph.layout().total();
+  if (cfg_.towers > 1) grad_sum_.resize(total);
+  if (cuda) {
+    // Page-locked host parameters: every tower's broadcast is a DMA straight from them.
+    pinned_params_ = pin_host_memory(params_, sizeof(float) * total);
+    if (cfg_.towers > 1) pinned_sum_ = pin_host_memory(grad_sum_.data(), sizeof(float) * total);
+  }
+  if (cfg_.reduce == Reduce::Nccl) {
+    TOWERS_REQUIRE(cuda, "--reduce nccl needs --device cuda");
+    TOWERS_REQUIRE(cfg_.mode == Mode::Sync && cfg_.replicas_to_aggregate == cfg_.towers,
+                   "--reduce nccl is for sync mode without backup towers (it averages every "
+                   "tower's gradient at once)");
+    if (cfg_.towers > 1) {
+      std::vector<Tower*> ts;
+      for (auto& t : towers_) ts.push_back(t.get());
+      nccl_ = std::make_unique<NcclReducer>(ts);
+    }
+  }
 }
+
+TowerGroup::~TowerGroup() = default;
 
 int64_t TowerGroup::examples_per_update() const {
   if (cfg_.mode == Mode::Sync) return batch_ * cfg_.replicas_to_aggregate;
@@ -98,6 +136,12 @@ void TowerGroup::run_sync(const data::Dataset& train, const data::AugmentConfig&
     const float* grads = towers_[0]->grads();
     if (n == 1) {
       work(0);
+    } else if (nccl_) {
+      outer.execute([&] {
+        oneapi::tbb::parallel_for(0, n, work, oneapi::tbb::simple_partitioner());
+      });
+      nccl_->sum_to_host(grad_sum_.data());
+      grads = grad_sum_.data();
     } else {
       outer.execute([&] {
         oneapi::tbb::parallel_for(0, n, work, oneapi::tbb::simple_partitioner());
@@ -112,7 +156,7 @@ void TowerGroup::run_sync(const data::Dataset& train, const data::AugmentConfig&
         });
       });
     }
-    towers_[0]->device().execute([&] { opt_.apply(params_, grads, lr); });
+    towers_[0]->host().execute([&] { opt_.apply(params_, grads, lr); });
     const int64_t v = version_.fetch_add(1) + 1;
     UpdateRecord rec;
     rec.version = v;
@@ -205,7 +249,7 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
           submitted[i] = v_read;
           float* sum = grad_sum_.data();
           const float* gr = t.grads();
-          t.device().execute([&] {
+          t.host().execute([&] {
             for_chunks(total, 1 << 15, [&](int64_t, int64_t b0, int64_t b1) {
               for (int64_t j = b0; j < b1; ++j) sum[j] = acc_count == 0 ? gr[j] : sum[j] + gr[j];
             });
@@ -217,7 +261,7 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
           if (acc_count == k_needed) {
             const float lr = hooks.lr_at(v_read);
             const float scale = 1.0f / static_cast<float>(k_needed);
-            t.device().execute([&] {
+            t.host().execute([&] {
               for_chunks(total, 1 << 15, [&](int64_t, int64_t b0, int64_t b1) {
                 for (int64_t j = b0; j < b1; ++j) sum[j] *= scale;
               });
@@ -245,7 +289,7 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
         float lr = hooks.lr_at(ticket);
         const int64_t staleness = version_.load() - v_read;
         if (cfg_.staleness_aware_lr) lr /= static_cast<float>(std::max<int64_t>(1, staleness));
-        t.device().execute([&] { opt_.apply_shared(params_, t.grads(), lr, cfg_.use_locking); });
+        t.host().execute([&] { opt_.apply_shared(params_, t.grads(), lr, cfg_.use_locking); });
         produced = version_.fetch_add(1) + 1;
         std::lock_guard<std::mutex> l(mu);
         stats_.tower_step(i, secs, batch_);

@@ -34,6 +34,13 @@ enum class Mode { Sync, Async, Ssp };
 Mode parse_mode(const std::string& s);  // throws naming --mode
 std::string to_string(Mode m);
 
+// How sync mode averages GPU towers' gradients: on the host with oneTBB (the TF tutorial's
+// way: every tower copies its gradients out), or by an NCCL all-reduce among the GPUs and one
+// copy of the result to the host.
+enum class Reduce { Host, Nccl };
+Reduce parse_reduce(const std::string& s);  // throws naming --reduce
+std::string to_string(Reduce r);
+
 struct EngineConfig {
   Mode mode = Mode::Sync;
   int towers = 1;
@@ -43,6 +50,13 @@ struct EngineConfig {
   bool use_locking = false;       // async/ssp
   bool staleness_aware_lr = false;
   std::vector<std::pair<int, int>> stragglers;  // (tower, extra milliseconds per step)
+  // Where the towers run. CUDA: tower i on GPU i % gpus; threads_per_tower is then the
+  // threads of each tower's host-side work.
+  DeviceKind device = DeviceKind::Cpu;
+  int gpus = 1;
+  Reduce reduce = Reduce::Host;
+  bool tf32 = false;
+  bool cuda_graphs = true;
 };
 
 // One applied update, as the run records it.
@@ -67,11 +81,14 @@ struct RunHooks {
   std::function<bool()> stop_requested;
 };
 
+class NcclReducer;
+
 class TowerGroup {
  public:
   // params: the host parameter array (layout.total() floats) shared by all towers; opt owns
   // the slots. batch: examples per tower per step.
   TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, float* params, Optimizer& opt);
+  ~TowerGroup();
 
   const EngineConfig& config() const { return cfg_; }
   int64_t examples_per_update() const;
@@ -101,6 +118,8 @@ class TowerGroup {
   std::atomic<int64_t> version_{0};
   RunStats stats_;
   HostBuffer grad_sum_;  // sync and backup towers: the averaged gradient
+  std::shared_ptr<void> pinned_params_, pinned_sum_;  // GPU towers: host memory page-locked
+  std::unique_ptr<NcclReducer> nccl_;
 };
 
 }  // namespace towers

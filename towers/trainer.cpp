@@ -15,6 +15,8 @@
 
 #include "core/check.h"
 #include "core/device.h"
+#include "core/gpu.h"
+#include "core/parallel.h"
 #include "data/load.h"
 #include "data/pipeline.h"
 #include "io/checkpoint.h"
@@ -49,7 +51,7 @@ EvalResult evaluate(Tower& tower, const data::Dataset& test, const data::Augment
   int64_t correct = 0;
   for (int64_t i = 0; i < test.size(); i += b) {
     const int64_t e = std::min(i + b, test.size());
-    tower.device().execute([&] {
+    tower.host().execute([&] {
       data::make_eval_batch(test, cfg, i, e, images.data(), labels.data());
     });
     StepStats s = tower.evaluate(images.data(), labels.data(), e - i);
@@ -104,6 +106,14 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(mode == Mode::Ssp || c.staleness < 0, "--staleness applies to --mode ssp only");
   TOWERS_REQUIRE(!c.use_locking || mode != Mode::Sync,
                  "--use-locking applies to --mode async and ssp (sync applies once per step)");
+  TOWERS_REQUIRE(c.device == "cpu" || c.device == "cuda",
+                 "--device: unknown device '{}' (known: cpu, cuda)", c.device);
+  const Reduce reduce = parse_reduce(c.reduce);
+  TOWERS_REQUIRE(c.gpus >= 0, "--gpus must be >= 0 (0 = all), got {}", c.gpus);
+  TOWERS_REQUIRE(c.device == "cuda" || (c.gpus == 0 && !c.tf32 && reduce == Reduce::Host),
+                 "--gpus, --tf32 and --reduce nccl need --device cuda");
+  TOWERS_REQUIRE(reduce == Reduce::Host || (mode == Mode::Sync && c.replicas_to_aggregate == 0),
+                 "--reduce nccl is for --mode sync without --replicas-to-aggregate");
   TOWERS_REQUIRE(c.lr_scaling == "none" || c.lr_scaling == "linear",
                  "--lr-scaling: unknown rule '{}' (known: none, linear)", c.lr_scaling);
   parse_slow_towers(c.slow_towers, c.towers);
@@ -146,6 +156,11 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"batch", c.batch},
           {"towers", c.towers},
           {"threads_per_tower", c.threads_per_tower},
+          {"device", c.device},
+          {"gpus", c.gpus},
+          {"reduce", c.reduce},
+          {"tf32", c.tf32},
+          {"cuda_graphs", c.cuda_graphs},
           {"mode", c.mode},
           {"replicas_to_aggregate", c.replicas_to_aggregate},
           {"staleness", c.staleness},
@@ -189,6 +204,27 @@ TrainSummary train(const TrainConfig& c_in) {
   ec.use_locking = c.use_locking;
   ec.staleness_aware_lr = c.staleness_aware_lr;
   ec.stragglers = parse_slow_towers(c.slow_towers, c.towers);
+  std::string placement = fmt::format("on cpu ({} threads each)", threads);
+  if (c.device == "cuda") {
+    // The GPUs are checked before anything is written, like every other input.
+    GpuList found = list_gpus();
+    TOWERS_REQUIRE(!found.gpus.empty(), "--device cuda: no GPU available: {}", found.why_none);
+    const int have = static_cast<int>(found.gpus.size());
+    TOWERS_REQUIRE(c.gpus <= have, "--gpus {}: this machine has {} GPU(s)", c.gpus, have);
+    ec.device = DeviceKind::Cuda;
+    ec.gpus = std::min(c.gpus > 0 ? c.gpus : have, c.towers);
+    ec.reduce = parse_reduce(c.reduce);
+    ec.tf32 = c.tf32;
+    ec.cuda_graphs = c.cuda_graphs;
+    TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,
+                   "--reduce nccl: {} towers on {} GPU(s); NCCL needs one tower per GPU (use "
+                   "--reduce host to share GPUs)", c.towers, ec.gpus);
+    placement = fmt::format("on {} GPU(s) ({}){}{}", ec.gpus, found.gpus[0].name,
+                            c.towers > ec.gpus
+                                ? fmt::format(", {} towers share each GPU", ceil_div(c.towers, ec.gpus))
+                                : "",
+                            c.tf32 ? ", TF32" : "");
+  }
   const int aggregated = mode == Mode::Sync ? (c.replicas_to_aggregate > 0 ? c.replicas_to_aggregate : c.towers) : 1;
   // One step = one applied update; the schedule counts the examples behind the updates.
   const int64_t per_update = c.batch * aggregated;
@@ -262,9 +298,14 @@ TrainSummary train(const TrainConfig& c_in) {
     TOWERS_BAD_INPUT("--batch {} x --towers {}: not enough memory for the activations of model {}",
                      c.batch, c.towers, c.model);
   }
-  std::unique_ptr<Tower> eval_tower;  // made on first use, with every core
+  std::unique_ptr<Tower> eval_tower;  // made on first use: every core, or the first GPU
   auto evaluate_now = [&] {
-    if (!eval_tower) eval_tower = std::make_unique<Tower>(*graph, 256, cores);
+    if (!eval_tower) {
+      TowerPlacement p;
+      p.kind = ec.device;
+      p.threads = cores;
+      eval_tower = make_tower(*graph, 256, p);
+    }
     eval_tower->load_params(params.data());
     return evaluate(*eval_tower, data.test, tf.eval);
   };
@@ -280,12 +321,14 @@ TrainSummary train(const TrainConfig& c_in) {
                  {"train_examples", n_train}, {"test_examples", data.test.size()},
                  {"start_step", start_step}, {"total_steps", total_steps},
                  {"threads_per_tower", threads}, {"cores", cores},
-                 {"oversubscribed", c.towers * threads > cores},
-                 {"device", group->tower(0).device().name()}});
+                 {"oversubscribed", ec.device == DeviceKind::Cpu && c.towers * threads > cores},
+                 {"device", group->tower(0).device().name()},
+                 {"gpus", ec.device == DeviceKind::Cuda ? ec.gpus : 0},
+                 {"towers_per_gpu", ec.device == DeviceKind::Cuda ? ceil_div(c.towers, ec.gpus) : 0}});
   say(fmt::format("towers: model {} ({} parameters), {} on {} ({} train / {} test), {} steps, "
-                  "{} x {} tower(s) of batch {} on cpu ({} threads each){}",
+                  "{} x {} tower(s) of batch {} {}{}",
                   c.model, layout.count(), c.optimizer.name, c.dataset, n_train, data.test.size(),
-                  total_steps, c.mode, c.towers, c.batch, threads,
+                  total_steps, c.mode, c.towers, c.batch, placement,
                   resume_from ? fmt::format(", resumed from {} at step {}", *resume_from, start_step) : ""));
 
   auto epoch_at = [&](int64_t step) { return static_cast<double>(step) * per_update / n_train; };
@@ -435,7 +478,7 @@ EvalSummary evaluate_checkpoint(const std::string& path, const std::string& data
       ds, dir, graph->input_shape(), cfg.value("synthetic_size", int64_t{10000}),
       cfg.value("seed", uint64_t{1})));
   data::Transforms tf = data::transforms_for("none", ds, graph->input_shape(), data.test, meta.model);
-  Tower tower(*graph, 256, threads > 0 ? threads : hardware_threads());
+  CpuTower tower(*graph, 256, threads > 0 ? threads : hardware_threads());
   tower.load_params(ck.params.data());
   EvalResult ev = evaluate(tower, data.test, tf.eval);
   return {meta.model, meta.step, ev.examples, ev.accuracy, ev.loss};

@@ -27,6 +27,11 @@ struct TrainConfig {
   int64_t batch = 128;              // per tower
   int towers = 1;
   int threads_per_tower = 0;        // 0: cores / towers (at least 1)
+  std::string device = "cpu";       // cpu | cuda
+  int gpus = 0;                     // cuda: GPUs to use (0: all); tower i on GPU i % gpus
+  std::string reduce = "host";      // sync on GPUs: host | nccl
+  bool tf32 = false;                // cuda: TF32 tensor-core GEMMs
+  bool cuda_graphs = true;          // cuda: replay each step as a CUDA graph
   std::string mode = "sync";        // sync | async | ssp
   int replicas_to_aggregate = 0;    // sync: update after the first K towers (0: all)
   int64_t staleness = -1;           // ssp: the bound (required)

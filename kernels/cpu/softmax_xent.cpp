@@ -30,3 +30,18 @@ XentResult softmax_xent(int64_t n, int64_t k, const float* logits, const int32_t
 }
 
 }  // namespace towers::kernels::cpu
+
+namespace towers::kernels {
+
+// Adds in example order, as cpu::softmax_xent does, so that per-example losses computed with the
+// CPU's arithmetic give the CPU's loss_sum bit for bit.
+cpu::XentResult sum_rows(int64_t n, const double* row_loss, const int32_t* row_correct) {
+  cpu::XentResult r;
+  for (int64_t b = 0; b < n; ++b) {
+    r.loss_sum += row_loss[b];
+    r.correct += row_correct[b];
+  }
+  return r;
+}
+
+}  // namespace towers::kernels

@@ -2,6 +2,7 @@
 //   towers train --model fashion --dataset fashion-mnist --epochs 3
 //   towers eval --checkpoint runs/ckpt-000001407.safetensors
 //   towers scale --model fashion --towers 1,2 --modes sync,async --steps 200
+//   towers devices
 // Every bad flag or file ends in one line naming it, and exit code 2 (flags) or 1 (runtime).
 #include <csignal>
 #include <cstdio>
@@ -12,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/device.h"
+#include "core/gpu.h"
 #include "models/models.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -19,6 +22,39 @@
 #include "towers/trainer.h"
 
 namespace {
+
+// `towers devices`: what this process can train on.
+int list_devices(bool as_json) {
+  const towers::GpuList g = towers::list_gpus();
+  const int cores = towers::hardware_threads();
+  auto version = [](int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); };
+  if (as_json) {
+    nlohmann::json gpus = nlohmann::json::array();
+    for (const auto& d : g.gpus)
+      gpus.push_back({{"ordinal", d.ordinal}, {"name", d.name}, {"total_bytes", d.total_bytes},
+                      {"free_bytes", d.free_bytes},
+                      {"compute_capability", fmt::format("{}.{}", d.cc_major, d.cc_minor)},
+                      {"multiprocessors", d.multiprocessors}});
+    nlohmann::json j = {{"cpu_cores", cores}, {"gpus", gpus}};
+    if (g.gpus.empty()) j["no_gpu_reason"] = g.why_none;
+    if (g.driver_version) j["cuda_driver"] = version(g.driver_version);
+    if (g.runtime_version) j["cuda_runtime"] = version(g.runtime_version);
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
+  fmt::print("cpu      {} cores (--device cpu)\n", cores);
+  if (g.gpus.empty()) {
+    fmt::print("cuda     no GPU: {}\n", g.why_none);
+    return 0;
+  }
+  fmt::print("cuda     driver {}, runtime {} (--device cuda)\n", version(g.driver_version),
+             version(g.runtime_version));
+  for (const auto& d : g.gpus)
+    fmt::print("cuda:{}   {}, {:.1f} GiB ({:.1f} GiB free), compute capability {}.{}, {} SMs\n",
+               d.ordinal, d.name, d.total_bytes / 1073741824.0, d.free_bytes / 1073741824.0,
+               d.cc_major, d.cc_minor, d.multiprocessors);
+  return 0;
+}
 
 void on_interrupt(int) {
   // A second Ctrl-C falls back to the default action and ends the process at once.
@@ -45,7 +81,17 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   if (!for_scale)
     app.add_option("--towers", c.towers, "number of towers (model replicas)")->capture_default_str();
   app.add_option("--threads-per-tower,--threads", c.threads_per_tower,
-                 "compute threads of each tower (0: cores / towers)")->capture_default_str();
+                 "compute threads of each tower (0: cores / towers); on GPUs, the threads of "
+                 "each tower's host-side work")->capture_default_str();
+  app.add_option("--device", c.device, "cpu or cuda")->capture_default_str();
+  app.add_option("--gpus", c.gpus, "cuda: GPUs to use (0: all); tower i runs on GPU i % gpus")
+      ->capture_default_str();
+  app.add_option("--reduce", c.reduce,
+                 "sync on GPUs: average gradients on the host (host) or by NCCL all-reduce (nccl)")
+      ->capture_default_str();
+  app.add_flag("--tf32", c.tf32, "cuda: TF32 tensor-core GEMMs (faster, about 1e-3 relative error)");
+  app.add_flag("!--no-cuda-graphs", c.cuda_graphs,
+               "cuda: launch each kernel of a step instead of replaying a captured CUDA graph");
   if (!for_scale) app.add_option("--mode", c.mode, "sync, async or ssp")->capture_default_str();
   app.add_option("--replicas-to-aggregate", c.replicas_to_aggregate,
                  "sync: apply once the first K towers have reported; later gradients of that "
@@ -119,6 +165,10 @@ int main(int argc, char** argv) {
   eval->add_option("--threads", eval_threads, "threads (0: all cores)");
   eval->add_option("--metrics", eval_metrics, "write the result as one JSON line here");
 
+  bool devices_json = false;
+  CLI::App* devices = app.add_subcommand("devices", "list the CPU and the GPUs towers can use");
+  devices->add_flag("--json", devices_json, "one JSON line");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -132,6 +182,7 @@ int main(int argc, char** argv) {
       towers::TrainSummary s = towers::train(train_cfg);
       return s.interrupted ? 130 : 0;
     }
+    if (*devices) return list_devices(devices_json);
     if (*scale) {
       std::signal(SIGINT, on_interrupt);
       towers::run_scale(scale_cfg);

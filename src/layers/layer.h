@@ -12,6 +12,8 @@
 
 namespace towers {
 
+struct GpuExec;  // core/gpu.h
+
 struct ForwardArgs {
   int64_t n = 0;              // examples in this call
   const float* x = nullptr;   // (n, in_shape)
@@ -57,6 +59,12 @@ class Layer {
 
   virtual void forward(const ForwardArgs& a) const = 0;
   virtual void backward(const BackwardArgs& a) const = 0;
+
+  // The GPU twins (CUDA builds): the same contract on device pointers, queued on exec.stream
+  // (nothing waits for it). gpu_scratch is the device scratch a call on n examples needs.
+  virtual int64_t gpu_scratch(int64_t /*n*/) const { return 0; }
+  virtual void forward_gpu(const GpuExec& exec, const ForwardArgs& a) const;
+  virtual void backward_gpu(const GpuExec& exec, const BackwardArgs& a) const;
 
  protected:
   virtual Shape infer(const Shape& in) = 0;  // may cache geometry

@@ -13,6 +13,11 @@ class Lrn : public Layer {
   int64_t saved_per_example() const override { return numel(in_shape()); }
   void forward(const ForwardArgs& a) const override;
   void backward(const BackwardArgs& a) const override;
+#if TOWERS_HAVE_CUDA
+  int64_t gpu_scratch(int64_t n) const override;
+  void forward_gpu(const GpuExec& exec, const ForwardArgs& a) const override;
+  void backward_gpu(const GpuExec& exec, const BackwardArgs& a) const override;
+#endif
 
  protected:
   Shape infer(const Shape& in) override;

@@ -1,0 +1,233 @@
+// gpu_bench — the GPU side of towers, as Google Benchmark counters (DESIGN.md, bench/):
+//   BM_GpuTowerStep      a cifar10 tower step at batch 128 on one GPU, images/s: parameters
+//                        H2D, forward, backward, gradients D2H (overlapped), the momentum
+//                        apply on the host parameters; CUDA graph replay vs plain launches,
+//                        FP32 vs TF32.
+//   BM_GpuComputeOnly    forward+backward alone (no host apply), graph vs plain launches: the
+//                        launch overhead a graph removes.
+//   BM_ParamBroadcast    host->device parameter copy of a tower (GB/s) next to a plain pinned
+//                        cudaMemcpy of the same bytes: the PCIe limit.
+//   BM_GradAverageHost / BM_GradAverageNccl   averaging N towers' gradients: landing buffers
+//                        tree-summed on the host, or an NCCL all-reduce and one copy out.
+// Every benchmark validates its result before timing and skips (with the reason) without a
+// GPU. Napkin math: a cifar10 step is ~110 MFLOP per image, 14.1 GFLOP per batch of 128; an
+// H100's FP32 rate (~60 TFLOP/s SXM) bounds it at ~4 ms / 14.1 GFLOP -> ~0.24 ms per batch.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
+#include "core/gpu.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "kernels/reduce.h"
+#include "models/models.h"
+#include "optim/optimizer.h"
+#include "towers/cuda_tower.h"
+#include "towers/nccl_reduce.h"
+
+namespace {
+
+using namespace towers;
+
+bool skip_without_gpus(benchmark::State& state, size_t need = 1) {
+  const GpuList g = list_gpus();
+  if (g.gpus.size() >= need) return false;
+  state.SkipWithError(g.gpus.empty() ? ("no GPU: " + g.why_none).c_str()
+                                     : ("needs " + std::to_string(need) + " GPUs").c_str());
+  return true;
+}
+
+struct Inputs {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+};
+
+Inputs random_inputs(const Graph& g, int64_t batch) {
+  Rng rng(2);
+  Inputs in;
+  in.x.resize(batch * numel(g.input_shape()));
+  for (float& v : in.x) v = rng.uniform(-1.5f, 1.5f);  // standardized-image range, never zeros
+  in.y.resize(batch);
+  for (auto& v : in.y) v = static_cast<int32_t>(rng.below(g.num_classes()));
+  return in;
+}
+
+TowerPlacement placement(bool graphs, bool tf32, int gpu = 0, int threads = 8) {
+  TowerPlacement p;
+  p.kind = DeviceKind::Cuda;
+  p.gpu = gpu;
+  p.cuda_graphs = graphs;
+  p.tf32 = tf32;
+  p.threads = threads;
+  return p;
+}
+
+bool valid_step(benchmark::State& state, const StepStats& s, const float* grads, int64_t total,
+                int64_t batch) {
+  double gsum = 0;
+  for (int64_t i = 0; i < total; ++i) gsum += std::fabs(grads[i]);
+  if (!std::isfinite(s.loss_sum) || std::fabs(s.loss_sum / batch - std::log(10.0)) > 0.5 ||
+      gsum == 0) {
+    state.SkipWithError("step failed validation");
+    return false;
+  }
+  return true;
+}
+
+// Args: graphs (0/1), tf32 (0/1).
+void BM_GpuTowerStep(benchmark::State& state) {
+  if (skip_without_gpus(state)) return;
+  const int64_t batch = 128;
+  auto g = build_model("cifar10");
+  const int64_t total = g->layout().total();
+  CudaTower tower(*g, batch, placement(state.range(0) != 0, state.range(1) != 0));
+  std::vector<float> params(total);
+  g->layout().initialize(params.data(), 1);
+  auto pin = pin_host_memory(params.data(), sizeof(float) * total);
+  Optimizer opt(g->layout(), {"momentum"});
+  Inputs in = random_inputs(*g, batch);
+  auto step = [&] {
+    tower.load_params(params.data());
+    StepStats s = tower.compute_gradients(in.x.data(), in.y.data(), batch, 1.0f / batch);
+    tower.host().execute([&] { opt.apply(params.data(), tower.grads(), 0.01f); });
+    return s;
+  };
+  if (!valid_step(state, step(), tower.grads(), total, batch)) return;
+  for (int i = 0; i < 10; ++i) step();  // warm-up
+  for (auto _ : state) benchmark::DoNotOptimize(step());
+  state.counters["images_per_sec"] =
+      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP_per_sec"] = benchmark::Counter(
+      batch * 3.0 * g->flops_per_example() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_GpuTowerStep)->ArgNames({"graph", "tf32"})->Args({1, 0})->Args({0, 0})->Args({1, 1})
+    ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
+
+// Forward + backward on the device only: the same step without the host's share.
+void BM_GpuComputeOnly(benchmark::State& state) {
+  if (skip_without_gpus(state)) return;
+  const int64_t batch = 128;
+  auto g = build_model("cifar10");
+  const int64_t total = g->layout().total();
+  CudaTower tower(*g, batch, placement(state.range(0) != 0, false));
+  tower.set_grads_to_host(false);
+  std::vector<float> params(total);
+  g->layout().initialize(params.data(), 1);
+  tower.load_params(params.data());
+  Inputs in = random_inputs(*g, batch);
+  StepStats s = tower.compute_gradients(in.x.data(), in.y.data(), batch, 1.0f / batch);
+  if (!std::isfinite(s.loss_sum)) {
+    state.SkipWithError("loss is not finite");
+    return;
+  }
+  for (int i = 0; i < 10; ++i) tower.compute_gradients(in.x.data(), in.y.data(), batch, 1.0f / batch);
+  for (auto _ : state)
+    benchmark::DoNotOptimize(tower.compute_gradients(in.x.data(), in.y.data(), batch, 1.0f / batch));
+  state.counters["images_per_sec"] =
+      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_GpuComputeOnly)->ArgName("graph")->Arg(1)->Arg(0)->UseRealTime()->MinTime(2.0)
+    ->Repetitions(3)->ReportAggregatesOnly(true);
+
+// Arg: 0 = a tower's load_params (pinned host parameters, the copy stream), 1 = a plain
+// cudaMemcpy from pinned memory: the same 4.3 MB.
+void BM_ParamBroadcast(benchmark::State& state) {
+  if (skip_without_gpus(state)) return;
+  auto g = build_model("cifar10");
+  const int64_t total = g->layout().total();
+  const size_t bytes = sizeof(float) * total;
+  std::vector<float> params(total);
+  g->layout().initialize(params.data(), 1);
+  auto pin = pin_host_memory(params.data(), bytes);
+  if (state.range(0) == 0) {
+    CudaTower tower(*g, 1, placement(true, false));
+    tower.load_params(params.data());
+    tower.device().synchronize();
+    std::vector<float> back(total);
+    CUDA_CHECK(cudaMemcpy(back.data(), tower.device_params(), bytes, cudaMemcpyDeviceToHost));
+    if (std::memcmp(back.data(), params.data(), bytes) != 0) {
+      state.SkipWithError("broadcast copied wrong bytes");
+      return;
+    }
+    for (auto _ : state) {
+      tower.load_params(params.data());
+      tower.device().synchronize();
+    }
+  } else {
+    float* d = nullptr;
+    CUDA_CHECK(cudaMalloc(&d, bytes));
+    for (auto _ : state) CUDA_CHECK(cudaMemcpy(d, params.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaFree(d));
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
+}
+BENCHMARK(BM_ParamBroadcast)->ArgName("plain_memcpy")->Arg(0)->Arg(1)->UseRealTime()->MinTime(1.0);
+
+// N towers (tower i on GPU i % GPUs), gradients computed once; timed: the average.
+struct GradSetup {
+  std::unique_ptr<Graph> g;
+  std::vector<std::unique_ptr<CudaTower>> towers;
+  Inputs in;
+  GradSetup(int n, int gpus) : g(build_model("cifar10")), in(random_inputs(*g, 64)) {
+    std::vector<float> params(g->layout().total());
+    g->layout().initialize(params.data(), 1);
+    for (int i = 0; i < n; ++i) {
+      towers.push_back(std::make_unique<CudaTower>(*g, 64, placement(true, false, i % gpus)));
+      towers.back()->load_params(params.data());
+    }
+  }
+  void compute() {
+    for (auto& t : towers) t->compute_gradients(in.x.data(), in.y.data(), 64, 1.0f / 64);
+  }
+};
+
+void BM_GradAverageHost(benchmark::State& state) {
+  if (skip_without_gpus(state)) return;
+  const int n = static_cast<int>(state.range(0));
+  GradSetup s(n, static_cast<int>(list_gpus().gpus.size()));
+  const int64_t total = s.g->layout().total();
+  CpuDevice host(8);
+  for (auto _ : state) {
+    state.PauseTiming();
+    s.compute();  // the landing buffers are filled by the step itself
+    state.ResumeTiming();
+    std::vector<float*> blocks;
+    for (auto& t : s.towers) blocks.push_back(t->mutable_grads());
+    host.execute([&] {
+      for_chunks(total, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
+        kernels::cpu::tree_sum(blocks.data(), n, b, e);
+      });
+    });
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n * total * 4);
+}
+BENCHMARK(BM_GradAverageHost)->ArgName("towers")->Arg(2)->Arg(4)->UseRealTime()->MinTime(1.0);
+
+void BM_GradAverageNccl(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  if (skip_without_gpus(state, n)) return;
+  GradSetup s(n, n);
+  std::vector<Tower*> ts;
+  for (auto& t : s.towers) ts.push_back(t.get());
+  NcclReducer nccl(ts);
+  std::vector<float> out(s.g->layout().total());
+  auto pin = pin_host_memory(out.data(), sizeof(float) * out.size());
+  for (auto _ : state) {
+    state.PauseTiming();
+    s.compute();
+    state.ResumeTiming();
+    nccl.sum_to_host(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n * out.size() * 4);
+}
+BENCHMARK(BM_GradAverageNccl)->ArgName("towers")->Arg(2)->Arg(4)->UseRealTime()->MinTime(1.0);
+
+}  // namespace
+
+BENCHMARK_MAIN();

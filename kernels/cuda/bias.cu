@@ -1,0 +1,44 @@
+// bias.cu — per-channel bias on the GPU: an element-wise add (with the ReLU fused) and the
+// gradient, one block per channel. Rules in kernels/cuda/bias_rules.h.
+#include <cub/block/block_reduce.cuh>
+
+#include "kernels/bias.h"
+#include "kernels/cuda/bias_rules.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace towers::kernels::cuda {
+
+__global__ void bias_add_kernel(int64_t c, int64_t hw, int64_t count,
+                                const float* __restrict__ bias, float* __restrict__ y, bool relu) {
+  TOWERS_GRID_STRIDE(i, count) { y[i] = bias_add_at(c, hw, bias, y, relu, i); }
+}
+
+// Block ch sums channel ch: each thread its strided share in double, then CUB's block tree.
+// Both have a fixed shape for a fixed block size, so the result does not depend on scheduling.
+__global__ void __launch_bounds__(kBlock)
+    bias_grad_kernel(int64_t n, int64_t c, int64_t hw, const float* __restrict__ dy,
+                     float* __restrict__ db, bool accumulate) {
+  using BlockSum = cub::BlockReduce<double, kBlock>;
+  __shared__ typename BlockSum::TempStorage temp;
+  const int64_t ch = blockIdx.x;
+  const double part = bias_grad_partial(n, c, hw, dy, ch, threadIdx.x, kBlock);
+  const double total = BlockSum(temp).Sum(part);  // valid in thread 0
+  if (threadIdx.x == 0) db[ch] = bias_grad_finish(total, accumulate ? db[ch] : 0.0f, accumulate);
+}
+
+void bias_add(CUstream_st* s, int64_t n, int64_t c, int64_t hw, const float* bias, float* y,
+              bool relu) {
+  const int64_t count = n * c * hw;
+  if (count == 0) return;
+  bias_add_kernel<<<grid_for(count), kBlock, 0, s>>>(c, hw, count, bias, y, relu);
+  CUDA_CHECK_LAUNCH();
+}
+
+void bias_grad(CUstream_st* s, int64_t n, int64_t c, int64_t hw, const float* dy, float* db,
+               bool accumulate) {
+  if (c == 0) return;  // n * hw == 0 still writes db (zeros, or leaves it when accumulating)
+  bias_grad_kernel<<<static_cast<unsigned>(c), kBlock, 0, s>>>(n, c, hw, dy, db, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace towers::kernels::cuda

@@ -1,0 +1,44 @@
+// pool.cu — max-pooling on the GPU. Forward: one thread per output element; backward: one
+// thread per input element, gathering (no atomics). Rules in kernels/cuda/pool_rules.h.
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/pool_rules.h"
+#include "kernels/pool.h"
+
+namespace towers::kernels::cuda {
+
+__global__ void maxpool_forward_kernel(int64_t count, int64_t h, int64_t w, Window rows,
+                                       Window cols, const float* __restrict__ x,
+                                       float* __restrict__ y, float* __restrict__ argmax) {
+  TOWERS_GRID_STRIDE(i, count) {
+    float m;
+    int64_t at;
+    maxpool_at(rows, cols, h, w, x, i, m, at);
+    y[i] = m;
+    if (argmax != nullptr) argmax[i] = static_cast<float>(at);
+  }
+}
+
+__global__ void maxpool_backward_kernel(int64_t count, int64_t h, int64_t w, Window rows,
+                                        Window cols, const float* __restrict__ argmax,
+                                        const float* __restrict__ dy, float* __restrict__ dx) {
+  TOWERS_GRID_STRIDE(i, count) { dx[i] = maxpool_backward_at(rows, cols, h, w, argmax, dy, i); }
+}
+
+void maxpool_forward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
+                     const Window& cols, const float* x, float* y, float* argmax) {
+  const int64_t count = planes * rows.out * cols.out;
+  if (count == 0) return;
+  maxpool_forward_kernel<<<grid_for(count), kBlock, 0, s>>>(count, h, w, rows, cols, x, y, argmax);
+  CUDA_CHECK_LAUNCH();
+}
+
+void maxpool_backward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
+                      const Window& cols, const float* argmax, const float* dy, float* dx) {
+  const int64_t count = planes * h * w;
+  if (count == 0) return;
+  maxpool_backward_kernel<<<grid_for(count), kBlock, 0, s>>>(count, h, w, rows, cols, argmax, dy,
+                                                             dx);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace towers::kernels::cuda

@@ -1,0 +1,15 @@
+// hd.h — TOWERS_HD marks a small function that runs on both sides: compiled by nvcc it is a
+// __host__ __device__ inline, compiled by the host compiler a plain inline. The per-element
+// rules of the CUDA kernels are written this way, so the CPU test suite (which runs without a
+// GPU) executes the very index arithmetic and formulas the GPU kernels execute.
+#pragma once
+
+#if defined(__CUDACC__)
+#define TOWERS_HD __host__ __device__ __forceinline__
+#else
+#define TOWERS_HD inline
+#endif
+
+// The CUDA types host code may name without including CUDA headers.
+struct CUstream_st;    // cudaStream_t
+struct cublasContext;  // cublasHandle_t

@@ -1,0 +1,127 @@
+// cuda_device.h — the CUDA device (DESIGN.md, decision 3), for CUDA builds only.
+// A CudaDevice is one tower's view of one GPU: its own compute stream, copy stream and cuBLAS
+// handle (bound to the compute stream), so several towers can share a GPU without sharing
+// queues. Memory comes from one caching pool per GPU, shared by every tower on it: cudaMalloc
+// and cudaFree synchronise the whole device, so they happen once at set-up, never per step.
+// Ordering between the streams uses events, never a device-wide synchronisation.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "core/device.h"
+
+namespace towers {
+
+// A caching allocator over cudaMalloc for one GPU (no managed memory). Sizes are rounded up
+// (512 B for small blocks, 2 MiB for large), freed blocks are kept and reused by the next
+// request they fit without wasting more than half; when cudaMalloc runs out, the cache is
+// returned to the driver and the request retried once.
+class CudaMemoryPool {
+ public:
+  static CudaMemoryPool& of(int ordinal);  // one per GPU, for the life of the process
+  void* allocate(size_t bytes);            // throws towers::Error naming the GPU and sizes
+  void release(void* p);
+  void trim();                             // returns cached blocks to the driver
+  int64_t bytes_in_use() const;
+  int64_t bytes_cached() const;
+  int64_t peak_bytes() const;
+
+ private:
+  explicit CudaMemoryPool(int ordinal) : ordinal_(ordinal) {}
+  static size_t round_up(size_t bytes);
+  void trim_locked();
+
+  int ordinal_;
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // size -> block
+  std::map<void*, size_t> live_;       // block -> size
+  int64_t in_use_ = 0, cached_ = 0, peak_ = 0;
+};
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, bool tf32);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  DeviceKind kind() const override { return DeviceKind::Cuda; }
+  std::string name() const override;
+  float* allocate(int64_t count) override;  // zeroed
+  void deallocate(float* p) override;
+  // Synchronous copies on the copy stream (set-up and tests); the hot path uses the streams.
+  void copy_in(float* dst, const float* host_src, int64_t count) override;
+  void copy_out(float* host_dst, const float* src, int64_t count) override;
+  void synchronize() override;
+
+  int ordinal() const { return ordinal_; }
+  bool tf32() const { return tf32_; }
+  void activate() const;  // makes this GPU current for the calling thread
+  cudaStream_t compute() const { return compute_; }
+  cudaStream_t copy() const { return copy_; }
+  cublasHandle_t blas() const { return blas_; }
+
+ private:
+  int ordinal_;
+  bool tf32_;
+  cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  void* blas_workspace_ = nullptr;
+};
+
+// Page-locked host memory from cudaMallocHost: the landing buffers of gradients, the staging
+// of batches. Zeroed.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  PinnedBuffer(PinnedBuffer&& o) noexcept { *this = std::move(o); }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(p_, o.p_), std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~PinnedBuffer();
+  template <class T = float>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Pins existing host memory (cudaHostRegister, portable to every GPU) for as long as it lives:
+// the host parameter array, which the engine owns as ordinary memory.
+class HostPinning {
+ public:
+  HostPinning() = default;
+  HostPinning(void* p, size_t bytes);
+  HostPinning(HostPinning&& o) noexcept { std::swap(p_, o.p_); }
+  HostPinning& operator=(HostPinning&& o) noexcept {
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~HostPinning();
+
+ private:
+  void* p_ = nullptr;
+};
+
+const char* cublas_status_text(cublasStatus_t s);
+
+}  // namespace towers
+
+#define CUBLAS_CHECK(call)                                                                \
+  do {                                                                                    \
+    cublasStatus_t towers_st_ = (call);                                                   \
+    if (towers_st_ != CUBLAS_STATUS_SUCCESS)                                              \
+      TOWERS_FAIL("cuBLAS call {} failed: {}", #call, ::towers::cublas_status_text(towers_st_)); \
+  } while (0)

@@ -1,0 +1,210 @@
+#include "core/cuda_device.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/cuda_check.h"
+
+namespace towers {
+
+namespace {
+constexpr size_t kSmall = 1 << 20;           // blocks up to 1 MiB round to 512 B
+constexpr size_t kLargeUnit = 2 << 20;       // larger ones to 2 MiB
+constexpr size_t kBlasWorkspace = 32 << 20;  // fixed cuBLAS workspace: graph capture safe
+double mib(int64_t b) { return static_cast<double>(b) / (1 << 20); }
+}  // namespace
+
+// ---- memory pool ---------------------------------------------------------------------------
+CudaMemoryPool& CudaMemoryPool::of(int ordinal) {
+  static std::mutex mu;
+  // Never destroyed: blocks may outlive static destruction order, and the driver reclaims
+  // device memory at process exit anyway.
+  static auto* pools = new std::vector<std::unique_ptr<CudaMemoryPool>>();
+  std::lock_guard<std::mutex> l(mu);
+  if (static_cast<int>(pools->size()) <= ordinal) pools->resize(ordinal + 1);
+  auto& p = (*pools)[ordinal];
+  if (!p) p.reset(new CudaMemoryPool(ordinal));
+  return *p;
+}
+
+size_t CudaMemoryPool::round_up(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  if (bytes <= kSmall) return (bytes + 511) / 512 * 512;
+  return (bytes + kLargeUnit - 1) / kLargeUnit * kLargeUnit;
+}
+
+void* CudaMemoryPool::allocate(size_t bytes) {
+  const size_t want = round_up(bytes);
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = free_.lower_bound(want);
+  if (it != free_.end() && it->first <= 2 * want) {
+    void* p = it->second;
+    const size_t size = it->first;
+    free_.erase(it);
+    cached_ -= static_cast<int64_t>(size);
+    live_[p] = size;
+    in_use_ += static_cast<int64_t>(size);
+    peak_ = std::max(peak_, in_use_);
+    return p;
+  }
+  int prev = 0;
+  CUDA_CHECK(cudaGetDevice(&prev));
+  CUDA_CHECK(cudaSetDevice(ordinal_));
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, want);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    trim_locked();
+    e = cudaMalloc(&p, want);
+  }
+  cudaSetDevice(prev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    TOWERS_FAIL("cuda:{}: cannot allocate {:.1f} MiB of GPU memory ({} in use by towers: "
+                "{:.1f} MiB): {}",
+                ordinal_, mib(static_cast<int64_t>(want)), ordinal_, mib(in_use_),
+                cudaGetErrorString(e));
+  }
+  live_[p] = want;
+  in_use_ += static_cast<int64_t>(want);
+  peak_ = std::max(peak_, in_use_);
+  return p;
+}
+
+void CudaMemoryPool::release(void* p) {
+  if (p == nullptr) return;
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = live_.find(p);
+  TOWERS_CHECK(it != live_.end(), "cuda:{}: releasing a block this pool did not allocate",
+               ordinal_);
+  free_.emplace(it->second, p);
+  in_use_ -= static_cast<int64_t>(it->second);
+  cached_ += static_cast<int64_t>(it->second);
+  live_.erase(it);
+}
+
+void CudaMemoryPool::trim() {
+  std::lock_guard<std::mutex> l(mu_);
+  trim_locked();
+}
+
+void CudaMemoryPool::trim_locked() {
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) return;
+  cudaSetDevice(ordinal_);
+  for (auto& [size, p] : free_) cudaFree(p);
+  free_.clear();
+  cached_ = 0;
+  cudaSetDevice(prev);
+}
+
+int64_t CudaMemoryPool::bytes_in_use() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return in_use_;
+}
+int64_t CudaMemoryPool::bytes_cached() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return cached_;
+}
+int64_t CudaMemoryPool::peak_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return peak_;
+}
+
+// ---- device --------------------------------------------------------------------------------
+CudaDevice::CudaDevice(int ordinal, bool tf32) : ordinal_(ordinal), tf32_(tf32) {
+  int count = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&count));
+  TOWERS_CHECK(ordinal >= 0 && ordinal < count, "cuda:{} does not exist ({} GPU(s) found)",
+               ordinal, count);
+  activate();
+  CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasCreate(&blas_));
+  CUBLAS_CHECK(cublasSetStream(blas_, compute_));
+  // A workspace of our own: cuBLAS then never allocates during a call, which CUDA graph
+  // capture requires.
+  blas_workspace_ = CudaMemoryPool::of(ordinal_).allocate(kBlasWorkspace);
+  CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspace));
+  CUBLAS_CHECK(cublasSetMathMode(blas_, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
+CudaDevice::~CudaDevice() {
+  cudaSetDevice(ordinal_);
+  if (compute_) cudaStreamSynchronize(compute_);
+  if (copy_) cudaStreamSynchronize(copy_);
+  if (blas_) cublasDestroy(blas_);
+  if (blas_workspace_) CudaMemoryPool::of(ordinal_).release(blas_workspace_);
+  if (compute_) cudaStreamDestroy(compute_);
+  if (copy_) cudaStreamDestroy(copy_);
+}
+
+std::string CudaDevice::name() const {
+  cudaDeviceProp p{};
+  std::string n = cudaGetDeviceProperties(&p, ordinal_) == cudaSuccess ? p.name : "?";
+  return fmt::format("cuda:{} ({}{})", ordinal_, n, tf32_ ? ", TF32" : "");
+}
+
+void CudaDevice::activate() const { CUDA_CHECK(cudaSetDevice(ordinal_)); }
+
+float* CudaDevice::allocate(int64_t count) {
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float);
+  void* p = CudaMemoryPool::of(ordinal_).allocate(bytes);
+  activate();
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_));
+  CUDA_CHECK(cudaStreamSynchronize(compute_));
+  return static_cast<float*>(p);
+}
+
+void CudaDevice::deallocate(float* p) {
+  // Work queued on this tower's streams may still use the block.
+  cudaStreamSynchronize(compute_);
+  cudaStreamSynchronize(copy_);
+  CudaMemoryPool::of(ordinal_).release(p);
+}
+
+void CudaDevice::copy_in(float* dst, const float* src, int64_t count) {
+  activate();
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * count, cudaMemcpyHostToDevice, copy_));
+  CUDA_CHECK(cudaStreamSynchronize(copy_));
+}
+
+void CudaDevice::copy_out(float* dst, const float* src, int64_t count) {
+  activate();
+  CUDA_CHECK(cudaStreamSynchronize(compute_));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * count, cudaMemcpyDeviceToHost, copy_));
+  CUDA_CHECK(cudaStreamSynchronize(copy_));
+}
+
+void CudaDevice::synchronize() {
+  activate();
+  CUDA_CHECK(cudaStreamSynchronize(compute_));
+  CUDA_CHECK(cudaStreamSynchronize(copy_));
+}
+
+// ---- pinned host memory --------------------------------------------------------------------
+PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
+  CUDA_CHECK(cudaMallocHost(&p_, std::max<size_t>(bytes, 64)));
+  std::memset(p_, 0, std::max<size_t>(bytes, 64));
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (p_ != nullptr) cudaFreeHost(p_);
+}
+
+HostPinning::HostPinning(void* p, size_t bytes) {
+  CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
+  p_ = p;
+}
+
+HostPinning::~HostPinning() {
+  if (p_ != nullptr) cudaHostUnregister(p_);
+}
+
+const char* cublas_status_text(cublasStatus_t s) { return cublasGetStatusString(s); }
+
+}  // namespace towers

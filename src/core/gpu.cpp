@@ -1,0 +1,59 @@
+#include "core/gpu.h"
+
+#if TOWERS_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
+#endif
+
+namespace towers {
+
+GpuList list_gpus() {
+  GpuList out;
+#if TOWERS_HAVE_CUDA
+  cudaDriverGetVersion(&out.driver_version);
+  cudaRuntimeGetVersion(&out.runtime_version);
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    out.why_none = std::string("CUDA reports: ") + cudaGetErrorString(e);
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return out;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    GpuInfo g;
+    g.ordinal = i;
+    g.name = p.name;
+    g.total_bytes = static_cast<int64_t>(p.totalGlobalMem);
+    g.cc_major = p.major;
+    g.cc_minor = p.minor;
+    g.multiprocessors = p.multiProcessorCount;
+    int prev = 0;
+    size_t free_b = 0, total_b = 0;
+    if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(i) == cudaSuccess &&
+        cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+      g.free_bytes = static_cast<int64_t>(free_b);
+    cudaSetDevice(prev);
+    out.gpus.push_back(g);
+  }
+  if (out.gpus.empty()) out.why_none = "the CUDA runtime found 0 devices";
+#else
+  out.why_none = "this towers was built without CUDA (no nvcc at configure time)";
+#endif
+  return out;
+}
+
+std::shared_ptr<void> pin_host_memory(void* p, size_t bytes) {
+#if TOWERS_HAVE_CUDA
+  if (p == nullptr || bytes == 0) return nullptr;
+  CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
+  return std::shared_ptr<void>(p, [](void* q) { cudaHostUnregister(q); });
+#else
+  (void)p, (void)bytes;
+  return nullptr;
+#endif
+}
+
+}  // namespace towers

@@ -1,0 +1,57 @@
+// cli_util.h — what the end-to-end tests share: running the towers binary, a fresh temporary
+// path per test, and reading a metrics file's events.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace towers::testutil {
+
+// Runs `towers <args>` and returns its exit code; stdout and stderr go to *output.
+inline int run_towers(const std::string& args, std::string* output = nullptr) {
+  std::string cmd = std::string(TOWERS_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  std::array<char, 4096> buf{};
+  std::string out;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  if (output) *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+// A path inside a folder of its own for the running test; nothing exists there yet.
+inline std::string test_path(const std::string& name) {
+  namespace fs = std::filesystem;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path dir = fs::path(::testing::TempDir()) / ("towers_test_" + std::to_string(getpid())) /
+                 (std::string(info->test_suite_name()) + "." + info->name());
+  fs::create_directories(dir);
+  fs::remove_all(dir / name);
+  return (dir / name).string();
+}
+
+// The records of one kind ("step", "eval", "summary", ...) of a JSON-lines metrics file.
+inline std::vector<nlohmann::json> metrics_events(const std::string& path, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["event"] == kind) out.push_back(j);
+  }
+  return out;
+}
+
+}  // namespace towers::testutil

@@ -1,0 +1,152 @@
+// The engine's invariants on GPU towers, end to end through `towers train --device cuda`:
+// N sync towers match one tower of N times the batch, sync runs are reproducible, the SSP
+// bound holds with several towers sharing one GPU, backup towers drop a straggler, NCCL
+// averaging matches host averaging (or is refused with one GPU), and Fashion-MNIST trains to
+// at least 90% test accuracy on a GPU.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cli_util.h"
+#include "core/gpu.h"
+#include "gpu_test_util.h"
+
+namespace towers {
+namespace {
+
+using nlohmann::json;
+using testutil::metrics_events;
+using testutil::run_towers;
+using testutil::test_path;
+
+const std::string kMlp =
+    "train --device cuda --model mlp --dataset synthetic --synthetic-size 3000 --optimizer "
+    "momentum --lr 0.02 --quiet --seed 3 ";
+
+int64_t max_lead(const std::vector<json>& steps, int towers) {
+  std::vector<int64_t> clock(towers, 0);
+  int64_t lead = 0;
+  for (const auto& s : steps) {
+    ++clock[s["tower"].get<int>()];
+    lead = std::max(lead, *std::max_element(clock.begin(), clock.end()) -
+                              *std::min_element(clock.begin(), clock.end()));
+  }
+  return lead;
+}
+
+TEST(EngineGpu, TwoSyncTowersOfHalfTheBatchMatchOneTower) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string one = test_path("one.jsonl"), two = test_path("two.jsonl");
+  const std::string base = kMlp + "--steps 40 ";
+  std::string out;
+  ASSERT_EQ(run_towers(base + "--towers 1 --batch 64 --metrics " + one, &out), 0) << out;
+  ASSERT_EQ(run_towers(base + "--towers 2 --batch 32 --mode sync --metrics " + two, &out), 0) << out;
+  auto a = metrics_events(one, "step"), b = metrics_events(two, "step");
+  ASSERT_EQ(a.size(), 40u);
+  ASSERT_EQ(b.size(), 40u);
+  // Not bitwise, unlike the CPU: cuBLAS sums a batch of 64 and two of 32 in different orders.
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::fabs(a[i]["loss"].get<double>() - b[i]["loss"].get<double>()) /
+                                std::fabs(a[i]["loss"].get<double>()));
+  EXPECT_LT(worst, 1e-4);
+  EXPECT_LT(a.back()["loss"].get<double>(), 0.8 * a.front()["loss"].get<double>());
+}
+
+TEST(EngineGpu, SyncRunsWithOneSeedAreIdentical) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string a = test_path("a.jsonl"), b = test_path("b.jsonl");
+  const std::string args = kMlp + "--steps 30 --towers 3 --batch 16 --mode sync --metrics ";
+  ASSERT_EQ(run_towers(args + a), 0);
+  ASSERT_EQ(run_towers(args + b), 0);
+  auto x = metrics_events(a, "step"), y = metrics_events(b, "step");
+  ASSERT_EQ(x.size(), 30u);
+  ASSERT_EQ(y.size(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i]["loss"], y[i]["loss"]) << "step " << i + 1;
+}
+
+TEST(EngineGpu, SspBoundHoldsWithTowersSharingAGpu) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string m = test_path("ssp.jsonl");
+  std::string out;
+  ASSERT_EQ(run_towers(kMlp + "--steps 60 --towers 3 --gpus 1 --batch 16 --mode ssp "
+                              "--staleness 1 --slow-tower 0:15 --metrics " + m, &out), 0) << out;
+  auto steps = metrics_events(m, "step");
+  ASSERT_EQ(steps.size(), 60u);
+  EXPECT_EQ(max_lead(steps, 3), 2) << "the bound must hold and must bind";
+  auto config = metrics_events(m, "config");
+  ASSERT_EQ(config.size(), 1u);
+  EXPECT_EQ(config[0]["towers_per_gpu"], 3);
+}
+
+TEST(EngineGpu, AsyncTowersAllApply) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string m = test_path("async.jsonl");
+  ASSERT_EQ(run_towers(kMlp + "--steps 60 --towers 2 --batch 16 --mode async --metrics " + m), 0);
+  auto steps = metrics_events(m, "step");
+  ASSERT_EQ(steps.size(), 60u);
+  int per[2] = {0, 0};
+  for (const auto& s : steps) ++per[s["tower"].get<int>()];
+  EXPECT_GT(per[0], 10);
+  EXPECT_GT(per[1], 10);
+  auto sum = metrics_events(m, "summary");
+  ASSERT_EQ(sum.size(), 1u);
+  EXPECT_GT(sum[0]["test_accuracy"].get<double>(), 0.5);
+}
+
+TEST(EngineGpu, BackupTowersDropAStraggler) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string m = test_path("backup.jsonl");
+  ASSERT_EQ(run_towers(kMlp + "--steps 30 --towers 3 --batch 16 --replicas-to-aggregate 2 "
+                              "--slow-tower 2:150 --metrics " + m), 0);
+  auto sum = metrics_events(m, "summary");
+  ASSERT_EQ(sum.size(), 1u);
+  const json& t2 = sum[0]["towers"][2];
+  EXPECT_LE(t2["applied"].get<int64_t>(), 4) << sum[0].dump();
+  EXPECT_GE(t2["dropped"].get<int64_t>(), 1) << sum[0].dump();
+}
+
+TEST(EngineGpu, NcclAveragingMatchesHostAveraging) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const GpuList g = list_gpus();
+  const std::string host = test_path("host.jsonl"), nccl = test_path("nccl.jsonl");
+  std::string out;
+  if (g.gpus.size() < 2) {
+    // One GPU: two towers cannot form an NCCL communicator; the run says so and writes nothing.
+    EXPECT_EQ(run_towers(kMlp + "--steps 5 --towers 2 --reduce nccl --metrics " + nccl, &out), 1);
+    EXPECT_NE(out.find("NCCL needs one tower per GPU"), std::string::npos) << out;
+    EXPECT_FALSE(std::filesystem::exists(nccl));
+    GTEST_SKIP() << "the NCCL all-reduce itself needs 2 GPUs; this machine has " << g.gpus.size();
+  }
+  const std::string args = kMlp + "--steps 30 --towers 2 --batch 32 --metrics ";
+  ASSERT_EQ(run_towers(args + host + " --reduce host", &out), 0) << out;
+  ASSERT_EQ(run_towers(args + nccl + " --reduce nccl", &out), 0) << out;
+  auto a = metrics_events(host, "step"), b = metrics_events(nccl, "step");
+  ASSERT_EQ(a.size(), 30u);
+  ASSERT_EQ(b.size(), 30u);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(),
+                1e-4 * std::fabs(a[i]["loss"].get<double>())) << "step " << i + 1;
+}
+
+TEST(EngineGpu, FashionMnistReaches90PercentOnAGpu) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string fashion = "/usr/share/datasets/fashion-mnist";
+  if (!std::filesystem::exists(fashion)) GTEST_SKIP() << "no Fashion-MNIST at " << fashion;
+  const std::string m = test_path("fashion.jsonl");
+  std::string out;
+  // The main job's recipe (scripts/train-fashion.sh), on one GPU tower.
+  ASSERT_EQ(run_towers("train --device cuda --model fashion --dataset fashion-mnist --epochs 5 "
+                       "--batch 128 --optimizer momentum --lr 0.01 --lr-schedule cosine --quiet "
+                       "--metrics " + m, &out), 0) << out;
+  auto sum = metrics_events(m, "summary");
+  ASSERT_EQ(sum.size(), 1u);
+  EXPECT_GE(sum[0]["test_accuracy"].get<double>(), 0.90) << sum[0].dump();
+}
+
+}  // namespace
+}  // namespace towers

@@ -1,0 +1,88 @@
+// gpu_test_util.h — what every GPU test shares: the skip when no CUDA device is usable (a skip
+// is reported as Skipped, never as passed), device arrays, and the comparison with a CPU twin.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "core/cuda_check.h"
+#include "core/rng.h"
+
+namespace towers::gputest {
+
+// Empty when a device is usable, else the reason (CUDA's own words).
+inline std::string no_gpu_reason() {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return std::string("no usable CUDA device: ") + cudaGetErrorString(e);
+  if (count == 0) return "no CUDA device: 0 devices";
+  return {};
+}
+
+// Use as the first statement of a GPU test.
+#define TOWERS_SKIP_WITHOUT_GPU()                                        \
+  do {                                                                   \
+    std::string towers_reason_ = ::towers::gputest::no_gpu_reason();     \
+    if (!towers_reason_.empty()) GTEST_SKIP() << towers_reason_;         \
+  } while (0)
+
+// A device array of T with host round trips (synchronous: tests favour clarity).
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(int64_t n) : n_(n) {
+    CUDA_CHECK(cudaMalloc(&p_, sizeof(T) * std::max<int64_t>(n, 1)));
+    CUDA_CHECK(cudaMemset(p_, 0xff, sizeof(T) * std::max<int64_t>(n, 1)));  // NaN for floats
+  }
+  explicit DeviceArray(const std::vector<T>& h) : DeviceArray(static_cast<int64_t>(h.size())) {
+    upload(h);
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(p_); }
+  T* get() const { return p_; }
+  int64_t size() const { return n_; }
+  void upload(const std::vector<T>& h) {
+    CUDA_CHECK(cudaMemcpy(p_, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(h.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost));
+    return h;
+  }
+
+ private:
+  T* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+inline std::vector<float> random_floats(int64_t n, uint64_t seed, float lo = -1.0f,
+                                        float hi = 1.0f) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = rng.uniform(lo, hi);
+  return v;
+}
+
+// Largest |got - want| / max(|want|, floor) over the arrays; floor keeps values near zero from
+// dominating (they are compared absolutely against floor * tolerance).
+inline double max_rel_error(const std::vector<float>& got, const std::vector<float>& want,
+                            double floor = 1e-3) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    if (std::isnan(got[i]) != std::isnan(want[i])) return INFINITY;
+    double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    worst = std::max(worst, d / std::max(std::fabs(static_cast<double>(want[i])), floor));
+  }
+  return worst;
+}
+
+}  // namespace towers::gputest

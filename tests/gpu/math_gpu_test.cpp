@@ -1,0 +1,296 @@
+// The CUDA twins of softmax_xent, standardize, the optimizer updates, tree_sum and scale against
+// their CPU twins on fresh random inputs. Skips, with the reason, where no CUDA device is usable.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "core/check.h"
+#include "core/cuda_check.h"
+#include "core/rng.h"
+#include "gpu_test_util.h"  // TOWERS_SKIP_WITHOUT_GPU, DeviceArray, random_floats, max_rel_error
+#include "kernels/optimizer.h"
+#include "kernels/reduce.h"
+#include "kernels/softmax_xent.h"
+#include "kernels/standardize.h"
+
+namespace towers {
+namespace {
+
+using gputest::DeviceArray;
+using gputest::max_rel_error;
+using gputest::random_floats;
+
+class Stream {
+ public:
+  Stream() { CUDA_CHECK(cudaStreamCreate(&s_)); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() { cudaStreamDestroy(s_); }
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ---- softmax cross-entropy ---------------------------------------------------------------------
+
+TEST(SoftmaxXentGpu, MatchesCpuTwinIncludingLossAndCorrectThroughSumRows) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  const int64_t n = 1000, k = 10;
+  const std::vector<float> logits = random_floats(n * k, 21, -8.0f, 8.0f);
+  Rng rng(22);
+  std::vector<int32_t> labels(n);
+  for (auto& y : labels) y = static_cast<int32_t>(rng.below(k));
+  const float grad_scale = 1.0f / n;
+
+  std::vector<float> d_cpu(n * k);
+  const auto want =
+      kernels::cpu::softmax_xent(n, k, logits.data(), labels.data(), grad_scale, d_cpu.data());
+
+  DeviceArray<float> logits_d(logits), d_d(n * k);
+  DeviceArray<int32_t> labels_d(labels), correct_d(n);
+  DeviceArray<double> loss_d(n);
+  kernels::cuda::softmax_xent(s, n, k, logits_d.get(), labels_d.get(), grad_scale, d_d.get(),
+                              loss_d.get(), correct_d.get());
+  const std::vector<double> row_loss = loss_d.download();
+  const std::vector<int32_t> row_correct = correct_d.download();
+  const auto got = kernels::sum_rows(n, row_loss.data(), row_correct.data());
+
+  // The same double arithmetic; only exp and log may differ from glibc's by an ulp or so, and
+  // every row loss is a sum of two non-negative terms (no cancellation): 1e-12 relative.
+  EXPECT_EQ(got.correct, want.correct);
+  EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-12 * want.loss_sum);
+  for (int64_t b = 0; b < n; ++b) {
+    const auto row = kernels::cpu::softmax_xent(1, k, logits.data() + b * k, labels.data() + b,
+                                                grad_scale, nullptr);
+    ASSERT_NEAR(row_loss[b], row.loss_sum, 1e-12 * row.loss_sum) << "example " << b;
+    ASSERT_EQ(row_correct[b], row.correct) << "example " << b;
+  }
+  EXPECT_LT(max_rel_error(d_d.download(), d_cpu), 1e-5);
+}
+
+TEST(SoftmaxXentGpu, EvaluationWithoutGradient) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  const int64_t n = 77, k = 3;
+  const std::vector<float> logits = random_floats(n * k, 23, -3.0f, 3.0f);
+  std::vector<int32_t> labels(n);
+  for (int64_t b = 0; b < n; ++b) labels[b] = static_cast<int32_t>(b % k);
+  const auto want = kernels::cpu::softmax_xent(n, k, logits.data(), labels.data(), 1.0f, nullptr);
+  DeviceArray<float> logits_d(logits);
+  DeviceArray<int32_t> labels_d(labels), correct_d(n);
+  DeviceArray<double> loss_d(n);
+  kernels::cuda::softmax_xent(s, n, k, logits_d.get(), labels_d.get(), 1.0f, nullptr, loss_d.get(),
+                              correct_d.get());
+  const std::vector<double> row_loss = loss_d.download();
+  const std::vector<int32_t> row_correct = correct_d.download();
+  const auto got = kernels::sum_rows(n, row_loss.data(), row_correct.data());
+  EXPECT_EQ(got.correct, want.correct);
+  EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-12 * want.loss_sum);
+}
+
+// ---- per-image standardization -----------------------------------------------------------------
+
+// Images of the cifar10 crop (24x24x3) with pixel values 0..255, one constant image (the stddev
+// floor), and a size that is not a multiple of the block. Standardized values have unit scale,
+// so they are compared relative to max(|want|, 1). The sums are in double in another order than
+// the CPU's; after rounding to float the mean and the scale almost always agree exactly.
+TEST(StandardizeGpu, MatchesCpuTwinOutOfPlaceAndInPlace) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  for (int64_t m : {int64_t{24 * 24 * 3}, int64_t{1000}, int64_t{5}}) {
+    SCOPED_TRACE(testing::Message() << "m=" << m);
+    const int64_t n = 37;
+    std::vector<float> x = random_floats(n * m, 31 + m, 0.0f, 255.0f);
+    for (int64_t i = 0; i < m; ++i) x[3 * m + i] = 17.0f;  // a constant image
+    std::vector<float> want(n * m);
+    kernels::cpu::standardize(n, m, x.data(), want.data());
+
+    DeviceArray<float> x_d(x), y_d(n * m);
+    kernels::cuda::standardize(s, n, m, x_d.get(), y_d.get());
+    const std::vector<float> out_of_place = y_d.download();
+    EXPECT_LT(max_rel_error(out_of_place, want, 1.0), 1e-5);
+    for (int64_t i = 0; i < m; ++i) EXPECT_EQ(out_of_place[3 * m + i], 0.0f);
+    EXPECT_TRUE(same_bits(x_d.download(), x));  // the input is left alone
+
+    kernels::cuda::standardize(s, n, m, x_d.get(), x_d.get());
+    EXPECT_TRUE(same_bits(x_d.download(), out_of_place));  // in place gives the same bits
+  }
+}
+
+// ---- optimizer updates -------------------------------------------------------------------------
+
+// Both twins run the rules of kernels/optimizer_rules.h; nvcc and g++ may each fuse a * b + c
+// into an FMA, which moves a rounding by at most an ulp of an intermediate of magnitude <= ~2
+// per step. The parameters and slots are O(1), so they are compared relative to max(|want|, 1):
+// 1e-5 is ~40 ulps for three steps.
+struct OptState {
+  static constexpr int64_t kN = (1 << 20) + 13;
+  std::vector<float> w = random_floats(kN, 41, -2.0f, 2.0f);
+  std::vector<float> s1 = random_floats(kN, 42, 0.05f, 1.5f);  // positive: accumulators
+  std::vector<float> s2 = random_floats(kN, 43, 0.05f, 1.5f);
+  std::vector<float> g = random_floats(kN, 44, -3.0f, 3.0f);
+};
+
+constexpr int kSteps = 3;
+constexpr float kWd = 0.004f;
+
+struct OptDevice {
+  explicit OptDevice(const OptState& h) : w(h.w), s1(h.s1), s2(h.s2), g(h.g) {}
+  DeviceArray<float> w, s1, s2, g;
+};
+
+void expect_close(const OptDevice& d, const OptState& h, int slots) {
+  EXPECT_LT(max_rel_error(d.w.download(), h.w, 1.0), 1e-5);
+  if (slots >= 1) {
+    EXPECT_LT(max_rel_error(d.s1.download(), h.s1, 1.0), 1e-5);
+  }
+  if (slots >= 2) {
+    EXPECT_LT(max_rel_error(d.s2.download(), h.s2, 1.0), 1e-5);
+  }
+}
+
+TEST(OptimizerGpu, SgdMatchesCpuTwin) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  OptState h;
+  OptDevice d(h);
+  for (int step = 0; step < kSteps; ++step) {
+    kernels::cpu::sgd_update(OptState::kN, h.w.data(), h.g.data(), 0.1f, kWd);
+    kernels::cuda::sgd_update(s, OptState::kN, d.w.get(), d.g.get(), 0.1f, kWd);
+  }
+  expect_close(d, h, 0);
+}
+
+TEST(OptimizerGpu, MomentumAndNesterovMatchCpuTwin) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  for (bool nesterov : {false, true}) {
+    SCOPED_TRACE(nesterov ? "nesterov" : "momentum");
+    OptState h;
+    OptDevice d(h);
+    for (int step = 0; step < kSteps; ++step) {
+      kernels::cpu::momentum_update(OptState::kN, h.w.data(), h.s1.data(), h.g.data(), 0.1f, 0.9f,
+                                    nesterov, kWd);
+      kernels::cuda::momentum_update(s, OptState::kN, d.w.get(), d.s1.get(), d.g.get(), 0.1f, 0.9f,
+                                     nesterov, kWd);
+    }
+    expect_close(d, h, 1);
+  }
+}
+
+TEST(OptimizerGpu, AdagradMatchesCpuTwin) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  OptState h;
+  OptDevice d(h);
+  for (int step = 0; step < kSteps; ++step) {
+    kernels::cpu::adagrad_update(OptState::kN, h.w.data(), h.s1.data(), h.g.data(), 0.1f, kWd);
+    kernels::cuda::adagrad_update(s, OptState::kN, d.w.get(), d.s1.get(), d.g.get(), 0.1f, kWd);
+  }
+  expect_close(d, h, 1);
+}
+
+TEST(OptimizerGpu, AdamMatchesCpuTwin) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  OptState h;
+  OptDevice d(h);
+  for (int step = 0; step < kSteps; ++step) {
+    kernels::cpu::adam_update(OptState::kN, h.w.data(), h.s1.data(), h.s2.data(), h.g.data(),
+                              0.001f, 0.9f, 0.999f, 1e-8f, kWd);
+    kernels::cuda::adam_update(s, OptState::kN, d.w.get(), d.s1.get(), d.s2.get(), d.g.get(),
+                               0.001f, 0.9f, 0.999f, 1e-8f, kWd);
+  }
+  expect_close(d, h, 2);
+}
+
+TEST(OptimizerGpu, RmspropMatchesCpuTwin) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  OptState h;
+  OptDevice d(h);
+  for (int step = 0; step < kSteps; ++step) {
+    kernels::cpu::rmsprop_update(OptState::kN, h.w.data(), h.s1.data(), h.s2.data(), h.g.data(),
+                                 0.01f, 0.9f, 0.5f, 1e-10f, kWd);
+    kernels::cuda::rmsprop_update(s, OptState::kN, d.w.get(), d.s1.get(), d.s2.get(), d.g.get(),
+                                  0.01f, 0.9f, 0.5f, 1e-10f, kWd);
+  }
+  expect_close(d, h, 2);
+}
+
+// ---- tree sum and scale ------------------------------------------------------------------------
+
+// Blocks whose magnitudes span several binades, so that another order of additions would show.
+std::vector<std::vector<float>> tree_blocks(int64_t count, int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::vector<float>> blocks(count, std::vector<float>(n));
+  for (auto& b : blocks)
+    for (float& x : b) x = rng.uniform(-1, 1) * std::ldexp(1.0f, static_cast<int>(rng.below(20)));
+  return blocks;
+}
+
+TEST(TreeSumGpu, BitwiseEqualToCpuTwin) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  const int64_t n = 100003;
+  for (int64_t count : {1, 2, 3, 4, 5, 6, 7, 8, kernels::cuda::kMaxTreeBlocks}) {
+    SCOPED_TRACE(testing::Message() << "count=" << count);
+    auto host = tree_blocks(count, count > 8 ? 1000 : n, 50 + count);
+    const int64_t len = static_cast<int64_t>(host[0].size());
+    std::vector<std::unique_ptr<DeviceArray<float>>> dev;
+    std::vector<float*> dev_ptrs, host_ptrs;
+    for (auto& b : host) {
+      dev.push_back(std::make_unique<DeviceArray<float>>(b));
+      dev_ptrs.push_back(dev.back()->get());
+      host_ptrs.push_back(b.data());
+    }
+    kernels::cpu::tree_sum(host_ptrs.data(), count, 0, len);
+    kernels::cuda::tree_sum(s, dev_ptrs.data(), count, len);
+    for (int64_t i = 0; i < count; ++i)  // the sum and the scratch blocks alike
+      EXPECT_TRUE(same_bits(dev[i]->download(), host[i])) << "block " << i;
+  }
+}
+
+TEST(TreeSumGpu, TooManyBlocksIsAnError) {
+  std::vector<float*> ptrs(kernels::cuda::kMaxTreeBlocks + 1, nullptr);
+  EXPECT_THROW(kernels::cuda::tree_sum(nullptr, ptrs.data(), static_cast<int64_t>(ptrs.size()), 8),
+               Error);
+}
+
+TEST(ScaleGpu, BitwiseEqualToHostMultiply) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  const int64_t n = (1 << 20) + 5;
+  for (float alpha : {0.25f, 1.0f / 3.0f}) {
+    std::vector<float> x = random_floats(n, 61, -100.0f, 100.0f);
+    DeviceArray<float> x_d(x);
+    kernels::cuda::scale(s, n, alpha, x_d.get());
+    for (float& v : x) v *= alpha;  // one IEEE multiply either side
+    EXPECT_TRUE(same_bits(x_d.download(), x)) << "alpha " << alpha;
+  }
+}
+
+// Zero sizes return before any launch: host-side only, runs wherever CUDA is built.
+TEST(MathGpu, ZeroSizesLaunchNothing) {
+  EXPECT_NO_THROW(kernels::cuda::softmax_xent(nullptr, 0, 10, nullptr, nullptr, 1.0f, nullptr,
+                                              nullptr, nullptr));
+  EXPECT_NO_THROW(kernels::cuda::standardize(nullptr, 0, 10, nullptr, nullptr));
+  EXPECT_NO_THROW(kernels::cuda::sgd_update(nullptr, 0, nullptr, nullptr, 0.1f, 0.0f));
+  EXPECT_NO_THROW(kernels::cuda::adam_update(nullptr, 0, nullptr, nullptr, nullptr, nullptr, 0.1f,
+                                             0.9f, 0.999f, 1e-8f, 0.0f));
+  EXPECT_NO_THROW(kernels::cuda::tree_sum(nullptr, nullptr, 0, 10));
+  EXPECT_NO_THROW(kernels::cuda::scale(nullptr, 0, 2.0f, nullptr));
+}
+
+}  // namespace
+}  // namespace towers

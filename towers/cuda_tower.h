@@ -1,0 +1,77 @@
+// cuda_tower.h — a tower on a GPU (CUDA builds only).
+//
+// A step on the tower's two streams:
+//   copy stream     params H2D (load_params) -> batch H2D -> [grads of layer L D2H] ... [layer 1]
+//   compute stream            wait(batch) -> forward -> loss -> backward L ... backward 1 -> join
+// Each layer's gradient slice is copied to the pinned landing buffer as soon as its backward
+// is done, so the copies overlap the backward of the layers below. Forward, loss, backward and
+// those copies are captured once per (batch size, gradient scale) as a CUDA graph and replayed
+// (TowerPlacement::cuda_graphs); eager launches remain for evaluation and when graphs are off.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "core/cuda_device.h"
+#include "core/gpu.h"
+#include "towers/tower.h"
+
+namespace towers {
+
+class CudaTower final : public Tower {
+ public:
+  CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement& p);
+  ~CudaTower() override;
+
+  CudaDevice& device() override { return dev_; }
+  CpuDevice& host() override { return host_; }
+  const float* grads() const override { return grads_host_.as<float>(); }
+  float* mutable_grads() override { return grads_host_.as<float>(); }
+  // Both queue one H2D copy on the copy stream and return: host must not change until the
+  // next compute_gradients or evaluate has returned (every mode guarantees it, or, for the
+  // async modes, accepts a mix of versions as Hogwild does).
+  void load_params(const float* host) override;
+  void load_params_shared(const float* host) override { load_params(host); }
+  StepStats compute_gradients(const float* images, const int32_t* labels, int64_t n,
+                              float grad_scale) override;
+  StepStats evaluate(const float* images, const int32_t* labels, int64_t n) override;
+
+  // For an all-reduce among GPUs: with grads_to_host off, compute_gradients leaves the
+  // gradients on the device only.
+  void set_grads_to_host(bool on) { grads_to_host_ = on; }
+  float* device_grads() { return grads_d_.data(); }
+  float* device_params() { return params_d_.data(); }
+  int64_t graph_captures() const { return captures_; }
+  int64_t graph_replays() const { return replays_; }
+
+ private:
+  void stage_inputs(const float* images, const int32_t* labels, int64_t n);
+  void enqueue_forward(int64_t n, bool training);
+  void enqueue_step(int64_t n, float grad_scale);  // forward, loss, backward, grads out
+  StepStats finish(int64_t n);                     // waits, sums the per-example results
+  void drop_graph();
+
+  TowerPlacement placement_;
+  CudaDevice dev_;
+  CpuDevice host_;
+  DeviceBuffer params_d_, grads_d_, images_d_, labels_d_, row_loss_d_, row_correct_d_, scratch_;
+  std::vector<DeviceBuffer> act_, saved_;
+  DeviceBuffer dact_[2];
+  PinnedBuffer grads_host_, images_pin_, labels_pin_, row_loss_h_, row_correct_h_;
+  GpuExec exec_;
+  cudaEvent_t inputs_ready_ = nullptr, copies_done_ = nullptr;
+  std::vector<cudaEvent_t> layer_done_;  // per layer with variables: its gradients are final
+  std::vector<std::pair<int64_t, int64_t>> grad_range_;  // per layer: [begin, end) of its grads
+  bool grads_to_host_ = true;
+  // The captured step and what it was captured for.
+  cudaGraphExec_t graph_ = nullptr;
+  int64_t graph_n_ = -1;
+  float graph_scale_ = 0.0f;
+  bool graph_to_host_ = true;
+  int64_t captures_ = 0, replays_ = 0;
+};
+
+}  // namespace towers

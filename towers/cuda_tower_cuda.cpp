@@ -1,0 +1,213 @@
+#include "towers/cuda_tower.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/cuda_check.h"
+#include "kernels/softmax_xent.h"
+
+namespace towers {
+
+CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement& p)
+    : Tower(graph, max_batch), placement_(p), dev_(p.gpu, p.tf32), host_(std::max(1, p.threads)) {
+  dev_.activate();
+  const ParameterLayout& layout = graph.layout();
+  const int64_t total = layout.total();
+  params_d_ = DeviceBuffer(dev_, total);
+  grads_d_ = DeviceBuffer(dev_, total);
+  const int64_t in = numel(graph.input_shape());
+  images_d_ = DeviceBuffer(dev_, max_batch * in);
+  labels_d_ = DeviceBuffer(dev_, max_batch);             // int32 in float-sized slots
+  row_loss_d_ = DeviceBuffer(dev_, 2 * max_batch);       // doubles
+  row_correct_d_ = DeviceBuffer(dev_, max_batch);        // int32
+  int64_t widest = in, scratch = 0;
+  for (const auto& l : graph.layers()) {
+    act_.emplace_back(dev_, max_batch * numel(l->out_shape()));
+    saved_.emplace_back(dev_, max_batch * l->saved_per_example());
+    widest = std::max(widest, numel(l->out_shape()));
+    scratch = std::max(scratch, l->gpu_scratch(max_batch));
+  }
+  for (auto& d : dact_) d = DeviceBuffer(dev_, max_batch * widest);
+  scratch_ = DeviceBuffer(dev_, std::max<int64_t>(scratch, 1));
+  grads_host_ = PinnedBuffer(sizeof(float) * total);
+  images_pin_ = PinnedBuffer(sizeof(float) * max_batch * in);
+  labels_pin_ = PinnedBuffer(sizeof(int32_t) * max_batch);
+  row_loss_h_ = PinnedBuffer(sizeof(double) * max_batch);
+  row_correct_h_ = PinnedBuffer(sizeof(int32_t) * max_batch);
+  exec_ = GpuExec{dev_.compute(), dev_.blas(), scratch_.data(), scratch_.size()};
+  CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming));
+  layer_done_.resize(graph.layers().size(), nullptr);
+  grad_range_.resize(graph.layers().size(), {0, 0});
+  for (size_t i = 0; i < graph.layers().size(); ++i) {
+    if (w_off_[i] < 0) continue;
+    // The layer's variables, weight then bias, with the layout's alignment padding between.
+    const std::string& name = graph.layers()[i]->name();
+    const Variable& w = layout.find(name + "/weight");
+    const Variable& b = layout.find(name + "/bias");
+    grad_range_[i] = {std::min(w.offset, b.offset),
+                      std::max(w.offset + w.size, b.offset + b.size)};
+  }
+  for (size_t i = 0; i < layer_done_.size(); ++i)
+    if (w_off_[i] >= 0) CUDA_CHECK(cudaEventCreateWithFlags(&layer_done_[i], cudaEventDisableTiming));
+}
+
+CudaTower::~CudaTower() {
+  cudaSetDevice(dev_.ordinal());
+  cudaStreamSynchronize(dev_.compute());
+  cudaStreamSynchronize(dev_.copy());
+  drop_graph();
+  for (cudaEvent_t e : layer_done_)
+    if (e) cudaEventDestroy(e);
+  if (inputs_ready_) cudaEventDestroy(inputs_ready_);
+  if (copies_done_) cudaEventDestroy(copies_done_);
+}
+
+void CudaTower::drop_graph() {
+  if (graph_ != nullptr) cudaGraphExecDestroy(graph_);
+  graph_ = nullptr;
+  graph_n_ = -1;
+}
+
+void CudaTower::load_params(const float* host) {
+  dev_.activate();
+  CUDA_CHECK(cudaMemcpyAsync(params_d_.data(), host, sizeof(float) * graph().layout().total(),
+                             cudaMemcpyHostToDevice, dev_.copy()));
+}
+
+void CudaTower::stage_inputs(const float* images, const int32_t* labels, int64_t n) {
+  const int64_t in = numel(graph().input_shape());
+  // Through pinned staging, so that the H2D is a true asynchronous DMA. The previous step's
+  // copies out of the staging have finished: every step waits for its stream before returning.
+  std::memcpy(images_pin_.as<float>(), images, sizeof(float) * n * in);
+  std::memcpy(labels_pin_.as<int32_t>(), labels, sizeof(int32_t) * n);
+  CUDA_CHECK(cudaMemcpyAsync(images_d_.data(), images_pin_.as<float>(), sizeof(float) * n * in,
+                             cudaMemcpyHostToDevice, dev_.copy()));
+  CUDA_CHECK(cudaMemcpyAsync(labels_d_.data(), labels_pin_.as<int32_t>(), sizeof(int32_t) * n,
+                             cudaMemcpyHostToDevice, dev_.copy()));
+  // Covers the parameter copy too: the copy stream runs in order.
+  CUDA_CHECK(cudaEventRecord(inputs_ready_, dev_.copy()));
+  CUDA_CHECK(cudaStreamWaitEvent(dev_.compute(), inputs_ready_, 0));
+}
+
+void CudaTower::enqueue_forward(int64_t n, bool training) {
+  const auto& layers = graph().layers();
+  const float* x = images_d_.data();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    ForwardArgs a;
+    a.n = n;
+    a.x = x;
+    a.y = act_[i].data();
+    a.w = w_off_[i] >= 0 ? params_d_.data() + w_off_[i] : nullptr;
+    a.b = b_off_[i] >= 0 ? params_d_.data() + b_off_[i] : nullptr;
+    a.saved = saved_[i].data();
+    a.training = training;
+    layers[i]->forward_gpu(exec_, a);
+    x = a.y;
+  }
+}
+
+void CudaTower::enqueue_step(int64_t n, float grad_scale) {
+  cudaStream_t c = dev_.compute(), k = dev_.copy();
+  enqueue_forward(n, true);
+  const auto& layers = graph().layers();
+  kernels::cuda::softmax_xent(c, n, graph().num_classes(), act_.back().data(),
+                              reinterpret_cast<const int32_t*>(labels_d_.data()), grad_scale,
+                              dact_[0].data(), reinterpret_cast<double*>(row_loss_d_.data()),
+                              reinterpret_cast<int32_t*>(row_correct_d_.data()));
+  int cur = 0;
+  for (size_t i = layers.size(); i-- > 0;) {
+    BackwardArgs a;
+    a.n = n;
+    a.x = i == 0 ? images_d_.data() : act_[i - 1].data();
+    a.y = act_[i].data();
+    a.dy = dact_[cur].data();
+    a.dx = i == 0 ? nullptr : dact_[1 - cur].data();
+    a.w = w_off_[i] >= 0 ? params_d_.data() + w_off_[i] : nullptr;
+    a.b = b_off_[i] >= 0 ? params_d_.data() + b_off_[i] : nullptr;
+    a.dw = w_off_[i] >= 0 ? grads_d_.data() + w_off_[i] : nullptr;
+    a.db = b_off_[i] >= 0 ? grads_d_.data() + b_off_[i] : nullptr;
+    a.saved = saved_[i].data();
+    layers[i]->backward_gpu(exec_, a);
+    cur = 1 - cur;
+    if (grads_to_host_ && w_off_[i] >= 0) {
+      const auto [lo, hi] = grad_range_[i];
+      CUDA_CHECK(cudaEventRecord(layer_done_[i], c));
+      CUDA_CHECK(cudaStreamWaitEvent(k, layer_done_[i], 0));
+      CUDA_CHECK(cudaMemcpyAsync(grads_host_.as<float>() + lo, grads_d_.data() + lo,
+                                 sizeof(float) * (hi - lo), cudaMemcpyDeviceToHost, k));
+    }
+  }
+  CUDA_CHECK(cudaMemcpyAsync(row_loss_h_.as<double>(), row_loss_d_.data(), sizeof(double) * n,
+                             cudaMemcpyDeviceToHost, c));
+  CUDA_CHECK(cudaMemcpyAsync(row_correct_h_.as<int32_t>(), row_correct_d_.data(),
+                             sizeof(int32_t) * n, cudaMemcpyDeviceToHost, c));
+  if (grads_to_host_) {
+    // Join: the compute stream (and so the step) ends after the last gradient copy.
+    CUDA_CHECK(cudaEventRecord(copies_done_, k));
+    CUDA_CHECK(cudaStreamWaitEvent(c, copies_done_, 0));
+  }
+}
+
+StepStats CudaTower::finish(int64_t n) {
+  CUDA_CHECK(cudaStreamSynchronize(dev_.compute()));
+  auto r = kernels::sum_rows(n, row_loss_h_.as<double>(), row_correct_h_.as<int32_t>());
+  return StepStats{r.loss_sum, r.correct, n};
+}
+
+StepStats CudaTower::compute_gradients(const float* images, const int32_t* labels, int64_t n,
+                                       float grad_scale) {
+  check_batch(n);
+  dev_.activate();
+  stage_inputs(images, labels, n);
+  if (!placement_.cuda_graphs) {
+    enqueue_step(n, grad_scale);
+    return finish(n);
+  }
+  if (graph_ == nullptr || graph_n_ != n || graph_scale_ != grad_scale ||
+      graph_to_host_ != grads_to_host_) {
+    drop_graph();
+    // Capture records the work without running it; the replay below runs it. Thread-local
+    // mode: other towers' threads may capture or launch at the same time.
+    cudaGraph_t g = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(dev_.compute(), cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_step(n, grad_scale);
+    } catch (...) {
+      cudaStreamEndCapture(dev_.compute(), &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(dev_.compute(), &g));
+    cudaError_t e = cudaGraphInstantiate(&graph_, g, 0);
+    cudaGraphDestroy(g);
+    CUDA_CHECK(e);
+    graph_n_ = n;
+    graph_scale_ = grad_scale;
+    graph_to_host_ = grads_to_host_;
+    ++captures_;
+  }
+  CUDA_CHECK(cudaGraphLaunch(graph_, dev_.compute()));
+  ++replays_;
+  return finish(n);
+}
+
+StepStats CudaTower::evaluate(const float* images, const int32_t* labels, int64_t n) {
+  check_batch(n);
+  dev_.activate();
+  stage_inputs(images, labels, n);
+  enqueue_forward(n, false);
+  cudaStream_t c = dev_.compute();
+  kernels::cuda::softmax_xent(c, n, graph().num_classes(), act_.back().data(),
+                              reinterpret_cast<const int32_t*>(labels_d_.data()), 0.0f, nullptr,
+                              reinterpret_cast<double*>(row_loss_d_.data()),
+                              reinterpret_cast<int32_t*>(row_correct_d_.data()));
+  CUDA_CHECK(cudaMemcpyAsync(row_loss_h_.as<double>(), row_loss_d_.data(), sizeof(double) * n,
+                             cudaMemcpyDeviceToHost, c));
+  CUDA_CHECK(cudaMemcpyAsync(row_correct_h_.as<int32_t>(), row_correct_d_.data(),
+                             sizeof(int32_t) * n, cudaMemcpyDeviceToHost, c));
+  return finish(n);
+}
+
+}  // namespace towers
