@@ -48,4 +48,8 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
   python3 bench/peers/torch_cifar10.py --device cuda --seconds 20 | tee "$out/pytorch_eager.jsonl"
   python3 bench/peers/torch_cifar10.py --device cuda --seconds 20 --compile |
     tee "$out/pytorch_compile.jsonl" || echo "torch.compile failed" | tee "$out/pytorch_compile.jsonl"
+  # torch.compile with CUDA graphs: the peer of towers' graph replay.
+  python3 bench/peers/torch_cifar10.py --device cuda --seconds 20 --compile \
+    --compile-mode reduce-overhead | tee "$out/pytorch_compile_graphs.jsonl" ||
+    echo "torch.compile reduce-overhead failed" | tee "$out/pytorch_compile_graphs.jsonl"
 fi

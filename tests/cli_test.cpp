@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "cli_util.h"
 #include "io/checkpoint.h"
 #include "models/models.h"
 
@@ -31,15 +32,8 @@ struct RunResult {
 };
 
 RunResult run_towers(const std::string& args) {
-  std::string cmd = std::string(TOWERS_BINARY) + " " + args + " 2>&1";
   RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  r.exit_code = testutil::run_towers(args, &r.output);
   return r;
 }
 

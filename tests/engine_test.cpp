@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "cli_util.h"
 #include "io/checkpoint.h"
 #include "models/models.h"
 
@@ -27,38 +28,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-int run(const std::string& args, std::string* output = nullptr) {
-  std::string cmd = std::string(TOWERS_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  std::array<char, 4096> buf{};
-  std::string out;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  if (output) *output = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
-std::string temp_file(const std::string& name) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / ("towers_engine_" + std::to_string(getpid())) /
-                 (std::string(info->test_suite_name()) + "." + info->name());
-  fs::create_directories(dir);
-  fs::remove_all(dir / name);
-  return (dir / name).string();
-}
-
-std::vector<json> events(const std::string& path, const std::string& kind) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line);
-    if (j["event"] == kind) out.push_back(j);
-  }
-  return out;
-}
+using testutil::metrics_events;
+using testutil::run_towers;
+using testutil::test_path;
 
 // MLP on synthetic data: fast enough to run many steps in a test.
 const std::string kMlp =
@@ -69,12 +41,12 @@ TEST(Engine, TwoSyncTowersOfHalfTheBatchEqualOneTower) {
   // The bar: fashion net on Fashion-MNIST, 2 x 64 versus 1 x 128, 50 steps.
   const std::string fashion = "/usr/share/datasets/fashion-mnist";
   if (!fs::exists(fashion)) GTEST_SKIP() << "no Fashion-MNIST at " << fashion;
-  const std::string one = temp_file("one.jsonl"), two = temp_file("two.jsonl");
+  const std::string one = test_path("one.jsonl"), two = test_path("two.jsonl");
   const std::string base = "train --model fashion --dataset fashion-mnist --steps 50 --quiet --lr 0.01 ";
-  const std::string ck1 = temp_file("ck1"), ck2 = temp_file("ck2");
-  ASSERT_EQ(run(base + "--towers 1 --batch 128 --checkpoint-dir " + ck1 + " --metrics " + one), 0);
-  ASSERT_EQ(run(base + "--towers 2 --batch 64 --mode sync --checkpoint-dir " + ck2 + " --metrics " + two), 0);
-  auto a = events(one, "step"), b = events(two, "step");
+  const std::string ck1 = test_path("ck1"), ck2 = test_path("ck2");
+  ASSERT_EQ(run_towers(base + "--towers 1 --batch 128 --checkpoint-dir " + ck1 + " --metrics " + one), 0);
+  ASSERT_EQ(run_towers(base + "--towers 2 --batch 64 --mode sync --checkpoint-dir " + ck2 + " --metrics " + two), 0);
+  auto a = metrics_events(one, "step"), b = metrics_events(two, "step");
   ASSERT_EQ(a.size(), 50u);
   ASSERT_EQ(b.size(), 50u);
   double worst = 0;
@@ -96,15 +68,15 @@ TEST(Engine, TwoSyncTowersOfHalfTheBatchEqualOneTower) {
 }
 
 TEST(Engine, SyncRunsWithOneSeedAreIdentical) {
-  const std::string a = temp_file("a.jsonl"), b = temp_file("b.jsonl");
+  const std::string a = test_path("a.jsonl"), b = test_path("b.jsonl");
   const std::string args = kMlp + "--steps 40 --towers 3 --batch 16 --mode sync --metrics ";
-  ASSERT_EQ(run(args + a), 0);
-  ASSERT_EQ(run(args + b), 0);
-  auto x = events(a, "step"), y = events(b, "step");
+  ASSERT_EQ(run_towers(args + a), 0);
+  ASSERT_EQ(run_towers(args + b), 0);
+  auto x = metrics_events(a, "step"), y = metrics_events(b, "step");
   ASSERT_EQ(x.size(), 40u);
   ASSERT_EQ(y.size(), 40u);
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i]["loss"], y[i]["loss"]) << "step " << i + 1;
-  EXPECT_EQ(events(a, "summary")[0]["test_loss"], events(b, "summary")[0]["test_loss"]);
+  EXPECT_EQ(metrics_events(a, "summary")[0]["test_loss"], metrics_events(b, "summary")[0]["test_loss"]);
 }
 
 // Replays the per-update tower ids and returns the largest lead (completed steps of the
@@ -123,31 +95,31 @@ int64_t max_lead(const std::vector<json>& steps, int towers) {
 TEST(Engine, SspBoundIsNeverExceeded) {
   // Tower 0 is slow, so the others run into the bound again and again.
   for (int s : {0, 2}) {
-    const std::string m = temp_file("ssp" + std::to_string(s) + ".jsonl");
-    ASSERT_EQ(run(kMlp + "--steps 60 --towers 3 --batch 16 --mode ssp --slow-tower 0:15 --staleness " +
+    const std::string m = test_path("ssp" + std::to_string(s) + ".jsonl");
+    ASSERT_EQ(run_towers(kMlp + "--steps 60 --towers 3 --batch 16 --mode ssp --slow-tower 0:15 --staleness " +
                   std::to_string(s) + " --metrics " + m), 0);
-    auto steps = events(m, "step");
+    auto steps = metrics_events(m, "step");
     ASSERT_EQ(steps.size(), 60u);
     // A tower starts a step only while at most s steps ahead, so completed steps differ by at
     // most s + 1; and the slow tower makes the bound bind.
     EXPECT_LE(max_lead(steps, 3), s + 1) << "staleness " << s;
     EXPECT_EQ(max_lead(steps, 3), s + 1) << "the bound never bound: the test proves nothing";
-    EXPECT_LE(events(m, "summary")[0]["max_staleness"].get<int64_t>(), 2 * (s + 1));
+    EXPECT_LE(metrics_events(m, "summary")[0]["max_staleness"].get<int64_t>(), 2 * (s + 1));
   }
   // The same run without a bound leaves the slow tower far behind: the check above can fail.
-  const std::string m = temp_file("async.jsonl");
-  ASSERT_EQ(run(kMlp + "--steps 60 --towers 3 --batch 16 --mode async --slow-tower 0:15 --metrics " + m), 0);
-  EXPECT_GT(max_lead(events(m, "step"), 3), 5);
+  const std::string m = test_path("async.jsonl");
+  ASSERT_EQ(run_towers(kMlp + "--steps 60 --towers 3 --batch 16 --mode async --slow-tower 0:15 --metrics " + m), 0);
+  EXPECT_GT(max_lead(metrics_events(m, "step"), 3), 5);
 }
 
 TEST(Engine, BackupTowersDropAStragglerInsteadOfWaiting) {
-  const std::string k2 = temp_file("k2.jsonl"), k3 = temp_file("k3.jsonl");
+  const std::string k2 = test_path("k2.jsonl"), k3 = test_path("k3.jsonl");
   const std::string args = kMlp + "--steps 40 --towers 3 --batch 16 --mode sync --slow-tower 2:150 ";
-  ASSERT_EQ(run(args + "--replicas-to-aggregate 2 --metrics " + k2), 0);
-  ASSERT_EQ(run(args + "--replicas-to-aggregate 3 --metrics " + k3), 0);
-  auto backup = events(k2, "summary")[0], all = events(k3, "summary")[0];
+  ASSERT_EQ(run_towers(args + "--replicas-to-aggregate 2 --metrics " + k2), 0);
+  ASSERT_EQ(run_towers(args + "--replicas-to-aggregate 3 --metrics " + k3), 0);
+  auto backup = metrics_events(k2, "summary")[0], all = metrics_events(k3, "summary")[0];
   EXPECT_EQ(backup["steps"], 40);
-  for (const auto& s : events(k2, "step")) EXPECT_EQ(s["contributors"], 2);
+  for (const auto& s : metrics_events(k2, "step")) EXPECT_EQ(s["contributors"], 2);
   // With 2 of 3, the straggler (150 ms a step, against ~1 ms for the others: a margin that
   // survives a loaded CI machine) is in almost no update and its late gradients are dropped
   // and counted; with 3 of 3 it is in every one (and every update waited for it).
@@ -162,9 +134,9 @@ TEST(Engine, BackupTowersDropAStragglerInsteadOfWaiting) {
 
 TEST(Engine, AsyncTowersEachApplyAndLearn) {
   for (const std::string locking : {"", "--use-locking "}) {
-    const std::string m = temp_file("async.jsonl");
-    ASSERT_EQ(run(kMlp + "--epochs 2 --towers 3 --batch 16 --mode async " + locking + "--metrics " + m), 0);
-    auto sum = events(m, "summary")[0];
+    const std::string m = test_path("async.jsonl");
+    ASSERT_EQ(run_towers(kMlp + "--epochs 2 --towers 3 --batch 16 --mode async " + locking + "--metrics " + m), 0);
+    auto sum = metrics_events(m, "summary")[0];
     const int64_t steps = sum["steps"];
     EXPECT_EQ(steps, 375);  // ceil(2 * 3000 / 16): one update per tower step
     int64_t hist = 0, applied = 0;
@@ -180,12 +152,12 @@ TEST(Engine, AsyncTowersEachApplyAndLearn) {
 }
 
 TEST(Engine, StalenessAwareLrDividesByTheStaleness) {
-  const std::string m = temp_file("aware.jsonl");
+  const std::string m = test_path("aware.jsonl");
   // A slow tower makes its gradients several versions stale, so the division shows.
-  ASSERT_EQ(run(kMlp + "--steps 60 --towers 3 --batch 16 --mode async --staleness-aware-lr "
+  ASSERT_EQ(run_towers(kMlp + "--steps 60 --towers 3 --batch 16 --mode async --staleness-aware-lr "
                 "--slow-tower 0:15 --metrics " + m), 0);
   int64_t most = 0;
-  for (const auto& s : events(m, "step")) {
+  for (const auto& s : metrics_events(m, "step")) {
     const double k = std::max<int64_t>(1, s["staleness"].get<int64_t>());
     EXPECT_NEAR(s["lr"].get<double>() * k, 0.02, 1e-7);
     most = std::max(most, s["staleness"].get<int64_t>());
@@ -198,10 +170,10 @@ TEST(Engine, TheScheduleFollowsEpochsForAnyNumberOfTowers) {
   // though 4 towers take a quarter of the steps.
   std::map<int, std::vector<std::pair<double, double>>> seen;
   for (int n : {1, 4}) {
-    const std::string m = temp_file("sched" + std::to_string(n) + ".jsonl");
-    ASSERT_EQ(run(kMlp + "--epochs 3 --batch 25 --lr-schedule exponential --decay-epochs 1 "
+    const std::string m = test_path("sched" + std::to_string(n) + ".jsonl");
+    ASSERT_EQ(run_towers(kMlp + "--epochs 3 --batch 25 --lr-schedule exponential --decay-epochs 1 "
                   "--decay-factor 0.5 --mode sync --towers " + std::to_string(n) + " --metrics " + m), 0);
-    for (const auto& s : events(m, "step")) {
+    for (const auto& s : metrics_events(m, "step")) {
       // lr of the update that ended at `epoch` was chosen at its start
       const double start_epoch = s["epoch"].get<double>() - 25.0 * n / 3000.0;
       EXPECT_NEAR(s["lr"].get<double>(), 0.02 * std::pow(0.5, std::floor(start_epoch + 1e-9)), 1e-7);
@@ -210,16 +182,16 @@ TEST(Engine, TheScheduleFollowsEpochsForAnyNumberOfTowers) {
   }
   EXPECT_EQ(seen[1].size(), 4 * seen[4].size());
   // --lr-scaling linear is the opt-in that changes it.
-  const std::string m = temp_file("linear.jsonl");
-  ASSERT_EQ(run(kMlp + "--steps 2 --batch 25 --towers 4 --lr-scaling linear --metrics " + m), 0);
-  EXPECT_NEAR(events(m, "step")[0]["lr"].get<double>(), 0.08, 1e-7);
+  const std::string m = test_path("linear.jsonl");
+  ASSERT_EQ(run_towers(kMlp + "--steps 2 --batch 25 --towers 4 --lr-scaling linear --metrics " + m), 0);
+  EXPECT_NEAR(metrics_events(m, "step")[0]["lr"].get<double>(), 0.08, 1e-7);
 }
 
 TEST(Engine, UnevenDatasetsNeverHang) {
   // 1001 examples, 3 towers of 7: no batch boundary meets an epoch boundary.
   for (const std::string mode : {"sync", "async", "ssp --staleness 1"}) {
     std::string out;
-    EXPECT_EQ(run("train --model mlp --dataset synthetic --synthetic-size 1001 --quiet --batch 7 "
+    EXPECT_EQ(run_towers("train --model mlp --dataset synthetic --synthetic-size 1001 --quiet --batch 7 "
                   "--towers 3 --epochs 2 --mode " + mode, &out), 0)
         << mode << ": " << out;
   }

@@ -55,6 +55,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--compile", action="store_true", help="torch.compile the step")
+    ap.add_argument("--compile-mode", default="default",
+                    help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune")
     args = ap.parse_args()
 
     if args.threads > 0:
@@ -75,7 +77,7 @@ def main():
         opt.step()
         return loss
 
-    fn = torch.compile(step) if args.compile else step
+    fn = torch.compile(step, mode=args.compile_mode) if args.compile else step
     sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
     for _ in range(args.warmup):
         loss = fn()
@@ -94,7 +96,7 @@ def main():
         steps_total += steps
     rates.sort()
     print(json.dumps({
-        "peer": "pytorch", "version": torch.__version__, "mode": "compile" if args.compile else "eager",
+        "peer": "pytorch", "version": torch.__version__, "mode": f"compile:{args.compile_mode}" if args.compile else "eager",
         "device": args.device, "threads": torch.get_num_threads(), "batch": args.batch,
         "steps": steps_total, "seconds": time.perf_counter() - t_all,
         "images_per_sec": rates[2], "images_per_sec_best": rates[-1], "images_per_sec_windows": rates,
