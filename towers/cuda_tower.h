@@ -5,8 +5,9 @@
 //   compute stream            wait(batch) -> forward -> loss -> backward L ... backward 1 -> join
 // Each layer's gradient slice is copied to the pinned landing buffer as soon as its backward
 // is done, so the copies overlap the backward of the layers below. Forward, loss, backward and
-// those copies are captured once per (batch size, gradient scale) as a CUDA graph and replayed
-// (TowerPlacement::cuda_graphs); eager launches remain for evaluation and when graphs are off.
+// those copies are captured as a CUDA graph and replayed (TowerPlacement::cuda_graphs): the
+// first step of a (batch size, gradient scale) runs eagerly, the second is captured, later
+// ones replay. Evaluation, and every step when graphs are off, launch eagerly.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,7 @@ class CudaTower final : public Tower {
   void enqueue_forward(int64_t n, bool training);
   void enqueue_step(int64_t n, float grad_scale);  // forward, loss, backward, grads out
   StepStats finish(int64_t n);                     // waits, sums the per-example results
+  void capture(int64_t n, float grad_scale);       // enqueue_step as a CUDA graph
   void drop_graph();
 
   TowerPlacement placement_;

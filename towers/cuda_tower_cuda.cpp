@@ -165,32 +165,47 @@ StepStats CudaTower::compute_gradients(const float* images, const int32_t* label
     enqueue_step(n, grad_scale);
     return finish(n);
   }
-  if (graph_ == nullptr || graph_n_ != n || graph_scale_ != grad_scale ||
-      graph_to_host_ != grads_to_host_) {
+  if (graph_n_ != n || graph_scale_ != grad_scale || graph_to_host_ != grads_to_host_) {
+    // A new (batch, scale): this step runs eagerly, so that cuBLAS and the driver do their
+    // first-call set-up outside any capture; the next step with the same key is captured.
     drop_graph();
-    // Capture records the work without running it; the replay below runs it. Thread-local
-    // mode: other towers' threads may capture or launch at the same time.
-    cudaGraph_t g = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(dev_.compute(), cudaStreamCaptureModeThreadLocal));
-    try {
-      enqueue_step(n, grad_scale);
-    } catch (...) {
-      cudaStreamEndCapture(dev_.compute(), &g);
-      if (g) cudaGraphDestroy(g);
-      throw;
-    }
-    CUDA_CHECK(cudaStreamEndCapture(dev_.compute(), &g));
-    cudaError_t e = cudaGraphInstantiate(&graph_, g, 0);
-    cudaGraphDestroy(g);
-    CUDA_CHECK(e);
     graph_n_ = n;
     graph_scale_ = grad_scale;
     graph_to_host_ = grads_to_host_;
-    ++captures_;
+    enqueue_step(n, grad_scale);
+    return finish(n);
   }
+  if (graph_ == nullptr) capture(n, grad_scale);
   CUDA_CHECK(cudaGraphLaunch(graph_, dev_.compute()));
   ++replays_;
   return finish(n);
+}
+
+void CudaTower::capture(int64_t n, float grad_scale) {
+  cudaStream_t c = dev_.compute(), k = dev_.copy();
+  // Capture records the work without running it; the replay runs it. Thread-local mode: other
+  // towers' threads may capture or launch at the same time.
+  cudaGraph_t g = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(c, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue_step(n, grad_scale);
+  } catch (...) {
+    // Rejoin the copy stream (it may have joined the capture) before ending the capture, so
+    // that both streams are usable again; the capture itself is discarded.
+    cudaEventRecord(copies_done_, k);
+    cudaStreamWaitEvent(c, copies_done_, 0);
+    cudaStreamEndCapture(c, &g);
+    if (g != nullptr) cudaGraphDestroy(g);
+    cudaGetLastError();
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(c, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  CUDA_CHECK(e);
+  graph_ = exec;
+  ++captures_;
 }
 
 StepStats CudaTower::evaluate(const float* images, const int32_t* labels, int64_t n) {

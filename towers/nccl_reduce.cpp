@@ -38,14 +38,17 @@ NcclReducer::NcclReducer(const std::vector<Tower*>& towers) : impl_(std::make_un
                    impl_->towers.size(), ct->device().ordinal());
     impl_->towers.push_back(ct);
     devs.push_back(ct->device().ordinal());
-    ct->set_grads_to_host(false);
   }
   impl_->count = towers.front()->graph().layout().total();
   impl_->comms.resize(devs.size());
   NCCL_CHECK(ncclCommInitAll(impl_->comms.data(), static_cast<int>(devs.size()), devs.data()));
+  // Only now that the all-reduce exists do the towers stop copying their gradients out.
+  for (CudaTower* t : impl_->towers) t->set_grads_to_host(false);
 }
 
 NcclReducer::~NcclReducer() {
+  for (ncclComm_t c : impl_->comms)
+    if (c) ncclCommFinalize(c);
   for (ncclComm_t c : impl_->comms)
     if (c) ncclCommDestroy(c);
 }

@@ -64,7 +64,12 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, floa
   if (cfg_.towers > 1) grad_sum_.resize(total);
   if (cuda) {
     // Page-locked host parameters: every tower's broadcast is a DMA straight from them.
-    pinned_params_ = pin_host_memory(params_, sizeof(float) * total);
+    // Pinning only speeds the copies up; without it they stage through pageable memory.
+    std::string why;
+    pinned_params_ = pin_host_memory(params_, sizeof(float) * total, &why);
+    if (!pinned_params_)
+      fmt::print(stderr, "towers: warning: host parameters not page-locked ({}); copies will "
+                 "be slower\n", why);
     if (cfg_.towers > 1) pinned_sum_ = pin_host_memory(grad_sum_.data(), sizeof(float) * total);
   }
   if (cfg_.reduce == Reduce::Nccl) {

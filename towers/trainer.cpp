@@ -304,6 +304,7 @@ TrainSummary train(const TrainConfig& c_in) {
       TowerPlacement p;
       p.kind = ec.device;
       p.threads = cores;
+      p.tf32 = ec.tf32;  // evaluate with the arithmetic the run trains with
       eval_tower = make_tower(*graph, 256, p);
     }
     eval_tower->load_params(params.data());

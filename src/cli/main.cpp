@@ -25,7 +25,7 @@ namespace {
 
 // `towers devices`: what this process can train on.
 int list_devices(bool as_json) {
-  const towers::GpuList g = towers::list_gpus();
+  const towers::GpuList g = towers::list_gpus(/*with_free_memory=*/true);
   const int cores = towers::hardware_threads();
   auto version = [](int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); };
   if (as_json) {

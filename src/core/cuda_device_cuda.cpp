@@ -16,6 +16,21 @@ constexpr size_t kSmall = 1 << 20;           // blocks up to 1 MiB round to 512 
 constexpr size_t kLargeUnit = 2 << 20;       // larger ones to 2 MiB
 constexpr size_t kBlasWorkspace = 32 << 20;  // fixed cuBLAS workspace: graph capture safe
 double mib(int64_t b) { return static_cast<double>(b) / (1 << 20); }
+
+// Makes a GPU current for a scope and restores the caller's, also when the scope throws.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int ordinal) {
+    CUDA_CHECK(cudaGetDevice(&prev_));
+    CUDA_CHECK(cudaSetDevice(ordinal));
+  }
+  ~CurrentDevice() { cudaSetDevice(prev_); }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int prev_ = 0;
+};
 }  // namespace
 
 // ---- memory pool ---------------------------------------------------------------------------
@@ -51,23 +66,24 @@ void* CudaMemoryPool::allocate(size_t bytes) {
     peak_ = std::max(peak_, in_use_);
     return p;
   }
-  int prev = 0;
-  CUDA_CHECK(cudaGetDevice(&prev));
-  CUDA_CHECK(cudaSetDevice(ordinal_));
   void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, want);
-  if (e == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
-    trim_locked();
+  cudaError_t e;
+  {
+    CurrentDevice on(ordinal_);
     e = cudaMalloc(&p, want);
+    if (e == cudaErrorMemoryAllocation) {
+      // Only at set-up (every tower allocates before its first step): returning the cache
+      // synchronises the device, which a running step must never see.
+      cudaGetLastError();
+      trim_locked();
+      e = cudaMalloc(&p, want);
+    }
   }
-  cudaSetDevice(prev);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    TOWERS_FAIL("cuda:{}: cannot allocate {:.1f} MiB of GPU memory ({} in use by towers: "
-                "{:.1f} MiB): {}",
-                ordinal_, mib(static_cast<int64_t>(want)), ordinal_, mib(in_use_),
-                cudaGetErrorString(e));
+    TOWERS_FAIL("cuda:{}: cannot allocate {:.1f} MiB of GPU memory ({:.1f} MiB already in use "
+                "by towers on it): {}",
+                ordinal_, mib(static_cast<int64_t>(want)), mib(in_use_), cudaGetErrorString(e));
   }
   live_[p] = want;
   in_use_ += static_cast<int64_t>(want);
@@ -93,13 +109,10 @@ void CudaMemoryPool::trim() {
 }
 
 void CudaMemoryPool::trim_locked() {
-  int prev = 0;
-  if (cudaGetDevice(&prev) != cudaSuccess) return;
-  cudaSetDevice(ordinal_);
+  CurrentDevice on(ordinal_);
   for (auto& [size, p] : free_) cudaFree(p);
   free_.clear();
   cached_ = 0;
-  cudaSetDevice(prev);
 }
 
 int64_t CudaMemoryPool::bytes_in_use() const {

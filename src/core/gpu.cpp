@@ -8,7 +8,7 @@
 
 namespace towers {
 
-GpuList list_gpus() {
+GpuList list_gpus(bool with_free_memory) {
   GpuList out;
 #if TOWERS_HAVE_CUDA
   cudaDriverGetVersion(&out.driver_version);
@@ -32,10 +32,10 @@ GpuList list_gpus() {
     g.multiprocessors = p.multiProcessorCount;
     int prev = 0;
     size_t free_b = 0, total_b = 0;
-    if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(i) == cudaSuccess &&
+    if (with_free_memory && cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(i) == cudaSuccess &&
         cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
       g.free_bytes = static_cast<int64_t>(free_b);
-    cudaSetDevice(prev);
+    if (with_free_memory) cudaSetDevice(prev);
     out.gpus.push_back(g);
   }
   if (out.gpus.empty()) out.why_none = "the CUDA runtime found 0 devices";
@@ -45,13 +45,19 @@ GpuList list_gpus() {
   return out;
 }
 
-std::shared_ptr<void> pin_host_memory(void* p, size_t bytes) {
+std::shared_ptr<void> pin_host_memory(void* p, size_t bytes, std::string* why) {
 #if TOWERS_HAVE_CUDA
   if (p == nullptr || bytes == 0) return nullptr;
-  CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
+  const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it so later checks do not see it
+    if (why) *why = cudaGetErrorString(e);
+    return nullptr;
+  }
   return std::shared_ptr<void>(p, [](void* q) { cudaHostUnregister(q); });
 #else
   (void)p, (void)bytes;
+  if (why) *why = "built without CUDA";
   return nullptr;
 #endif
 }

@@ -26,11 +26,15 @@ struct GpuList {
   std::string why_none;  // set when gpus is empty: built without CUDA, no driver, no device
   int driver_version = 0, runtime_version = 0;  // CUDA's encoding: 13000 = 13.0
 };
-GpuList list_gpus();
+// with_free_memory also reads each GPU's free memory, which creates a CUDA context on every
+// GPU (hundreds of MiB each, for the life of the process): for `towers devices` only.
+GpuList list_gpus(bool with_free_memory = false);
 
-// Pins existing host memory for every GPU (cudaHostRegister) until the handle is released;
-// a null handle in a build without CUDA.
-std::shared_ptr<void> pin_host_memory(void* p, size_t bytes);
+// Pins existing host memory for every GPU (cudaHostRegister) until the handle is released.
+// Pinning only makes copies faster: when it is not possible (a build without CUDA, memory
+// already pinned by the caller, a locked-memory limit) the handle is null and *why (if given)
+// says why; copies from the memory remain correct.
+std::shared_ptr<void> pin_host_memory(void* p, size_t bytes, std::string* why = nullptr);
 
 // Everything a layer's GPU path needs: the tower's compute stream and cuBLAS handle (bound to
 // that stream), and device scratch of scratch_size floats that the call may overwrite.
