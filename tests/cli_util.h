@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +54,19 @@ inline std::vector<nlohmann::json> metrics_events(const std::string& path, const
     if (j["event"] == kind) out.push_back(j);
   }
   return out;
+}
+
+// Replays the per-update tower ids of "step" records and returns the largest lead (completed
+// steps of the fastest tower minus the slowest) ever seen.
+inline int64_t max_lead(const std::vector<nlohmann::json>& steps, int towers) {
+  std::vector<int64_t> clock(towers, 0);
+  int64_t lead = 0;
+  for (const auto& s : steps) {
+    ++clock[s["tower"].get<int>()];
+    lead = std::max(lead, *std::max_element(clock.begin(), clock.end()) -
+                              *std::min_element(clock.begin(), clock.end()));
+  }
+  return lead;
 }
 
 }  // namespace towers::testutil

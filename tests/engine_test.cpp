@@ -28,6 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using testutil::max_lead;
 using testutil::metrics_events;
 using testutil::run_towers;
 using testutil::test_path;
@@ -77,19 +78,6 @@ TEST(Engine, SyncRunsWithOneSeedAreIdentical) {
   ASSERT_EQ(y.size(), 40u);
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i]["loss"], y[i]["loss"]) << "step " << i + 1;
   EXPECT_EQ(metrics_events(a, "summary")[0]["test_loss"], metrics_events(b, "summary")[0]["test_loss"]);
-}
-
-// Replays the per-update tower ids and returns the largest lead (completed steps of the
-// fastest minus the slowest) ever seen.
-int64_t max_lead(const std::vector<json>& steps, int towers) {
-  std::vector<int64_t> clock(towers, 0);
-  int64_t lead = 0;
-  for (const auto& s : steps) {
-    ++clock[s["tower"].get<int>()];
-    lead = std::max(lead, *std::max_element(clock.begin(), clock.end()) -
-                              *std::min_element(clock.begin(), clock.end()));
-  }
-  return lead;
 }
 
 TEST(Engine, SspBoundIsNeverExceeded) {

@@ -60,8 +60,6 @@ class CudaTower final : public Tower {
   CudaDevice dev_;
   CpuDevice host_;
   DeviceBuffer params_d_, grads_d_, images_d_, labels_d_, row_loss_d_, row_correct_d_, scratch_;
-  std::vector<DeviceBuffer> act_, saved_;
-  DeviceBuffer dact_[2];
   PinnedBuffer grads_host_, images_pin_, labels_pin_, row_loss_h_, row_correct_h_;
   GpuExec exec_;
   cudaEvent_t inputs_ready_ = nullptr, copies_done_ = nullptr;

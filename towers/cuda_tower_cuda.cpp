@@ -21,14 +21,9 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
   labels_d_ = DeviceBuffer(dev_, max_batch);             // int32 in float-sized slots
   row_loss_d_ = DeviceBuffer(dev_, 2 * max_batch);       // doubles
   row_correct_d_ = DeviceBuffer(dev_, max_batch);        // int32
-  int64_t widest = in, scratch = 0;
-  for (const auto& l : graph.layers()) {
-    act_.emplace_back(dev_, max_batch * numel(l->out_shape()));
-    saved_.emplace_back(dev_, max_batch * l->saved_per_example());
-    widest = std::max(widest, numel(l->out_shape()));
-    scratch = std::max(scratch, l->gpu_scratch(max_batch));
-  }
-  for (auto& d : dact_) d = DeviceBuffer(dev_, max_batch * widest);
+  allocate_activations(dev_);
+  int64_t scratch = 0;
+  for (const auto& l : graph.layers()) scratch = std::max(scratch, l->gpu_scratch(max_batch));
   scratch_ = DeviceBuffer(dev_, std::max<int64_t>(scratch, 1));
   grads_host_ = PinnedBuffer(sizeof(float) * total);
   images_pin_ = PinnedBuffer(sizeof(float) * max_batch * in);
@@ -58,6 +53,7 @@ CudaTower::~CudaTower() {
   cudaStreamSynchronize(dev_.compute());
   cudaStreamSynchronize(dev_.copy());
   drop_graph();
+  release_activations();
   for (cudaEvent_t e : layer_done_)
     if (e) cudaEventDestroy(e);
   if (inputs_ready_) cudaEventDestroy(inputs_ready_);
@@ -95,14 +91,7 @@ void CudaTower::enqueue_forward(int64_t n, bool training) {
   const auto& layers = graph().layers();
   const float* x = images_d_.data();
   for (size_t i = 0; i < layers.size(); ++i) {
-    ForwardArgs a;
-    a.n = n;
-    a.x = x;
-    a.y = act_[i].data();
-    a.w = w_off_[i] >= 0 ? params_d_.data() + w_off_[i] : nullptr;
-    a.b = b_off_[i] >= 0 ? params_d_.data() + b_off_[i] : nullptr;
-    a.saved = saved_[i].data();
-    a.training = training;
+    ForwardArgs a = forward_args(i, n, x, params_d_.data(), training);
     layers[i]->forward_gpu(exec_, a);
     x = a.y;
   }
@@ -118,18 +107,8 @@ void CudaTower::enqueue_step(int64_t n, float grad_scale) {
                               reinterpret_cast<int32_t*>(row_correct_d_.data()));
   int cur = 0;
   for (size_t i = layers.size(); i-- > 0;) {
-    BackwardArgs a;
-    a.n = n;
-    a.x = i == 0 ? images_d_.data() : act_[i - 1].data();
-    a.y = act_[i].data();
-    a.dy = dact_[cur].data();
-    a.dx = i == 0 ? nullptr : dact_[1 - cur].data();
-    a.w = w_off_[i] >= 0 ? params_d_.data() + w_off_[i] : nullptr;
-    a.b = b_off_[i] >= 0 ? params_d_.data() + b_off_[i] : nullptr;
-    a.dw = w_off_[i] >= 0 ? grads_d_.data() + w_off_[i] : nullptr;
-    a.db = b_off_[i] >= 0 ? grads_d_.data() + b_off_[i] : nullptr;
-    a.saved = saved_[i].data();
-    layers[i]->backward_gpu(exec_, a);
+    layers[i]->backward_gpu(exec_,
+                            backward_args(i, n, images_d_.data(), cur, params_d_.data(), grads_d_.data()));
     cur = 1 - cur;
     if (grads_to_host_ && w_off_[i] >= 0) {
       const auto [lo, hi] = grad_range_[i];

@@ -21,6 +21,51 @@ Tower::Tower(const Graph& graph, int64_t max_batch) : graph_(graph), max_batch_(
   }
 }
 
+void Tower::allocate_activations(Device& dev) {
+  int64_t widest = numel(graph_.input_shape());
+  for (const auto& l : graph_.layers()) {
+    act_.emplace_back(dev, max_batch_ * numel(l->out_shape()));
+    saved_.emplace_back(dev, max_batch_ * l->saved_per_example());
+    widest = std::max(widest, numel(l->out_shape()));
+  }
+  for (auto& d : dact_) d = DeviceBuffer(dev, max_batch_ * widest);
+}
+
+void Tower::release_activations() {
+  act_.clear();
+  saved_.clear();
+  for (auto& d : dact_) d = DeviceBuffer();
+}
+
+ForwardArgs Tower::forward_args(size_t i, int64_t n, const float* x, const float* params,
+                                bool training) {
+  ForwardArgs a;
+  a.n = n;
+  a.x = x;
+  a.y = act_[i].data();
+  a.w = w_off_[i] >= 0 ? params + w_off_[i] : nullptr;
+  a.b = b_off_[i] >= 0 ? params + b_off_[i] : nullptr;
+  a.saved = saved_[i].data();
+  a.training = training;
+  return a;
+}
+
+BackwardArgs Tower::backward_args(size_t i, int64_t n, const float* images, int cur,
+                                  const float* params, float* grads) {
+  BackwardArgs a;
+  a.n = n;
+  a.x = i == 0 ? images : act_[i - 1].data();
+  a.y = act_[i].data();
+  a.dy = dact_[cur].data();
+  a.dx = i == 0 ? nullptr : dact_[1 - cur].data();
+  a.w = w_off_[i] >= 0 ? params + w_off_[i] : nullptr;
+  a.b = b_off_[i] >= 0 ? params + b_off_[i] : nullptr;
+  a.dw = w_off_[i] >= 0 ? grads + w_off_[i] : nullptr;
+  a.db = b_off_[i] >= 0 ? grads + b_off_[i] : nullptr;
+  a.saved = saved_[i].data();
+  return a;
+}
+
 void Tower::check_batch(int64_t n) const {
   TOWERS_CHECK(n > 0 && n <= max_batch_, "batch of {} for a tower built for {}", n, max_batch_);
 }
@@ -39,13 +84,7 @@ CpuTower::CpuTower(const Graph& graph, int64_t max_batch, int threads)
   const ParameterLayout& layout = graph.layout();
   params_ = DeviceBuffer(device_, layout.total());
   grads_ = DeviceBuffer(device_, layout.total());
-  int64_t widest = numel(graph.input_shape());
-  for (const auto& l : graph.layers()) {
-    act_.emplace_back(device_, max_batch * numel(l->out_shape()));
-    saved_.emplace_back(device_, max_batch * l->saved_per_example());
-    widest = std::max(widest, numel(l->out_shape()));
-  }
-  for (auto& d : dact_) d = DeviceBuffer(device_, max_batch * widest);
+  allocate_activations(device_);
 }
 
 void CpuTower::load_params(const float* host) {
@@ -61,14 +100,7 @@ const float* CpuTower::forward(const float* images, int64_t n, bool training) {
   const auto& layers = graph().layers();
   const float* x = images;
   for (size_t i = 0; i < layers.size(); ++i) {
-    ForwardArgs a;
-    a.n = n;
-    a.x = x;
-    a.y = act_[i].data();
-    a.w = w_off_[i] >= 0 ? params_.data() + w_off_[i] : nullptr;
-    a.b = b_off_[i] >= 0 ? params_.data() + b_off_[i] : nullptr;
-    a.saved = saved_[i].data();
-    a.training = training;
+    ForwardArgs a = forward_args(i, n, x, params_.data(), training);
     layers[i]->forward(a);
     x = a.y;
   }
@@ -85,18 +117,7 @@ StepStats CpuTower::compute_gradients(const float* images, const int32_t* labels
     const auto& layers = graph().layers();
     int cur = 0;
     for (size_t i = layers.size(); i-- > 0;) {
-      BackwardArgs a;
-      a.n = n;
-      a.x = i == 0 ? images : act_[i - 1].data();
-      a.y = act_[i].data();
-      a.dy = dact_[cur].data();
-      a.dx = i == 0 ? nullptr : dact_[1 - cur].data();
-      a.w = w_off_[i] >= 0 ? params_.data() + w_off_[i] : nullptr;
-      a.b = b_off_[i] >= 0 ? params_.data() + b_off_[i] : nullptr;
-      a.dw = w_off_[i] >= 0 ? grads_.data() + w_off_[i] : nullptr;
-      a.db = b_off_[i] >= 0 ? grads_.data() + b_off_[i] : nullptr;
-      a.saved = saved_[i].data();
-      layers[i]->backward(a);
+      layers[i]->backward(backward_args(i, n, images, cur, params_.data(), grads_.data()));
       cur = 1 - cur;
     }
     return StepStats{r.loss_sum, r.correct, n};

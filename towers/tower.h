@@ -11,6 +11,7 @@
 
 #include "core/device.h"
 #include "graph/graph.h"
+#include "layers/layer.h"
 #include "kernels/softmax_xent.h"
 
 namespace towers {
@@ -61,8 +62,23 @@ class Tower {
 
  protected:
   void check_batch(int64_t n) const;
+  // The activations of one batch on dev: per layer its output and saved buffer, and two
+  // ping-pong buffers for the gradients flowing down.
+  void allocate_activations(Device& dev);
+  // Every derived tower calls this in its destructor: the buffers must go back to the device
+  // while the derived class, which owns the device, still exists.
+  void release_activations();
+  // The arguments of layer i's forward on input x, and of its backward in a pass where cur
+  // selects the ping-pong buffer holding dy; params and grads are the tower's flat arrays.
+  ForwardArgs forward_args(size_t i, int64_t n, const float* x, const float* params,
+                           bool training);
+  BackwardArgs backward_args(size_t i, int64_t n, const float* images, int cur,
+                             const float* params, float* grads);
+
   // Per layer: offsets of its weight and bias in the flat layout, -1 when it has none.
   std::vector<int64_t> w_off_, b_off_;
+  std::vector<DeviceBuffer> act_, saved_;
+  DeviceBuffer dact_[2];
 
  private:
   const Graph& graph_;
@@ -72,6 +88,7 @@ class Tower {
 class CpuTower final : public Tower {
  public:
   CpuTower(const Graph& graph, int64_t max_batch, int threads);
+  ~CpuTower() override { release_activations(); }
 
   CpuDevice& device() override { return device_; }
   CpuDevice& host() override { return device_; }
@@ -91,8 +108,6 @@ class CpuTower final : public Tower {
 
   CpuDevice device_;
   DeviceBuffer params_, grads_;
-  std::vector<DeviceBuffer> act_, saved_;
-  DeviceBuffer dact_[2];
 };
 
 // A CpuTower or, in a CUDA build, a CudaTower. Throws a user-facing error when the placement

@@ -20,14 +20,9 @@ namespace {
 using gputest::DeviceArray;
 using gputest::max_rel_error;
 using gputest::random_floats;
+using gputest::Stream;
 using kernels::ConvGeometry;
 using kernels::Padding;
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { CUDA_CHECK(cudaStreamCreate(&s)); }
-  ~Stream() { cudaStreamDestroy(s); }
-};
 
 struct ConvCase {
   std::string name;

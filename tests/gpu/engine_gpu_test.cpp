@@ -19,6 +19,7 @@ namespace towers {
 namespace {
 
 using nlohmann::json;
+using testutil::max_lead;
 using testutil::metrics_events;
 using testutil::run_towers;
 using testutil::test_path;
@@ -27,16 +28,6 @@ const std::string kMlp =
     "train --device cuda --model mlp --dataset synthetic --synthetic-size 3000 --optimizer "
     "momentum --lr 0.02 --quiet --seed 3 ";
 
-int64_t max_lead(const std::vector<json>& steps, int towers) {
-  std::vector<int64_t> clock(towers, 0);
-  int64_t lead = 0;
-  for (const auto& s : steps) {
-    ++clock[s["tower"].get<int>()];
-    lead = std::max(lead, *std::max_element(clock.begin(), clock.end()) -
-                              *std::min_element(clock.begin(), clock.end()));
-  }
-  return lead;
-}
 
 TEST(EngineGpu, TwoSyncTowersOfHalfTheBatchMatchOneTower) {
   TOWERS_SKIP_WITHOUT_GPU();

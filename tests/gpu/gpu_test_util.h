@@ -63,6 +63,15 @@ class DeviceArray {
   int64_t n_ = 0;
 };
 
+// A stream of its own for a test, destroyed with it.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { CUDA_CHECK(cudaStreamCreate(&s)); }
+  ~Stream() { cudaStreamDestroy(s); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+};
+
 inline std::vector<float> random_floats(int64_t n, uint64_t seed, float lo = -1.0f,
                                         float hi = 1.0f) {
   Rng rng(seed);

@@ -20,12 +20,7 @@ namespace {
 using gputest::DeviceArray;
 using gputest::max_rel_error;
 using gputest::random_floats;
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { CUDA_CHECK(cudaStreamCreate(&s)); }
-  ~Stream() { cudaStreamDestroy(s); }
-};
+using gputest::Stream;
 
 struct LrnCase {
   std::string name;

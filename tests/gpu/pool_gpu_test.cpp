@@ -19,14 +19,9 @@ namespace {
 using gputest::DeviceArray;
 using gputest::max_rel_error;
 using gputest::random_floats;
+using gputest::Stream;
 using kernels::Padding;
 using kernels::Window;
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { CUDA_CHECK(cudaStreamCreate(&s)); }
-  ~Stream() { cudaStreamDestroy(s); }
-};
 
 struct PoolCase {
   std::string name;
