@@ -1,0 +1,32 @@
+// emu_runtime.h — the CUDA emulator the emulated test suite runs on: the CUDA runtime, cuBLAS
+// handle and NCCL entry points towers calls, implemented on the host (tests/emu/emu_runtime.cpp),
+// and every kernels::cuda:: launcher implemented as a sequential host loop over the same
+// per-element rules the CUDA kernels run (tests/emu/emu_kernels.cpp).
+//
+// What it is for: running towers' real GPU host code — CudaDevice, CudaTower (staging, the
+// per-layer gradient copies, CUDA graph capture and replay), the layers' GPU paths with their
+// cuBLAS arguments, the engine on GPU towers — on a machine without a GPU, against the CPU
+// twins. What it is not: a GPU. Device code, launch configurations, CUB reductions, real
+// stream concurrency and cuBLAS itself are not exercised; the GPU suite on a real GPU is.
+//
+// Semantics: one emulated device; device memory is host memory; every operation runs at once,
+// in the order it is issued, which is one valid order of the streams it was issued on. While a
+// stream capture is active on a thread, every operation that thread issues is recorded into
+// the graph instead (towers captures fork/join patterns: the copy stream joins the capture).
+#pragma once
+
+#include <functional>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+namespace towers::emu {
+
+// Runs work now, or records it while the calling thread is capturing.
+void submit(cudaStream_t s, std::function<void()> work);
+// The stream a cuBLAS handle was bound to with cublasSetStream.
+cudaStream_t stream_of(cublasHandle_t h);
+// Whether a cuBLAS handle asked for TF32 (the emulator computes in FP32 regardless).
+bool tf32(cublasHandle_t h);
+
+}  // namespace towers::emu
