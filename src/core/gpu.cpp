@@ -40,6 +40,7 @@ GpuList list_gpus(bool with_free_memory) {
   }
   if (out.gpus.empty()) out.why_none = "the CUDA runtime found 0 devices";
 #else
+  (void)with_free_memory;
   out.why_none = "this towers was built without CUDA (no nvcc at configure time)";
 #endif
   return out;
