@@ -133,6 +133,9 @@ TEST(ConvRules, Im2colMatchesCpuTwinPerImage) {
     for (int64_t idx = 0; idx < g.patch() * ld; ++idx)
       got[idx] = kc::im2col_at(g, n, x.data(), idx);
     EXPECT_TRUE(same_floats(got, want));
+    for (int32_t idx = 0; idx < g.patch() * ld; ++idx)  // the kernels' 32-bit instantiation
+      got[idx] = kc::im2col_at<int32_t>(g, static_cast<int32_t>(n), x.data(), idx);
+    EXPECT_TRUE(same_floats(got, want)) << "32-bit indices";
   }
 }
 
@@ -148,6 +151,9 @@ TEST(ConvRules, Col2imMatchesCpuTwinPerImage) {
       kernels::cpu::col2im(g, col.data() + i * P, ld, want.data() + i * chw);
     for (int64_t idx = 0; idx < n * chw; ++idx) got[idx] = kc::col2im_at(g, n, col.data(), idx);
     EXPECT_TRUE(same_floats(got, want));  // same additions in the same order
+    for (int32_t idx = 0; idx < n * chw; ++idx)
+      got[idx] = kc::col2im_at<int32_t>(g, static_cast<int32_t>(n), col.data(), idx);
+    EXPECT_TRUE(same_floats(got, want)) << "32-bit indices";
   }
 }
 
@@ -178,6 +184,11 @@ TEST(ConvRules, OutputMatchesLayerScatter) {
       for (int64_t idx = 0; idx < n * co * P; ++idx)
         got[idx] = kc::conv_output_at(n, co, P, out.data(), bias.data(), relu, idx);
       EXPECT_TRUE(same_floats(got, want));
+      for (int32_t idx = 0; idx < n * co * P; ++idx)
+        got[idx] = kc::conv_output_at<int32_t>(static_cast<int32_t>(n), static_cast<int32_t>(co),
+                                               static_cast<int32_t>(P), out.data(), bias.data(),
+                                               relu, idx);
+      EXPECT_TRUE(same_floats(got, want)) << "32-bit indices";
     }
 }
 
@@ -218,6 +229,12 @@ TEST(ConvRules, GradOutputMatchesLayerMasking) {
         }
         db_want[c] = static_cast<float>(bsum);
       }
+      for (int32_t idx = 0; idx < co * cols; ++idx)  // the kernels' 32-bit instantiation
+        got[idx] = kc::conv_grad_output_at<int32_t>(static_cast<int32_t>(n),
+                                                    static_cast<int32_t>(co),
+                                                    static_cast<int32_t>(P), y.data(), dy.data(),
+                                                    relu, idx);
+      EXPECT_TRUE(same_floats(got, want)) << "32-bit indices";
       for (int64_t idx = 0; idx < co * cols; ++idx)
         got[idx] = kc::conv_grad_output_at(n, co, P, y.data(), dy.data(), relu, idx);
       EXPECT_TRUE(same_floats(got, want));

@@ -7,6 +7,7 @@
 // The loops run the indices in order where the GPU runs them in parallel; that makes no
 // difference, since each index of a kernel writes its own element from inputs no other index
 // writes. The block reductions (bias gradients, standardize) are the exception: see block_sum.
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdint>
@@ -120,8 +121,13 @@ void im2col(CUstream_st* s, const ConvGeometry& g, int64_t n, const float* x, fl
   const int64_t count = g.patch() * n * g.out_pixels();  // col (patch, n * P)
   if (count == 0) return;
   const ConvGeometry geo = g;
+  // The index width the kernel picks (conv.cu).
+  const bool narrow = fits_int32_indices(std::max(count, n * g.channels * g.height * g.width));
   submit(s, [=] {
-    for (int64_t i = 0; i < count; ++i) col[i] = im2col_at(geo, n, x, i);
+    if (narrow)
+      for (int32_t i = 0; i < count; ++i) col[i] = im2col_at<int32_t>(geo, int32_t(n), x, i);
+    else
+      for (int64_t i = 0; i < count; ++i) col[i] = im2col_at(geo, n, x, i);
   });
 }
 
@@ -129,8 +135,12 @@ void col2im(CUstream_st* s, const ConvGeometry& g, int64_t n, const float* col, 
   const int64_t count = n * g.channels * g.height * g.width;  // dx (n, C, H, W)
   if (count == 0) return;
   const ConvGeometry geo = g;
+  const bool narrow = fits_int32_indices(std::max(count, g.patch() * n * g.out_pixels()));
   submit(s, [=] {
-    for (int64_t i = 0; i < count; ++i) dx[i] = col2im_at(geo, n, col, i);
+    if (narrow)
+      for (int32_t i = 0; i < count; ++i) dx[i] = col2im_at<int32_t>(geo, int32_t(n), col, i);
+    else
+      for (int64_t i = 0; i < count; ++i) dx[i] = col2im_at(geo, n, col, i);
   });
 }
 
