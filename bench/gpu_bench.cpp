@@ -185,6 +185,13 @@ struct GradSetup {
   void compute() {
     for (auto& t : towers) t->compute_gradients(in.x.data(), in.y.data(), 64, 1.0f / 64);
   }
+  // Every tower has the same batch and parameters, so the sum is N x tower 0's gradient.
+  bool sum_is_right(const float* sum, const std::vector<float>& one) const {
+    const double n = static_cast<double>(towers.size());
+    for (size_t i = 0; i < one.size(); ++i)
+      if (std::fabs(sum[i] - n * one[i]) > 1e-5 * (std::fabs(n * one[i]) + 1e-6)) return false;
+    return true;
+  }
 };
 
 void BM_GradAverageHost(benchmark::State& state) {
@@ -193,18 +200,24 @@ void BM_GradAverageHost(benchmark::State& state) {
   GradSetup s(n, static_cast<int>(list_gpus().gpus.size()));
   const int64_t total = s.g->layout().total();
   CpuDevice host(8);
-  for (auto _ : state) {
-    state.PauseTiming();
-    s.compute();  // the landing buffers are filled by the step itself
-    state.ResumeTiming();
-    std::vector<float*> blocks;
-    for (auto& t : s.towers) blocks.push_back(t->mutable_grads());
+  s.compute();  // the landing buffers are filled by the step itself
+  const std::vector<float> one(s.towers[0]->grads(), s.towers[0]->grads() + total);
+  std::vector<float*> blocks;
+  for (auto& t : s.towers) blocks.push_back(t->mutable_grads());
+  auto average = [&] {
     host.execute([&] {
       for_chunks(total, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
         kernels::cpu::tree_sum(blocks.data(), n, b, e);
       });
     });
+  };
+  average();
+  if (!s.sum_is_right(blocks[0], one)) {
+    state.SkipWithError("host average gave a wrong sum");
+    return;
   }
+  // Timed on the same buffers: the sum overwrites tower 0's, the work is the same.
+  for (auto _ : state) average();
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n * total * 4);
 }
 BENCHMARK(BM_GradAverageHost)->ArgName("towers")->Arg(2)->Arg(4)->UseRealTime()->MinTime(1.0);
@@ -218,12 +231,18 @@ void BM_GradAverageNccl(benchmark::State& state) {
   NcclReducer nccl(ts);
   std::vector<float> out(s.g->layout().total());
   auto pin = pin_host_memory(out.data(), sizeof(float) * out.size());
-  for (auto _ : state) {
-    state.PauseTiming();
-    s.compute();
-    state.ResumeTiming();
-    nccl.sum_to_host(out.data());
+  s.compute();
+  CUDA_CHECK(cudaMemcpy(out.data(), s.towers[0]->device_grads(), sizeof(float) * out.size(),
+                        cudaMemcpyDeviceToHost));
+  const std::vector<float> one = out;
+  nccl.sum_to_host(out.data());
+  if (!s.sum_is_right(out.data(), one)) {
+    state.SkipWithError("NCCL average gave a wrong sum");
+    return;
   }
+  // Timed on the same buffers (the all-reduce is in place, so the values grow; the work and
+  // the bytes moved are the same).
+  for (auto _ : state) nccl.sum_to_host(out.data());
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n * out.size() * 4);
 }
 BENCHMARK(BM_GradAverageNccl)->ArgName("towers")->Arg(2)->Arg(4)->UseRealTime()->MinTime(1.0);

@@ -35,7 +35,7 @@ echo "tests exit: ${PIPESTATUS[0]}" | tee -a "$out/tests.txt"
 
 # 2. compute-sanitizer on the kernel and tower tests.
 gpu_filter='*Gpu*:*GPU*'
-for tool in memcheck racecheck; do
+for tool in memcheck racecheck synccheck initcheck; do
   compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/tests/towers_tests" \
     --gtest_filter="$gpu_filter:-*Fashion*:EngineGpu.*" 2>&1 | tail -40 | tee "$out/sanitizer-$tool.txt"
   echo "$tool exit: ${PIPESTATUS[0]}" | tee -a "$out/sanitizer-$tool.txt"

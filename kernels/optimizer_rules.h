@@ -4,8 +4,9 @@
 // The expressions are the contract: the CPU updates (and so checkpoint resume) stay bitwise
 // what they were only while each rule keeps its operations and their order. Both compilers may
 // contract a * b + c into an FMA (g++'s C++ default is -ffp-contract=fast, nvcc's --fmad=true),
-// each with its own choice of pairs, so the GPU results can differ from the CPU's in the last
-// bits.
+// each with its own choice of pairs; so the files that run these rules are built with
+// contraction off (-ffp-contract=off, --fmad=false: CMakeLists.txt), and the CPU loop, the CUDA
+// kernel and the rule round identically.
 #pragma once
 
 #include <math.h>  // sqrtf (host); nvcc provides the device sqrtf

@@ -11,7 +11,8 @@ namespace towers::kernels::cuda {
 // agrees with the CPU twin to about an ulp. No __restrict__: x may equal y. In place is safe
 // because every read of the sums precedes the barrier, and the element-wise pass reads x[i]
 // before writing y[i] in the same thread. Rules in kernels/cuda/standardize_rules.h.
-__global__ void standardize_kernel(int64_t n, int64_t m, const float* x, float* y) {
+__global__ void __launch_bounds__(kBlock)
+    standardize_kernel(int64_t n, int64_t m, const float* x, float* y) {
   using Reduce = cub::BlockReduce<double, kBlock>;
   __shared__ typename Reduce::TempStorage temp;
   __shared__ float mean_s, inv_s;
@@ -19,7 +20,7 @@ __global__ void standardize_kernel(int64_t n, int64_t m, const float* x, float* 
     const float* xi = x + b * m;
     float* yi = y + b * m;
     double s, ss;
-    standardize_partial(m, xi, threadIdx.x, blockDim.x, s, ss);
+    standardize_partial(m, xi, threadIdx.x, kBlock, s, ss);  // Reduce assumes kBlock threads
     s = Reduce(temp).Sum(s);
     __syncthreads();  // temp is reused
     ss = Reduce(temp).Sum(ss);

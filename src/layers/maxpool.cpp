@@ -8,6 +8,9 @@ namespace towers {
 
 Shape MaxPool::infer(const Shape& in) {
   TOWERS_CHECK(in.size() == 3, "{}: maxpool needs (C, H, W), got {}", name(), to_string(in));
+  // The argmax is kept as a float (kernels/pool.h): exact only below 2^24 positions per plane.
+  TOWERS_CHECK(in[1] * in[2] <= (int64_t{1} << 24), "{}: a {}x{} plane is too large to pool",
+               name(), in[1], in[2]);
   rows_ = kernels::make_window(in[1], kernel_, stride_, padding_);
   cols_ = kernels::make_window(in[2], kernel_, stride_, padding_);
   return {in[0], rows_.out, cols_.out};

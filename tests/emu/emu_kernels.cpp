@@ -148,8 +148,13 @@ void conv_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const float* 
                  const float* bias, bool relu, float* y) {
   const int64_t count = n * co * p;
   if (count == 0) return;
+  const bool narrow = fits_int32_indices(count);  // the index width the kernel picks
   submit(s, [=] {
-    for (int64_t i = 0; i < count; ++i) y[i] = conv_output_at(n, co, p, out, bias, relu, i);
+    if (narrow)
+      for (int32_t i = 0; i < count; ++i)
+        y[i] = conv_output_at<int32_t>(int32_t(n), int32_t(co), int32_t(p), out, bias, relu, i);
+    else
+      for (int64_t i = 0; i < count; ++i) y[i] = conv_output_at(n, co, p, out, bias, relu, i);
   });
 }
 
@@ -157,8 +162,13 @@ void conv_grad_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const fl
                       const float* dy, bool relu, float* g, float* db) {
   const int64_t count = n * co * p;
   if (count > 0) {
+    const bool narrow = fits_int32_indices(count);
     submit(s, [=] {
-      for (int64_t i = 0; i < count; ++i) g[i] = conv_grad_output_at(n, co, p, y, dy, relu, i);
+      if (narrow)
+        for (int32_t i = 0; i < count; ++i)
+          g[i] = conv_grad_output_at<int32_t>(int32_t(n), int32_t(co), int32_t(p), y, dy, relu, i);
+      else
+        for (int64_t i = 0; i < count; ++i) g[i] = conv_grad_output_at(n, co, p, y, dy, relu, i);
     });
   }
   // db[c] = the sum of row c of g (co, n * P): g read as a (1, co, n * P) tensor.
