@@ -221,7 +221,10 @@ TrainSummary train(const TrainConfig& c_in) {
                    "--reduce host to share GPUs)", c.towers, ec.gpus);
     placement = fmt::format("on {} GPU(s) ({}){}{}", ec.gpus, found.gpus[0].name,
                             c.towers > ec.gpus
-                                ? fmt::format(", {} towers share each GPU", ceil_div(c.towers, ec.gpus))
+                                ? fmt::format(",{} {} towers share {} GPU",
+                                              c.towers % ec.gpus == 0 ? "" : " up to",
+                                              ceil_div(c.towers, ec.gpus),
+                                              c.towers % ec.gpus == 0 ? "each" : "a")
                                 : "",
                             c.tf32 ? ", TF32" : "");
   }
