@@ -124,6 +124,25 @@ TEST(EngineGpu, NcclAveragingMatchesHostAveraging) {
                 1e-4 * std::fabs(a[i]["loss"].get<double>())) << "step " << i + 1;
 }
 
+TEST(EngineGpu, BadGpuFlagsAreClearErrorsAndWriteNothing) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const int have = static_cast<int>(list_gpus().gpus.size());
+  struct Case {
+    std::string flags, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--gpus " + std::to_string(have + 1),
+            "--gpus " + std::to_string(have + 1) + ": this machine has " + std::to_string(have)},
+           {"--towers 2 --gpus 1 --reduce nccl", "NCCL needs one tower per GPU"},
+       }) {
+    const std::string m = test_path("m.jsonl");
+    std::string out;
+    EXPECT_EQ(run_towers(kMlp + "--steps 2 " + c.flags + " --metrics " + m, &out), 1) << c.flags;
+    EXPECT_NE(out.find(c.says), std::string::npos) << c.flags << ": " << out;
+    EXPECT_FALSE(std::filesystem::exists(m)) << c.flags;
+  }
+}
+
 TEST(EngineGpu, FashionMnistReaches90PercentOnAGpu) {
   TOWERS_SKIP_WITHOUT_GPU();
 #ifdef TOWERS_EMULATED_GPU
