@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything GPU in one go, for a machine with an NVIDIA GPU: the GPU test suite,
-# compute-sanitizer (memcheck and racecheck) on the kernel and tower tests, the GPU benchmarks
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on the kernel and tower tests, the GPU benchmarks
 # and the PyTorch peer on the same GPU, all logged with the GPU's name, driver and date.
 #   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]
 # BUILD_DIR (default build-gpu) holds towers, towers_tests and bench/gpu_bench, built with

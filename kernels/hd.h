@@ -1,7 +1,8 @@
 // hd.h — TOWERS_HD marks a small function that runs on both sides: compiled by nvcc it is a
 // __host__ __device__ inline, compiled by the host compiler a plain inline. The per-element
 // rules of the CUDA kernels are written this way, so the CPU test suite (which runs without a
-// GPU) executes the very index arithmetic and formulas the GPU kernels execute.
+// GPU) executes the very index arithmetic and formulas the GPU kernels execute (their rounding
+// can differ where nvcc contracts a multiply-add into an FMA or uses its device math library).
 #pragma once
 
 #if defined(__CUDACC__)

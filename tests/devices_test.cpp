@@ -55,6 +55,7 @@ TEST(Devices, BadDeviceFlags) {
            {"--device tpu", "--device: unknown device 'tpu'"},
            {"--reduce ring", "--reduce: unknown reduction 'ring'"},
            {"--reduce nccl", "--reduce nccl need --device cuda"},
+           {"--no-cuda-graphs", "need --device cuda"},
            {"--gpus 2", "need --device cuda"},
            {"--tf32", "need --device cuda"},
            {"--device cuda --gpus -1", "--gpus must be >= 0"},

@@ -110,8 +110,9 @@ void validate(const TrainConfig& c) {
                  "--device: unknown device '{}' (known: cpu, cuda)", c.device);
   const Reduce reduce = parse_reduce(c.reduce);
   TOWERS_REQUIRE(c.gpus >= 0, "--gpus must be >= 0 (0 = all), got {}", c.gpus);
-  TOWERS_REQUIRE(c.device == "cuda" || (c.gpus == 0 && !c.tf32 && reduce == Reduce::Host),
-                 "--gpus, --tf32 and --reduce nccl need --device cuda");
+  TOWERS_REQUIRE(c.device == "cuda" ||
+                     (c.gpus == 0 && !c.tf32 && c.cuda_graphs && reduce == Reduce::Host),
+                 "--gpus, --tf32, --no-cuda-graphs and --reduce nccl need --device cuda");
   TOWERS_REQUIRE(reduce == Reduce::Host || (mode == Mode::Sync && c.replicas_to_aggregate == 0),
                  "--reduce nccl is for --mode sync without --replicas-to-aggregate");
   TOWERS_REQUIRE(c.lr_scaling == "none" || c.lr_scaling == "linear",

@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include <cblas.h>  // OpenBLAS: cblas_sgemm
 #include <cublas_v2.h>
@@ -177,11 +180,23 @@ void conv_grad_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const fl
 
 // ---- gemm.cu -------------------------------------------------------------------------------
 
+// x rounded to TF32 (1 sign, 8 exponent, 10 mantissa bits), to nearest with ties to even.
+static float to_tf32(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  u += 0x0FFFu + ((u >> 13) & 1u);
+  u &= 0xFFFFE000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
 // The column-major call cuda::gemm makes (row_major_as_col_major), with cuda::gemm's int checks
 // and the argument checks cuBLAS makes before it runs (a null handle; a leading dimension below
 // the rows of its column-major matrix), reported as cuda::gemm reports a failed cuBLAS call. The
-// product is OpenBLAS's column-major sgemm on those very arguments, in FP32 whatever the
-// handle's math mode (emu::tf32 is not consulted).
+// product is OpenBLAS's column-major sgemm on those very arguments; with the handle in TF32
+// mode, on copies of A and B rounded to TF32's 10 mantissa bits (nearest, ties to even), which
+// is what the tensor cores multiply (their accumulation is FP32, as here).
 void gemm(cublasContext* h, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
           float* c, int64_t ldc) {
@@ -197,9 +212,22 @@ void gemm(cublasContext* h, bool trans_a, bool trans_b, int64_t m, int64_t n, in
   if (status != nullptr)
     TOWERS_FAIL("cuBLAS call cublasSgemm(m={}, n={}, k={}, transa={}, transb={}) failed: {}", gm,
                 gn, gk, g.trans_a, g.trans_b, status);
+  const bool tf32 = emu::tf32(h);
   submit(emu::stream_of(h), [=] {
+    const float* ea = g.a;
+    const float* eb = g.b;
+    std::vector<float> ra, rb;
+    if (tf32) {
+      auto rounded = [](const float* p, int64_t count, std::vector<float>& out) {
+        out.resize(count);
+        for (int64_t i = 0; i < count; ++i) out[i] = to_tf32(p[i]);
+        return out.data();
+      };
+      ea = rounded(g.a, int64_t{glda} * (g.trans_a ? gm : gk), ra);
+      eb = rounded(g.b, int64_t{gldb} * (g.trans_b ? gk : gn), rb);
+    }
     cblas_sgemm(CblasColMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-                g.trans_b ? CblasTrans : CblasNoTrans, gm, gn, gk, alpha, g.a, glda, g.b, gldb,
+                g.trans_b ? CblasTrans : CblasNoTrans, gm, gn, gk, alpha, ea, glda, eb, gldb,
                 beta, g.c, gldc);
   });
 }

@@ -9,7 +9,8 @@
 // twins. What it is not: a GPU. Device code, launch configurations, CUB reductions, real
 // stream concurrency and cuBLAS itself are not exercised; the GPU suite on a real GPU is.
 //
-// Semantics: one emulated device; device memory is host memory; every operation runs at once,
+// Semantics: TOWERS_EMU_GPUS emulated devices (default 1), which do not check which device's
+// memory a kernel touches; device memory is host memory; every operation runs at once,
 // in the order it is issued, which is one valid order of the streams it was issued on. While a
 // stream capture is active on a thread, every operation that thread issues is recorded into
 // the graph instead (towers captures fork/join patterns: the copy stream joins the capture).

@@ -115,10 +115,19 @@ TEST(TowerGpu, Tf32StaysCloseToFp32) {
   tf32.load_params(params.data());
   StepStats a = fp32.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
   StepStats t = tf32.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
-  // TF32 keeps 10 mantissa bits: about 1e-3 relative per product, so 1e-2 on whole gradients.
+  // TF32 keeps 10 mantissa bits: about 1e-3 relative per product, so 1e-2 on the loss. The
+  // gradients of the lower layers are sums with much cancellation, computed through every
+  // layer above: with TF32 rounding emulated on the host they differ from FP32 by up to 4.5%
+  // (conv1/weight), so whole gradients are held to 1e-1 norm-wise.
   EXPECT_NEAR(t.loss_sum, a.loss_sum, 1e-2 * std::fabs(a.loss_sum));
-  for (const Variable& v : g->layout().variables())
-    EXPECT_LT(norm_rel(tf32.grads() + v.offset, fp32.grads() + v.offset, v.size), 1e-2) << v.spec.name;
+  double worst = 0.0;
+  for (const Variable& v : g->layout().variables()) {
+    const double e = norm_rel(tf32.grads() + v.offset, fp32.grads() + v.offset, v.size);
+    EXPECT_LT(e, 1e-1) << v.spec.name;
+    worst = std::max(worst, e);
+  }
+  // Identical gradients would mean --tf32 changed nothing.
+  EXPECT_GT(worst, 1e-6) << "TF32 was not in effect";
 }
 
 TEST(TowerGpu, WholeCifar10NetGradientMatchesNumerical) {
