@@ -29,7 +29,14 @@ export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
 cat "$out/machine.txt"
 "$build/towers" devices | tee "$out/devices.txt"
 
-# 1. The GPU suite (and the rest: it must pass on a GPU machine too).
+# 1. The GPU suite (and the rest: it must pass on a GPU machine too). The end-to-end tests run
+# the towers binary of this build tree, wherever it was carried.
+export TOWERS_BINARY="$PWD/$build/towers"
+# Fashion-MNIST for the 90% GPU run, where Debian's dataset package is absent: carry the four
+# .gz files of /usr/share/datasets/fashion-mnist to data/fashion-mnist.
+if [ ! -d /usr/share/datasets/fashion-mnist ] && [ -d data/fashion-mnist ]; then
+  export TOWERS_FASHION_MNIST="$PWD/data/fashion-mnist"
+fi
 "$build/tests/towers_tests" --gtest_brief=1 2>&1 | tee "$out/tests.txt"
 echo "tests exit: ${PIPESTATUS[0]}" | tee -a "$out/tests.txt"
 

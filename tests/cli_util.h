@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,9 +20,16 @@
 
 namespace towers::testutil {
 
+// The towers binary under test: the build's own, or $TOWERS_BINARY where the build tree was
+// moved (a build carried to a GPU machine).
+inline std::string towers_binary() {
+  const char* env = std::getenv("TOWERS_BINARY");
+  return env != nullptr && *env != '\0' ? env : TOWERS_BINARY;
+}
+
 // Runs `towers <args>` and returns its exit code; stdout and stderr go to *output.
 inline int run_towers(const std::string& args, std::string* output = nullptr) {
-  std::string cmd = std::string(TOWERS_BINARY) + " " + args + " 2>&1";
+  std::string cmd = towers_binary() + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
   std::array<char, 4096> buf{};
