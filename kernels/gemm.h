@@ -43,6 +43,13 @@ struct ColMajorGemm {
 ColMajorGemm row_major_as_col_major(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                     const float* a, int64_t lda, const float* b, int64_t ldb,
                                     float* c, int64_t ldc);
+
+// The mapped call's sizes and strides as the ints cuBLAS takes; throws naming the caller's
+// argument (m, n, k, lda, ldb or ldc) that does not fit.
+struct CublasInts {
+  int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+};
+CublasInts cublas_ints(const ColMajorGemm& g);
 }  // namespace cuda
 
 }  // namespace towers::kernels

@@ -2,6 +2,10 @@
 // configuration so that the CPU tests check it against cpu::gemm (tests/rules_math_test.cpp).
 #include "kernels/gemm.h"
 
+#include <climits>
+
+#include "core/check.h"
+
 namespace towers::kernels::cuda {
 
 // Row-major X (r, c) with row stride ld is, read column-major, X^T (c, r) with the same ld.
@@ -26,6 +30,25 @@ ColMajorGemm row_major_as_col_major(bool trans_a, bool trans_b, int64_t m, int64
   g.c = c;
   g.ldc = ldc;
   return g;
+}
+
+namespace {
+int as_int(int64_t v, const char* name) {
+  TOWERS_CHECK(v >= 0 && v <= INT_MAX, "cuda::gemm: {} = {} does not fit cuBLAS's int", name, v);
+  return static_cast<int>(v);
+}
+}  // namespace
+
+CublasInts cublas_ints(const ColMajorGemm& g) {
+  // The names are the caller's: the mapping swapped m and n, and A and B.
+  CublasInts r;
+  r.m = as_int(g.m, "n");
+  r.n = as_int(g.n, "m");
+  r.k = as_int(g.k, "k");
+  r.lda = as_int(g.lda, "ldb");
+  r.ldb = as_int(g.ldb, "lda");
+  r.ldc = as_int(g.ldc, "ldc");
+  return r;
 }
 
 }  // namespace towers::kernels::cuda

@@ -1,30 +1,20 @@
 #include "kernels/softmax_xent.h"
 
-#include <cmath>
+#include "kernels/cuda/xent_rules.h"
 
 namespace towers::kernels::cpu {
 
+// One example at a time through the rule the CUDA kernel runs (kernels/cuda/xent_rules.h).
 XentResult softmax_xent(int64_t n, int64_t k, const float* logits, const int32_t* labels,
                         float grad_scale, float* dlogits) {
   XentResult r;
   for (int64_t b = 0; b < n; ++b) {
-    const float* z = logits + b * k;
-    int64_t arg = 0;
-    float mx = z[0];
-    for (int64_t j = 1; j < k; ++j)
-      if (z[j] > mx) mx = z[j], arg = j;
-    double sum = 0.0;
-    for (int64_t j = 0; j < k; ++j) sum += std::exp(static_cast<double>(z[j] - mx));
-    const int32_t y = labels[b];
-    r.loss_sum += std::log(sum) - static_cast<double>(z[y] - mx);
-    r.correct += (arg == y);
-    if (dlogits != nullptr) {
-      float* d = dlogits + b * k;
-      for (int64_t j = 0; j < k; ++j) {
-        double p = std::exp(static_cast<double>(z[j] - mx)) / sum;
-        d[j] = static_cast<float>((p - (j == y ? 1.0 : 0.0)) * grad_scale);
-      }
-    }
+    double loss = 0.0;
+    int32_t hit = 0;
+    cuda::softmax_xent_row(k, logits + b * k, labels + b, grad_scale,
+                           dlogits != nullptr ? dlogits + b * k : nullptr, &loss, &hit, 0);
+    r.loss_sum += loss;
+    r.correct += hit;
   }
   return r;
 }

@@ -1,4 +1,3 @@
-#include <climits>
 
 #include <cublas_v2.h>  // cublasSgemm, cublasGetStatusString
 
@@ -7,21 +6,13 @@
 
 namespace towers::kernels::cuda {
 
-namespace {
-// cuBLAS takes int sizes and strides.
-int as_int(int64_t v, const char* name) {
-  TOWERS_CHECK(v >= 0 && v <= INT_MAX, "cuda::gemm: {} = {} does not fit cuBLAS's int", name, v);
-  return static_cast<int>(v);
-}
-}  // namespace
-
 void gemm(cublasContext* h, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
           float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   const ColMajorGemm g = row_major_as_col_major(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
-  const int gm = as_int(g.m, "n"), gn = as_int(g.n, "m"), gk = as_int(g.k, "k");
-  const int glda = as_int(g.lda, "ldb"), gldb = as_int(g.ldb, "lda"), gldc = as_int(g.ldc, "ldc");
+  const CublasInts x = cublas_ints(g);
+  const int gm = x.m, gn = x.n, gk = x.k, glda = x.lda, gldb = x.ldb, gldc = x.ldc;
   // alpha and beta are host values: the handle's pointer mode is CUBLAS_POINTER_MODE_HOST.
   const cublasStatus_t st =
       cublasSgemm(h, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,

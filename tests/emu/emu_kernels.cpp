@@ -67,12 +67,6 @@ double block_sum(const std::array<double, kBlock>& part) {
   return total;
 }
 
-// cuda::gemm's check that a size fits cuBLAS's int, with its message.
-int as_int(int64_t v, const char* name) {
-  TOWERS_CHECK(v >= 0 && v <= INT_MAX, "cuda::gemm: {} = {} does not fit cuBLAS's int", name, v);
-  return static_cast<int>(v);
-}
-
 int max1(int v) { return v > 1 ? v : 1; }
 
 }  // namespace
@@ -202,8 +196,8 @@ void gemm(cublasContext* h, bool trans_a, bool trans_b, int64_t m, int64_t n, in
           float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   const ColMajorGemm g = row_major_as_col_major(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
-  const int gm = as_int(g.m, "n"), gn = as_int(g.n, "m"), gk = as_int(g.k, "k");
-  const int glda = as_int(g.lda, "ldb"), gldb = as_int(g.ldb, "lda"), gldc = as_int(g.ldc, "ldc");
+  const CublasInts x = cublas_ints(g);
+  const int gm = x.m, gn = x.n, gk = x.k, glda = x.lda, gldb = x.ldb, gldc = x.ldc;
   const char* status = nullptr;
   if (h == nullptr)
     status = "CUBLAS_STATUS_NOT_INITIALIZED";
