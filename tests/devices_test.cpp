@@ -45,6 +45,8 @@ TEST(Devices, CudaWithoutAGpuIsAClearErrorAndWritesNothing) {
   EXPECT_NE(out.find(list_gpus().why_none), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(m));
   EXPECT_TRUE(!std::filesystem::exists(ck) || std::filesystem::is_empty(ck));
+  EXPECT_EQ(run_towers("eval --device cuda --checkpoint nowhere.safetensors", &out), 1);
+  EXPECT_NE(out.find("--device cuda: no GPU available"), std::string::npos) << out;
 }
 
 TEST(Devices, BadDeviceFlags) {

@@ -471,7 +471,14 @@ TrainSummary train(const TrainConfig& c_in) {
 }
 
 EvalSummary evaluate_checkpoint(const std::string& path, const std::string& dataset,
-                                const std::string& data_dir, int threads) {
+                                const std::string& data_dir, int threads,
+                                const std::string& device) {
+  TOWERS_REQUIRE(device == "cpu" || device == "cuda",
+                 "--device: unknown device '{}' (known: cpu, cuda)", device);
+  if (device == "cuda") {
+    const GpuList found = list_gpus();
+    TOWERS_REQUIRE(!found.gpus.empty(), "--device cuda: no GPU available: {}", found.why_none);
+  }
   TOWERS_REQUIRE(std::filesystem::exists(path), "--checkpoint: no such file '{}'", path);
   io::CheckpointMeta meta = io::read_checkpoint_meta(path);
   auto graph = build_model(meta.model);
@@ -483,9 +490,12 @@ EvalSummary evaluate_checkpoint(const std::string& path, const std::string& data
       ds, dir, graph->input_shape(), cfg.value("synthetic_size", int64_t{10000}),
       cfg.value("seed", uint64_t{1})));
   data::Transforms tf = data::transforms_for("none", ds, graph->input_shape(), data.test, meta.model);
-  CpuTower tower(*graph, 256, threads > 0 ? threads : hardware_threads());
-  tower.load_params(ck.params.data());
-  EvalResult ev = evaluate(tower, data.test, tf.eval);
+  TowerPlacement p;
+  p.kind = device == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
+  p.threads = threads > 0 ? threads : hardware_threads();
+  std::unique_ptr<Tower> tower = make_tower(*graph, 256, p);
+  tower->load_params(ck.params.data());
+  EvalResult ev = evaluate(*tower, data.test, tf.eval);
   return {meta.model, meta.step, ev.examples, ev.accuracy, ev.loss};
 }
 

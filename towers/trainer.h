@@ -81,7 +81,9 @@ struct EvalSummary {
 };
 // Evaluates a checkpoint on the test split of the dataset it was trained on, unless
 // dataset/data_dir override it.
+// device: "cpu" or "cuda" (the first GPU).
 EvalSummary evaluate_checkpoint(const std::string& path, const std::string& dataset,
-                                const std::string& data_dir, int threads);
+                                const std::string& data_dir, int threads,
+                                const std::string& device = "cpu");
 
 }  // namespace towers

@@ -163,6 +163,8 @@ int main(int argc, char** argv) {
   eval->add_option("--dataset", eval_dataset, "override the dataset recorded in the checkpoint");
   eval->add_option("--data", eval_dir, "override the dataset folder");
   eval->add_option("--threads", eval_threads, "threads (0: all cores)");
+  std::string eval_device = "cpu";
+  eval->add_option("--device", eval_device, "cpu or cuda (the first GPU)")->capture_default_str();
   eval->add_option("--metrics", eval_metrics, "write the result as one JSON line here");
 
   bool devices_json = false;
@@ -188,7 +190,8 @@ int main(int argc, char** argv) {
       towers::run_scale(scale_cfg);
       return towers::g_stop_requested.load() ? 130 : 0;
     }
-    towers::EvalSummary s = towers::evaluate_checkpoint(ckpt, eval_dataset, eval_dir, eval_threads);
+    towers::EvalSummary s =
+        towers::evaluate_checkpoint(ckpt, eval_dataset, eval_dir, eval_threads, eval_device);
     nlohmann::json j = {{"event", "eval"}, {"checkpoint", ckpt}, {"model", s.model},
                         {"step", s.step}, {"examples", s.examples},
                         {"test_accuracy", s.test_accuracy}, {"test_loss", s.test_loss}};

@@ -125,6 +125,25 @@ TEST(EngineGpu, NcclAveragingMatchesHostAveraging) {
                 1e-4 * std::fabs(a[i]["loss"].get<double>())) << "step " << i + 1;
 }
 
+TEST(EngineGpu, EvalOnTheGpuMatchesEvalOnTheCpu) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string ck = test_path("ck");
+  std::string out;
+  ASSERT_EQ(run_towers(kMlp + "--steps 20 --batch 32 --checkpoint-dir " + ck, &out), 0) << out;
+  const std::string file = ck + "/ckpt-000000020.safetensors";
+  const std::string cpu = test_path("cpu.json"), gpu = test_path("gpu.json");
+  ASSERT_EQ(run_towers("eval --checkpoint " + file + " --metrics " + cpu, &out), 0) << out;
+  ASSERT_EQ(run_towers("eval --device cuda --checkpoint " + file + " --metrics " + gpu, &out), 0)
+      << out;
+  auto a = metrics_events(cpu, "eval"), b = metrics_events(gpu, "eval");
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(a[0]["examples"], b[0]["examples"]);
+  EXPECT_NEAR(a[0]["test_accuracy"].get<double>(), b[0]["test_accuracy"].get<double>(), 1e-3);
+  EXPECT_NEAR(a[0]["test_loss"].get<double>(), b[0]["test_loss"].get<double>(),
+              1e-4 * a[0]["test_loss"].get<double>());
+}
+
 TEST(EngineGpu, BadGpuFlagsAreClearErrorsAndWriteNothing) {
   TOWERS_SKIP_WITHOUT_GPU();
   const int have = static_cast<int>(list_gpus().gpus.size());
