@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "conv_reference.h"
 #include "core/rng.h"
 #include "kernels/bias.h"
 #include "kernels/conv.h"
@@ -172,15 +173,8 @@ TEST(ConvRules, OutputMatchesLayerScatter) {
       const int64_t n = k.n, co = k.co, P = k.p, cols = n * P;
       const std::vector<float> out = random_floats(co * cols, ++seed);  // (co, n * P)
       const std::vector<float> bias = random_floats(co, ++seed);
-      std::vector<float> want(n * co * P, kNaN), got(n * co * P, kNaN);  // (n, co, P)
-      // As src/layers/conv2d.cpp scatters one chunk of n images.
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = 0; c < co; ++c) {
-          const float* s = out.data() + c * cols + i * P;
-          float* d = want.data() + i * co * P + c * P;
-          for (int64_t q = 0; q < P; ++q)
-            d[q] = relu ? std::max(s[q] + bias[c], 0.0f) : s[q] + bias[c];
-        }
+      const std::vector<float> want = testing::conv_output_reference(n, co, P, out, bias, relu);
+      std::vector<float> got(n * co * P, kNaN);  // (n, co, P)
       for (int64_t idx = 0; idx < n * co * P; ++idx)
         got[idx] = kc::conv_output_at(n, co, P, out.data(), bias.data(), relu, idx);
       EXPECT_TRUE(same_floats(got, want));
@@ -215,20 +209,9 @@ TEST(ConvRules, GradOutputMatchesLayerMasking) {
       std::vector<float> y = random_ints(n * co * P, ++seed, 5);  // (n, co, P); zeros are masked
       for (float& v : y) v *= 0.25f;
       const std::vector<float> dy = random_floats(n * co * P, ++seed);
-      std::vector<float> want(co * cols, kNaN), got(co * cols, kNaN);  // (co, n * P)
-      std::vector<float> db_want(co);
-      // As src/layers/conv2d.cpp masks one chunk of n images and sums each channel.
-      for (int64_t c = 0; c < co; ++c) {
-        double bsum = 0.0;
-        for (int64_t i = 0; i < n; ++i) {
-          const float* dyp = dy.data() + i * co * P + c * P;
-          const float* yp = y.data() + i * co * P + c * P;
-          float* d = want.data() + c * cols + i * P;
-          for (int64_t q = 0; q < P; ++q) d[q] = !relu || yp[q] > 0.0f ? dyp[q] : 0.0f;
-          for (int64_t q = 0; q < P; ++q) bsum += d[q];
-        }
-        db_want[c] = static_cast<float>(bsum);
-      }
+      std::vector<float> want, db_want;  // (co, n * P), (co)
+      testing::conv_grad_output_reference(n, co, P, y, dy, relu, want, db_want);
+      std::vector<float> got(co * cols, kNaN);
       for (int32_t idx = 0; idx < co * cols; ++idx)  // the kernels' 32-bit instantiation
         got[idx] = kc::conv_grad_output_at<int32_t>(static_cast<int32_t>(n),
                                                     static_cast<int32_t>(co),

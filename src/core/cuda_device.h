@@ -27,21 +27,17 @@ class CudaMemoryPool {
   static CudaMemoryPool& of(int ordinal);  // one per GPU, for the life of the process
   void* allocate(size_t bytes);            // throws towers::Error naming the GPU and sizes
   void release(void* p);
-  void trim();                             // returns cached blocks to the driver
-  int64_t bytes_in_use() const;
-  int64_t bytes_cached() const;
-  int64_t peak_bytes() const;
 
  private:
   explicit CudaMemoryPool(int ordinal) : ordinal_(ordinal) {}
   static size_t round_up(size_t bytes);
-  void trim_locked();
+  void trim_locked();  // returns the cached blocks to the driver
 
   int ordinal_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::multimap<size_t, void*> free_;  // size -> block
   std::map<void*, size_t> live_;       // block -> size
-  int64_t in_use_ = 0, cached_ = 0, peak_ = 0;
+  int64_t in_use_ = 0;  // bytes handed out, for the out-of-memory message
 };
 
 class CudaDevice final : public Device {
@@ -96,23 +92,6 @@ class PinnedBuffer {
  private:
   void* p_ = nullptr;
   size_t bytes_ = 0;
-};
-
-// Pins existing host memory (cudaHostRegister, portable to every GPU) for as long as it lives:
-// the host parameter array, which the engine owns as ordinary memory.
-class HostPinning {
- public:
-  HostPinning() = default;
-  HostPinning(void* p, size_t bytes);
-  HostPinning(HostPinning&& o) noexcept { std::swap(p_, o.p_); }
-  HostPinning& operator=(HostPinning&& o) noexcept {
-    std::swap(p_, o.p_);
-    return *this;
-  }
-  ~HostPinning();
-
- private:
-  void* p_ = nullptr;
 };
 
 const char* cublas_status_text(cublasStatus_t s);

@@ -60,10 +60,8 @@ void* CudaMemoryPool::allocate(size_t bytes) {
     void* p = it->second;
     const size_t size = it->first;
     free_.erase(it);
-    cached_ -= static_cast<int64_t>(size);
     live_[p] = size;
     in_use_ += static_cast<int64_t>(size);
-    peak_ = std::max(peak_, in_use_);
     return p;
   }
   void* p = nullptr;
@@ -87,7 +85,6 @@ void* CudaMemoryPool::allocate(size_t bytes) {
   }
   live_[p] = want;
   in_use_ += static_cast<int64_t>(want);
-  peak_ = std::max(peak_, in_use_);
   return p;
 }
 
@@ -99,33 +96,13 @@ void CudaMemoryPool::release(void* p) {
                ordinal_);
   free_.emplace(it->second, p);
   in_use_ -= static_cast<int64_t>(it->second);
-  cached_ += static_cast<int64_t>(it->second);
   live_.erase(it);
-}
-
-void CudaMemoryPool::trim() {
-  std::lock_guard<std::mutex> l(mu_);
-  trim_locked();
 }
 
 void CudaMemoryPool::trim_locked() {
   CurrentDevice on(ordinal_);
   for (auto& [size, p] : free_) cudaFree(p);
   free_.clear();
-  cached_ = 0;
-}
-
-int64_t CudaMemoryPool::bytes_in_use() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return in_use_;
-}
-int64_t CudaMemoryPool::bytes_cached() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return cached_;
-}
-int64_t CudaMemoryPool::peak_bytes() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return peak_;
 }
 
 // ---- device --------------------------------------------------------------------------------
@@ -207,15 +184,6 @@ PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
 
 PinnedBuffer::~PinnedBuffer() {
   if (p_ != nullptr) cudaFreeHost(p_);
-}
-
-HostPinning::HostPinning(void* p, size_t bytes) {
-  CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
-  p_ = p;
-}
-
-HostPinning::~HostPinning() {
-  if (p_ != nullptr) cudaHostUnregister(p_);
 }
 
 const char* cublas_status_text(cublasStatus_t s) { return cublasGetStatusString(s); }

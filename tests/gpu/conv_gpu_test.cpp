@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "conv_reference.h"
 #include "core/cuda_check.h"
 #include "gpu_test_util.h"
 #include "kernels/conv.h"
@@ -98,14 +99,7 @@ TEST(ConvGpu, OutputMatchesLayerScatter) {
       const int64_t n = k.n, co = k.co, P = geometry(k).out_pixels(), cols = n * P;
       const std::vector<float> out = random_floats(co * cols, ++seed);  // (co, n * P)
       const std::vector<float> bias = random_floats(co, ++seed);
-      std::vector<float> want(n * co * P);  // (n, co, P), as src/layers/conv2d.cpp scatters
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = 0; c < co; ++c) {
-          const float* s = out.data() + c * cols + i * P;
-          float* d = want.data() + i * co * P + c * P;
-          for (int64_t q = 0; q < P; ++q)
-            d[q] = relu ? std::max(s[q] + bias[c], 0.0f) : s[q] + bias[c];
-        }
+      const std::vector<float> want = testing::conv_output_reference(n, co, P, out, bias, relu);
       DeviceArray<float> out_d(out), bias_d(bias), y_d(n * co * P);
       kernels::cuda::conv_output(st.s, n, co, P, out_d.get(), bias_d.get(), relu, y_d.get());
       EXPECT_EQ(max_rel_error(y_d.download(), want), 0.0);  // one float add: exact
@@ -123,19 +117,8 @@ TEST(ConvGpu, GradOutputMatchesLayerMasking) {
       std::vector<float> y = random_floats(n * co * P, ++seed);  // (n, co, P)
       for (float& v : y) v = std::max(v, 0.0f);                  // a ReLU output: half zeros
       const std::vector<float> dy = random_floats(n * co * P, ++seed);
-      // As src/layers/conv2d.cpp masks and sums, with the whole batch as one chunk.
-      std::vector<float> want(co * cols), db_want(co);  // (co, n * P), (co)
-      for (int64_t c = 0; c < co; ++c) {
-        double bsum = 0.0;
-        for (int64_t i = 0; i < n; ++i) {
-          const float* dyp = dy.data() + i * co * P + c * P;
-          const float* yp = y.data() + i * co * P + c * P;
-          float* d = want.data() + c * cols + i * P;
-          for (int64_t q = 0; q < P; ++q) d[q] = !relu || yp[q] > 0.0f ? dyp[q] : 0.0f;
-          for (int64_t q = 0; q < P; ++q) bsum += d[q];
-        }
-        db_want[c] = static_cast<float>(bsum);
-      }
+      std::vector<float> want, db_want;  // (co, n * P), (co); the whole batch as one chunk
+      testing::conv_grad_output_reference(n, co, P, y, dy, relu, want, db_want);
       DeviceArray<float> y_d(y), dy_d(dy), g_d(co * cols), db_d(co);
       kernels::cuda::conv_grad_output(st.s, n, co, P, y_d.get(), dy_d.get(), relu, g_d.get(),
                                       db_d.get());
