@@ -1,62 +1,158 @@
 #!/usr/bin/env bash
-# Everything GPU in one go, for a machine with an NVIDIA GPU: the GPU test suite,
-# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on the kernel and tower tests, the GPU benchmarks
-# and the PyTorch peer on the same GPU, all logged with the GPU's name, driver and date.
-#   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]
-# BUILD_DIR (default build-gpu) holds towers, towers_tests and bench/gpu_bench, built with
+# Everything GPU in one go, for a machine with an NVIDIA GPU, logged with the GPU's name,
+# driver, date and commit:
+#   tests     the whole suite with TOWERS_REQUIRE_GPU=1 (a GPU test that cannot run fails),
+#             in gtest shards run side by side; the summary counts passed, failed and skipped
+#   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck on the GPU tests
+#   bench     gpu_bench, then the PyTorch peer on the same GPU (eager, compile, compile with
+#             CUDA graphs; FP32 and TF32), then one kernel-time profile of a step (ncu)
+#   fashion   Fashion-MNIST to 90% with the main job's recipe on one GPU tower, then the
+#             PyTorch run of the same net and recipe
+#   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]      PHASES="tests sanitize bench fashion" (default)
+# BUILD_DIR (default build-gpu) holds towers, tests/towers_tests and bench/gpu_bench, built with
 # -DCMAKE_CUDA_ARCHITECTURES matching the GPU (90 for H100/H200); where the machine lacks the
-# Debian libraries, carry them in BUILD_DIR/devlibs (see bench/pack-gpu.sh).
+# Debian libraries, carry them in BUILD_DIR/devlibs (bench/pack-gpu.sh makes such a folder).
+# Each phase has a time limit (TESTS_S, SANITIZE_S, BENCH_S, FASHION_S seconds), so the script
+# ends inside a lease and says which phase ran out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 out=${2:-bench/results/$(date +%Y-%m-%d)-gpu}
+phases=${PHASES:-tests sanitize bench fashion}
 mkdir -p "$out"
-if [ -d "$build/devlibs" ]; then export LD_LIBRARY_PATH="$PWD/$build/devlibs:${LD_LIBRARY_PATH:-}"; fi
-# cuBLAS and NCCL from the Python wheels where the toolkit's lib64 lacks them.
+build=$(cd "$build" && pwd)
+if [ -d "$build/devlibs" ]; then export LD_LIBRARY_PATH="$build/devlibs:${LD_LIBRARY_PATH:-}"; fi
+# cuBLAS, cuDNN and NCCL from the Python wheels where the toolkit's lib64 lacks them.
 py_nvidia=$(python3 -c "import nvidia, os; print(nvidia.__path__[0])" 2>/dev/null || true)
 if [ -n "$py_nvidia" ]; then
   for d in "$py_nvidia"/*/lib; do LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; done
 fi
 export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
+export TOWERS_BINARY="$build/towers" TOWERS_REQUIRE_GPU=1
+# Fashion-MNIST, where Debian's dataset package is absent: carry the four .gz files of
+# /usr/share/datasets/fashion-mnist to data/fashion-mnist.
+fashion=/usr/share/datasets/fashion-mnist
+if [ ! -d "$fashion" ] && [ -d data/fashion-mnist ]; then fashion="$PWD/data/fashion-mnist"; fi
+export TOWERS_FASHION_MNIST="$fashion"
+summary="$out/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
 {
   echo "date: $(date -Iseconds)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
   echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || cat "$build/COMMIT" 2>/dev/null || echo unknown)"
-  python3 -c "import torch; print('torch:', torch.__version__, 'cuda', torch.version.cuda)" 2>/dev/null ||
+  echo "commit: $(cat "$build/COMMIT" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  python3 -c "import torch; print('torch:', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" 2>/dev/null ||
     echo "torch: not installed"
+  echo "fashion-mnist: $fashion"
 } > "$out/machine.txt"
 cat "$out/machine.txt"
 "$build/towers" devices | tee "$out/devices.txt"
 
-# 1. The GPU suite (and the rest: it must pass on a GPU machine too). The end-to-end tests run
-# the towers binary of this build tree, wherever it was carried.
-export TOWERS_BINARY="$PWD/$build/towers"
-# Fashion-MNIST for the 90% GPU run, where Debian's dataset package is absent: carry the four
-# .gz files of /usr/share/datasets/fashion-mnist to data/fashion-mnist.
-if [ ! -d /usr/share/datasets/fashion-mnist ] && [ -d data/fashion-mnist ]; then
-  export TOWERS_FASHION_MNIST="$PWD/data/fashion-mnist"
+# Counts gtest's summary lines of one or more logs: passed, failed, skipped.
+count_gtest() {
+  local p f s
+  p=$(grep -h '^\[  PASSED  \] [0-9]* test' "$@" | awk '{n += $4} END {print n + 0}')
+  f=$(grep -h '^\[  FAILED  \] [0-9]* test' "$@" | awk '{n += $4} END {print n + 0}')
+  s=$(grep -h '^\[  SKIPPED \] [0-9]* test' "$@" | awk '{n += $4} END {print n + 0}')
+  echo "passed $p, failed $f, skipped $s"
+}
+
+# 1. The whole suite, GPU tests included, in shards side by side.
+if [[ " $phases " == *" tests "* ]]; then
+  shards=${SHARDS:-8}
+  start=$SECONDS
+  for ((i = 0; i < shards; ++i)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${TESTS_S:-300}" \
+      "$build/tests/towers_tests" --gtest_brief=1 > "$out/tests-shard$i.txt" 2>&1 &
+  done
+  wait
+  cat "$out"/tests-shard*.txt > "$out/tests.txt" && rm -f "$out"/tests-shard*.txt
+  grep -h '^\[  FAILED  \] [A-Za-z]' "$out/tests.txt" | sort -u > "$out/tests-failed.txt"
+  grep -h -B1 '^\[  SKIPPED \] [A-Za-z]' "$out/tests.txt" | grep -v '^--' > "$out/tests-skipped.txt"
+  note "tests: $(count_gtest "$out/tests.txt") ($((SECONDS - start)) s, $shards shards)"
+  [ -s "$out/tests-failed.txt" ] && sed 's/^/  /' "$out/tests-failed.txt" | tee -a "$summary"
 fi
-"$build/tests/towers_tests" --gtest_brief=1 2>&1 | tee "$out/tests.txt"
-echo "tests exit: ${PIPESTATUS[0]}" | tee -a "$out/tests.txt"
 
-# 2. compute-sanitizer on the kernel and tower tests.
-gpu_filter='*Gpu*:*GPU*'
-for tool in memcheck racecheck synccheck initcheck; do
-  compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/tests/towers_tests" \
-    --gtest_filter="$gpu_filter:-*Fashion*:EngineGpu.*" 2>&1 | tail -40 | tee "$out/sanitizer-$tool.txt"
-  echo "$tool exit: ${PIPESTATUS[0]}" | tee -a "$out/sanitizer-$tool.txt"
-done
+# 2. compute-sanitizer, the four tools side by side, on every GPU test (the end-to-end engine
+# tests start the towers binary, which the tool does not follow; their kernels are the ones
+# the tower tests run).
+#  - racecheck checks shared-memory accesses and is by far the slowest: it runs the kernel
+#    tests, which launch every kernel the towers launch at the tower's shapes, and, apart, the
+#    whole-tower tests of the three models at small batches.
+#  - NCCL's set-up probes its kernels with cudaFuncGetAttributes and ignores the "no kernel
+#    image" errors of the architectures it was not built for (NVIDIA/nccl, enqueue.cc); memcheck
+#    reports every failed API call, so the NCCL test runs under memcheck on its own, with API
+#    error reports off and memory checking on.
+if [[ " $phases " == *" sanitize "* ]]; then
+  gpu_filter=${SANITIZE_FILTER:-'*Gpu*:*GPU*:NcclReducer.*:-*EngineGpu*'}
+  start=$SECONDS
+  runs=(
+    "memcheck|memcheck|*Gpu*:*GPU*:-*EngineGpu*:NcclReducer.*|"
+    "memcheck-nccl|memcheck|NcclReducer.*|--report-api-errors no"
+    "racecheck|racecheck|*Gpu*:-*EngineGpu*:*TowerGpu*|"
+    "racecheck-towers|racecheck|Models/TowerGpu.*|"
+    "synccheck|synccheck|$gpu_filter|"
+    "initcheck|initcheck|$gpu_filter|"
+  )
+  for r in "${runs[@]}"; do
+    IFS='|' read -r name tool filter extra <<< "$r"
+    # shellcheck disable=SC2086
+    timeout "${SANITIZE_S:-300}" compute-sanitizer --tool "$tool" $extra --error-exitcode 99 \
+      "$build/tests/towers_tests" --gtest_brief=1 --gtest_filter="$filter" \
+      > "$out/sanitizer-$name.txt" 2>&1 &
+  done
+  wait
+  for r in "${runs[@]}"; do
+    IFS='|' read -r name tool filter extra <<< "$r"
+    log="$out/sanitizer-$name.txt"
+    errors=$(sed -n -e 's/^========= ERROR SUMMARY: \([0-9]*\) error.*/\1/p' \
+      -e 's/^========= RACECHECK SUMMARY: .*(\([0-9]*\) error.*/\1/p' "$log" | tail -1)
+    note "sanitizer $name: ${errors:-no summary (timed out or crashed)} errors; tests $(count_gtest "$log")"
+  done
+  note "sanitizers: $((SECONDS - start)) s"
+fi
 
-# 3. Benchmarks: towers, then the PyTorch peer on the same GPU.
-"$build/bench/gpu_bench" --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json \
-  2>&1 | tee "$out/gpu_bench.txt"
-if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  python3 bench/peers/torch_cifar10.py --device cuda --seconds 20 | tee "$out/pytorch_eager.jsonl"
-  python3 bench/peers/torch_cifar10.py --device cuda --seconds 20 --compile |
-    tee "$out/pytorch_compile.jsonl" || echo "torch.compile failed" | tee "$out/pytorch_compile.jsonl"
-  # torch.compile with CUDA graphs: the peer of towers' graph replay.
-  python3 bench/peers/torch_cifar10.py --device cuda --seconds 20 --compile \
-    --compile-mode reduce-overhead | tee "$out/pytorch_compile_graphs.jsonl" ||
-    echo "torch.compile reduce-overhead failed" | tee "$out/pytorch_compile_graphs.jsonl"
+# 3. Speed: towers, then the PyTorch peer on the same GPU, then a kernel-time profile.
+if [[ " $phases " == *" bench "* ]]; then
+  timeout "${BENCH_S:-150}" "$build/bench/gpu_bench" --benchmark_out="$out/gpu_bench.json" \
+    --benchmark_out_format=json > "$out/gpu_bench.txt" 2>&1
+  note "gpu_bench exit $?"
+  grep -E '_median|BM_(Param|Grad)' "$out/gpu_bench.txt" | sed 's/^/  /' | tee -a "$summary"
+  if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    peer() {  # name, flags...
+      local name=$1; shift
+      timeout 150 python3 bench/peers/torch_cifar10.py --device cuda --seconds 10 "$@" \
+        > "$out/pytorch_$name.jsonl" 2> "$out/pytorch_$name.err"
+      note "pytorch $name: $(python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); print(round(r['images_per_sec']), 'images/s')" "$out/pytorch_$name.jsonl" 2>/dev/null || echo failed)"
+    }
+    peer eager_fp32 --precision fp32
+    peer eager_tf32 --precision tf32
+    peer compile_fp32 --precision fp32 --compile
+    peer compile_graphs_fp32 --precision fp32 --compile --compile-mode reduce-overhead
+    peer compile_graphs_tf32 --precision tf32 --compile --compile-mode reduce-overhead
+  fi
+  # Kernel times of plain-launch steps (ncu serializes kernels; copies and the host apply are
+  # not in it: gpu_bench's step minus its compute-only figure is their share).
+  if command -v ncu >/dev/null; then
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+      "$build/towers" train --device cuda --model cifar10 --dataset synthetic --batch 128 \
+      --steps 4 --no-cuda-graphs --quiet --eval-every 0 > "$out/ncu_step.csv" 2> "$out/ncu_step.err"
+    note "ncu exit $?"
+  fi
+fi
+
+# 4. Fashion-MNIST to 90% on one GPU tower, the main job's recipe, then PyTorch's run.
+if [[ " $phases " == *" fashion "* ]]; then
+  m="$out/fashion_towers.jsonl"
+  rm -f "$m"
+  timeout "${FASHION_S:-200}" "$build/towers" train --device cuda \
+    --model fashion --dataset fashion-mnist --data "$fashion" --epochs 5 --batch 128 \
+    --optimizer momentum --lr 0.01 --lr-schedule cosine --eval-every 1 --quiet --metrics "$m" \
+    > "$out/fashion_towers.txt" 2>&1
+  note "towers fashion: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'wall', round(r['wall_seconds'],1), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
+  timeout "${FASHION_S:-200}" python3 bench/peers/torch_fashion.py --data "$fashion" \
+    --device cuda --precision fp32 > "$out/fashion_pytorch.jsonl" 2> "$out/fashion_pytorch.err"
+  note "pytorch fashion: $(tail -1 "$out/fashion_pytorch.jsonl" 2>/dev/null || echo failed)"
 fi

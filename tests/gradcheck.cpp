@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "core/rng.h"
 
@@ -37,14 +39,46 @@ GradCheckResult check_gradient(const std::function<double()>& loss, float* x,
     const double hm = orig - static_cast<double>(orig - eps);
     const double fwd = (lp - l0) / hp, bwd = (l0 - lm) / hm;
     const double num = (lp - lm) / (hp + hm);
+    const double a = analytic[i];
+    const double tol = atol + rtol * std::max(std::fabs(a), std::fabs(num));
+    // Kink guard. A kink (a ReLU or max-pool switch) at distance d < eps on one side with a
+    // slope jump J makes the one-sided differences differ by J (eps - d) / eps and moves the
+    // central difference by half of that. So |fwd - bwd| <= tol bounds what one kink can do to
+    // the compared value by tol / 2; beyond that the coordinate is skipped. (A smooth loss has
+    // fwd - bwd = f'' eps: a strongly curved coordinate is skipped too, which costs a sample
+    // and never passes a wrong gradient.)
     const double scale = std::max({std::fabs(fwd), std::fabs(bwd), 1e-3});
-    if (std::fabs(fwd - bwd) > 0.1 * scale + 10 * atol) {
+    if (std::fabs(fwd - bwd) > std::min(0.1 * scale + 10 * atol, tol)) {
+      ++r.skipped_kinks;
+      continue;
+    }
+    // Resolution guard: the central difference at half the step must agree with the one at
+    // the full step to a quarter of the tolerance (for a smooth loss they differ by about
+    // eps^2 / 8 times the third derivative, plus rounding, far below it). Where it does not,
+    // kinks on both sides whose jumps cancel in fwd - bwd, or the float rounding of the loss
+    // (some ulps of it over eps, and the ulps depend on the machine's BLAS kernels and
+    // summation order), leave the numeric derivative undetermined to the tolerance: the
+    // coordinate says nothing about the analytic gradient, and is skipped and counted. (Seen
+    // before these guards: 0.0266 at eps = 2e-3 and 0.0281 at 1e-3, for an analytic 0.0282.)
+    const float half = eps / 2;
+    x[i] = orig + half;
+    const double lp2 = loss();
+    x[i] = orig - half;
+    const double lm2 = loss();
+    x[i] = orig;
+    const double hp2 = static_cast<double>(orig + half) - orig;
+    const double hm2 = orig - static_cast<double>(orig - half);
+    const double num2 = (lp2 - lm2) / (hp2 + hm2);
+    // The kink guard once more at the half step: kinks on both sides can cancel in fwd - bwd
+    // at one step and not at another (seen: a coordinate on a kink, fwd - bwd 2.7e-3 at eps =
+    // 2e-3 and 3.7e-3 at 1e-3, with a tolerance of 3.05e-3).
+    const double fwd2 = (lp2 - l0) / hp2, bwd2 = (l0 - lm2) / hm2;
+    if (std::fabs(fwd2 - bwd2) > tol || !(std::fabs(num - num2) <= 0.25 * tol)) {
       ++r.skipped_kinks;
       continue;
     }
     ++r.checked;
-    const double a = analytic[i];
-    const double err = std::fabs(a - num) / (atol + rtol * std::max(std::fabs(a), std::fabs(num)));
+    const double err = std::fabs(a - num) / tol;
     if (!(err <= r.max_error)) {  // a NaN anywhere is the worst error
       r.max_error = std::isnan(err) ? INFINITY : err;
       r.worst = fmt::format("{}[{}]: analytic {:.6g} numeric {:.6g}", label, i, a, num);
@@ -109,6 +143,49 @@ std::vector<GradCheckResult> check_layer(const Layer& layer, int64_t n, uint64_t
                                  sample_indices(vars[v].size(), samples, seed + v + 1),
                                  specs[v].name));
   return out;
+}
+
+void expect_cifar10_gradients_match_numerical(Tower& tower, float analytic_scale) {
+  const Graph& g = tower.graph();
+  const int64_t n = 2;
+  ASSERT_EQ(g.model(), "cifar10");
+  std::vector<float> params(g.layout().total());
+  g.layout().initialize(params.data(), 3);
+  const Variable& sl = g.layout().find("softmax_linear/weight");
+  Rng rng(5);
+  for (int64_t i = 0; i < sl.size; ++i) params[sl.offset + i] = rng.uniform(-0.5f, 0.5f);
+  std::vector<float> x(n * 3 * 24 * 24);
+  for (float& v : x) v = rng.uniform(-1.5f, 1.5f);
+  const std::vector<int32_t> y = {3, 8};
+  tower.load_params(params.data());
+  tower.compute_gradients(x.data(), y.data(), n, 1.0f / n);
+  std::vector<float> grads(tower.grads(), tower.grads() + g.layout().total());
+  for (float& v : grads) v *= analytic_scale;
+  auto loss = [&] {
+    tower.load_params(params.data());
+    return tower.evaluate(x.data(), y.data(), n).loss_sum / n;
+  };
+  for (const Variable& v : g.layout().variables()) {
+    // Batches of 24 coordinates until 8 have passed both guards, at most 4 batches: conv1's
+    // weights each touch every position of their channel, so most of them sit near a kink.
+    GradCheckResult r;
+    for (uint64_t batch = 0; batch < 4 && r.checked < 8; ++batch) {
+      std::vector<int64_t> idx;
+      for (int64_t i : sample_indices(v.size, 24, v.offset + 7919 * batch)) idx.push_back(v.offset + i);
+      if (batch > 0 && v.size <= 24) break;  // every coordinate was taken already
+      const GradCheckResult b = check_gradient(loss, params.data(), grads.data(), idx,
+                                               v.spec.name, /*eps=*/2e-3f, /*atol=*/2e-4,
+                                               /*rtol=*/5e-2);
+      r.checked += b.checked;
+      r.skipped_kinks += b.skipped_kinks;
+      if (!(b.max_error <= r.max_error)) r.max_error = b.max_error, r.worst = b.worst;
+    }
+    EXPECT_TRUE(r.ok()) << v.spec.name << ": " << r.worst;
+    EXPECT_GE(r.checked, 8) << v.spec.name << ": " << r.skipped_kinks << " skipped";
+    std::printf("  %-22s checked %2lld, skipped %2lld, worst %.3g of the tolerance\n",
+                v.spec.name.c_str(), static_cast<long long>(r.checked),
+                static_cast<long long>(r.skipped_kinks), r.max_error);
+  }
 }
 
 }  // namespace towers::testing

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/cuda_check.h"
+#include "kernels/debug.h"
 #include "kernels/softmax_xent.h"
 
 namespace towers {
@@ -107,6 +108,7 @@ void CudaTower::enqueue_step(int64_t n, float grad_scale) {
                               reinterpret_cast<int32_t*>(row_correct_d_.data()));
   int cur = 0;
   for (size_t i = layers.size(); i-- > 0;) {
+    kernels::cuda::spin_delay(c, placement_.test_backward_delay_ns);
     layers[i]->backward_gpu(exec_,
                             backward_args(i, n, images_d_.data(), cur, params_d_.data(), grads_d_.data()));
     cur = 1 - cur;

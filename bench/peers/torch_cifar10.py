@@ -47,6 +47,27 @@ class TutorialNet(nn.Module):
         return self.softmax_linear(x)
 
 
+def set_precision(precision):
+    """fp32: true FP32 everywhere (cuDNN convolutions use TF32 by default in PyTorch);
+    tf32: TF32 tensor cores for convolutions and matmuls, as towers' --tf32 does for its GEMMs."""
+    tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+
+
+def tutorial_init(net):
+    """The TF tutorial's initializers, as towers' models use them: truncated normal weights
+    (stddev 5e-2 for the convolutions, 0.04 for local3/local4, 1/192 for the logits), biases 0
+    (conv1, logits) or 0.1 (conv2, local3, local4)."""
+    with torch.no_grad():
+        for name, std, bias in (("conv1", 5e-2, 0.0), ("conv2", 5e-2, 0.1), ("local3", 0.04, 0.1),
+                                ("local4", 0.04, 0.1), ("softmax_linear", 1.0 / 192.0, 0.0)):
+            layer = getattr(net, name)
+            nn.init.trunc_normal_(layer.weight, std=std, a=-2 * std, b=2 * std)
+            layer.bias.fill_(bias)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=128)
@@ -55,6 +76,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--compile", action="store_true", help="torch.compile the step")
+    ap.add_argument("--precision", choices=["fp32", "tf32"], default="fp32",
+                    help="fp32 (no tensor cores) or tf32 (TF32 convolutions and matmuls)")
     ap.add_argument("--compile-mode", default="default",
                     help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune")
     args = ap.parse_args()
@@ -62,6 +85,7 @@ def main():
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    set_precision(args.precision)
     dev = torch.device(args.device)
     net = TutorialNet().to(dev)
     decay = [p for n, p in net.named_parameters() if n.startswith(("local3.weight", "local4.weight"))]
@@ -78,6 +102,13 @@ def main():
         return loss
 
     fn = torch.compile(step, mode=args.compile_mode) if args.compile else step
+    if args.compile and args.compile_mode == "reduce-overhead":
+        # CUDA-graph trees reuse their output memory at the next replay: mark each step.
+        compiled = fn
+
+        def fn():
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled()
     sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
     for _ in range(args.warmup):
         loss = fn()
@@ -97,7 +128,7 @@ def main():
     rates.sort()
     print(json.dumps({
         "peer": "pytorch", "version": torch.__version__, "mode": f"compile:{args.compile_mode}" if args.compile else "eager",
-        "device": args.device, "threads": torch.get_num_threads(), "batch": args.batch,
+        "device": args.device, "precision": args.precision, "threads": torch.get_num_threads(), "batch": args.batch,
         "steps": steps_total, "seconds": time.perf_counter() - t_all,
         "images_per_sec": rates[2], "images_per_sec_best": rates[-1], "images_per_sec_windows": rates,
         "mkldnn": torch.backends.mkldnn.is_available(), "machine": platform.processor() or platform.machine(),

@@ -24,6 +24,7 @@
 #include "kernels/activation.h"
 #include "kernels/bias.h"
 #include "kernels/conv.h"
+#include "kernels/debug.h"
 #include "kernels/cuda/bias_rules.h"
 #include "kernels/cuda/conv_rules.h"
 #include "kernels/cuda/launch.cuh"  // kBlock
@@ -377,5 +378,8 @@ void standardize(CUstream_st* s, int64_t n, int64_t m, const float* x, float* y)
     }
   });
 }
+
+// The emulator runs every operation in issue order, so a delay could not expose anything.
+void spin_delay(CUstream_st*, int64_t) {}
 
 }  // namespace towers::kernels::cuda

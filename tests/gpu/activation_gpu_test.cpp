@@ -8,21 +8,14 @@
 
 #include "core/cuda_check.h"
 #include "core/rng.h"
+#include "gpu_test_util.h"
 #include "kernels/activation.h"
 
 namespace towers {
 namespace {
 
-void skip_without_gpu() {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0)
-    GTEST_SKIP() << "no CUDA device: " << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-}
-
 TEST(ReluGpu, MatchesCpuTwin) {
-  skip_without_gpu();
-  if (::testing::Test::IsSkipped()) return;
+  TOWERS_SKIP_WITHOUT_GPU();
   const int64_t n = 1 << 20 | 7;
   Rng rng(11);
   std::vector<float> x(n), dy(n);

@@ -30,29 +30,43 @@ const std::string kMlp =
     "momentum --lr 0.02 --quiet --seed 3 ";
 
 
-TEST(EngineGpu, TwoSyncTowersOfHalfTheBatchMatchOneTower) {
+// The engine's invariants with the quick `mlp` and with the `cifar10` net, whose GPU paths
+// (convolutions, pooling, LRN, several streams of copies) are the ones that matter.
+class EngineGpuModels : public ::testing::TestWithParam<const char*> {
+ protected:
+  bool mlp() const { return std::string(GetParam()) == "mlp"; }
+  std::string base() const {
+    return mlp() ? kMlp
+                 : "train --device cuda --model cifar10 --dataset synthetic --synthetic-size 1024 "
+                   "--optimizer momentum --lr 0.01 --quiet --seed 3 ";
+  }
+};
+
+TEST_P(EngineGpuModels, TwoSyncTowersOfHalfTheBatchMatchOneTower) {
   TOWERS_SKIP_WITHOUT_GPU();
   const std::string one = test_path("one.jsonl"), two = test_path("two.jsonl");
-  const std::string base = kMlp + "--steps 40 ";
+  // cifar10: fewer steps, since rounding differences grow as training goes on.
+  const size_t steps = mlp() ? 40 : 10;
+  const std::string base = this->base() + "--steps " + std::to_string(steps) + " ";
   std::string out;
   ASSERT_EQ(run_towers(base + "--towers 1 --batch 64 --metrics " + one, &out), 0) << out;
   ASSERT_EQ(run_towers(base + "--towers 2 --batch 32 --mode sync --metrics " + two, &out), 0) << out;
   auto a = metrics_events(one, "step"), b = metrics_events(two, "step");
-  ASSERT_EQ(a.size(), 40u);
-  ASSERT_EQ(b.size(), 40u);
+  ASSERT_EQ(a.size(), steps);
+  ASSERT_EQ(b.size(), steps);
   // Not bitwise, unlike the CPU: cuBLAS sums a batch of 64 and two of 32 in different orders.
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i)
     worst = std::max(worst, std::fabs(a[i]["loss"].get<double>() - b[i]["loss"].get<double>()) /
                                 std::fabs(a[i]["loss"].get<double>()));
   EXPECT_LT(worst, 1e-4);
-  EXPECT_LT(a.back()["loss"].get<double>(), 0.8 * a.front()["loss"].get<double>());
+  if (mlp()) EXPECT_LT(a.back()["loss"].get<double>(), 0.8 * a.front()["loss"].get<double>());
 }
 
-TEST(EngineGpu, SyncRunsWithOneSeedAreIdentical) {
+TEST_P(EngineGpuModels, SyncRunsWithOneSeedAreIdentical) {
   TOWERS_SKIP_WITHOUT_GPU();
   const std::string a = test_path("a.jsonl"), b = test_path("b.jsonl");
-  const std::string args = kMlp + "--steps 30 --towers 3 --batch 16 --mode sync --metrics ";
+  const std::string args = base() + "--steps 30 --towers 3 --batch 16 --mode sync --metrics ";
   ASSERT_EQ(run_towers(args + a), 0);
   ASSERT_EQ(run_towers(args + b), 0);
   auto x = metrics_events(a, "step"), y = metrics_events(b, "step");
@@ -61,12 +75,12 @@ TEST(EngineGpu, SyncRunsWithOneSeedAreIdentical) {
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i]["loss"], y[i]["loss"]) << "step " << i + 1;
 }
 
-TEST(EngineGpu, SspBoundHoldsWithTowersSharingAGpu) {
+TEST_P(EngineGpuModels, SspBoundHoldsWithTowersSharingAGpu) {
   TOWERS_SKIP_WITHOUT_GPU();
   const std::string m = test_path("ssp.jsonl");
   std::string out;
-  ASSERT_EQ(run_towers(kMlp + "--steps 60 --towers 3 --gpus 1 --batch 16 --mode ssp "
-                              "--staleness 1 --slow-tower 0:15 --metrics " + m, &out), 0) << out;
+  ASSERT_EQ(run_towers(base() + "--steps 60 --towers 3 --gpus 1 --batch 16 --mode ssp "
+                                "--staleness 1 --slow-tower 0:15 --metrics " + m, &out), 0) << out;
   auto steps = metrics_events(m, "step");
   ASSERT_EQ(steps.size(), 60u);
   EXPECT_EQ(max_lead(steps, 3), 2) << "the bound must hold and must bind";
@@ -75,10 +89,10 @@ TEST(EngineGpu, SspBoundHoldsWithTowersSharingAGpu) {
   EXPECT_EQ(config[0]["towers_per_gpu"], 3);
 }
 
-TEST(EngineGpu, AsyncTowersAllApply) {
+TEST_P(EngineGpuModels, AsyncTowersAllApply) {
   TOWERS_SKIP_WITHOUT_GPU();
   const std::string m = test_path("async.jsonl");
-  ASSERT_EQ(run_towers(kMlp + "--steps 60 --towers 2 --batch 16 --mode async --metrics " + m), 0);
+  ASSERT_EQ(run_towers(base() + "--steps 60 --towers 2 --batch 16 --mode async --metrics " + m), 0);
   auto steps = metrics_events(m, "step");
   ASSERT_EQ(steps.size(), 60u);
   int per[2] = {0, 0};
@@ -87,20 +101,23 @@ TEST(EngineGpu, AsyncTowersAllApply) {
   EXPECT_GT(per[1], 10);
   auto sum = metrics_events(m, "summary");
   ASSERT_EQ(sum.size(), 1u);
-  EXPECT_GT(sum[0]["test_accuracy"].get<double>(), 0.5);
+  EXPECT_TRUE(std::isfinite(sum[0]["test_accuracy"].get<double>()));
+  if (mlp()) EXPECT_GT(sum[0]["test_accuracy"].get<double>(), 0.5);
 }
 
-TEST(EngineGpu, BackupTowersDropAStraggler) {
+TEST_P(EngineGpuModels, BackupTowersDropAStraggler) {
   TOWERS_SKIP_WITHOUT_GPU();
   const std::string m = test_path("backup.jsonl");
-  ASSERT_EQ(run_towers(kMlp + "--steps 30 --towers 3 --batch 16 --replicas-to-aggregate 2 "
-                              "--slow-tower 2:150 --metrics " + m), 0);
+  ASSERT_EQ(run_towers(base() + "--steps 30 --towers 3 --batch 16 --replicas-to-aggregate 2 "
+                                "--slow-tower 2:150 --metrics " + m), 0);
   auto sum = metrics_events(m, "summary");
   ASSERT_EQ(sum.size(), 1u);
   const json& t2 = sum[0]["towers"][2];
   EXPECT_LE(t2["applied"].get<int64_t>(), 4) << sum[0].dump();
   EXPECT_GE(t2["dropped"].get<int64_t>(), 1) << sum[0].dump();
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineGpuModels, ::testing::Values("mlp", "cifar10"));
 
 TEST(EngineGpu, NcclAveragingMatchesHostAveraging) {
   TOWERS_SKIP_WITHOUT_GPU();
@@ -112,7 +129,10 @@ TEST(EngineGpu, NcclAveragingMatchesHostAveraging) {
     EXPECT_EQ(run_towers(kMlp + "--steps 5 --towers 2 --reduce nccl --metrics " + nccl, &out), 1);
     EXPECT_NE(out.find("NCCL needs one tower per GPU"), std::string::npos) << out;
     EXPECT_FALSE(std::filesystem::exists(nccl));
-    GTEST_SKIP() << "the NCCL all-reduce itself needs 2 GPUs; this machine has " << g.gpus.size();
+    // Not a GPU-setup failure: the machine has one GPU. A 1-rank all-reduce runs in
+    // NcclReducer.OneRankAverageMatchesTheHostAverage.
+    GTEST_SKIP() << "the NCCL all-reduce of two towers needs 2 GPUs; this machine has "
+                 << g.gpus.size();
   }
   const std::string args = kMlp + "--steps 30 --towers 2 --batch 32 --metrics ";
   ASSERT_EQ(run_towers(args + host + " --reduce host", &out), 0) << out;
@@ -171,7 +191,7 @@ TEST(EngineGpu, FashionMnistReaches90PercentOnAGpu) {
   // $TOWERS_FASHION_MNIST names the folder on a machine without Debian's dataset package.
   const char* env = std::getenv("TOWERS_FASHION_MNIST");
   const std::string fashion = env ? env : "/usr/share/datasets/fashion-mnist";
-  if (!std::filesystem::exists(fashion)) GTEST_SKIP() << "no Fashion-MNIST at " << fashion;
+  if (!std::filesystem::exists(fashion)) TOWERS_GPU_SKIP("no Fashion-MNIST at " << fashion);
   const std::string m = test_path("fashion.jsonl");
   std::string out;
   // The main job's recipe (scripts/train-fashion.sh), on one GPU tower.

@@ -7,6 +7,7 @@
 // magnitude is no scale for rounding error. Each entry's error is divided by its condition
 // scale |alpha| sum_p |op(A)_ip op(B)_pj| + |beta| |C_ij|: FP32 accumulation is off by a few
 // unit roundoffs (6e-8) of that scale, whatever k and the summation order.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <string>
@@ -131,6 +132,7 @@ GemmErrors run_case(const Cublas& blas, const GemmCase& c, uint64_t seed) {
 std::vector<GemmCase> cifar10_cases(int64_t batch) {
   return {
       {false, false, 64, batch * 576, 75},   // conv1: W (64, 75) x cols (75, batch*576)
+      {false, true, 64, 75, batch * 576},    // conv1 dW: dY (64, P) x cols^T (P, 75), k = 73,728
       {false, true, 64, 1600, batch * 144},  // conv2 dW: dY (64, P) x cols^T (P, 1600)
       {true, false, 1600, batch * 144, 64},  // conv2 dcols: W^T (1600, 64) x dY (64, P)
       {false, true, batch, 384, 2304},       // local3 forward: x (B, 2304) x W^T
@@ -163,9 +165,14 @@ TEST(GemmGpu, Cifar10ProductsMatchInFp32) {
   for (const GemmCase& c : cifar10_cases(128)) {
     SCOPED_TRACE(describe(c));
     const GemmErrors e = run_case(blas, c, seed += 10);
-    EXPECT_LT(e.gpu_vs_exact, 1e-5);
-    EXPECT_LT(e.gpu_vs_cpu, 1e-5);
-    EXPECT_LT(e.cpu_vs_exact, 1e-5);
+    // A dot product of k random-sign terms accumulated in float is off by about
+    // sqrt(k) * 2^-24 of its scale (the probabilistic bound of Higham and Mary; the worst case
+    // is k * 2^-24); 4x that, and never below 1e-5. For k = 73,728 (conv1's weight gradient)
+    // that is 6.5e-5, where a one-at-a-time accumulation typically lands near 1.6e-5.
+    const double tol = std::max(1e-5, 4.0 * std::sqrt(static_cast<double>(c.k)) * 0x1p-24);
+    EXPECT_LT(e.gpu_vs_exact, tol);
+    EXPECT_LT(e.gpu_vs_cpu, tol);
+    EXPECT_LT(e.cpu_vs_exact, tol);
   }
 }
 
@@ -194,7 +201,8 @@ TEST(GemmGpu, CublasFailureIsAnErrorNamingTheCall) {
   TOWERS_SKIP_WITHOUT_GPU();
   Cublas blas;
   DeviceArray<float> a(64), b(64), c(64);
-  // lda = 1 < k = 4 for a row-major A (2, 4): cuBLAS rejects the leading dimension.
+  // lda = 1 < k = 4 for a row-major A (2, 4): cuBLAS rejects the leading dimension (and prints
+  // "** On entry to SGEMM parameter number 10 had an illegal value" to stderr, as BLAS does).
   try {
     kernels::cuda::gemm(blas.get(), false, false, 2, 4, 4, 1.0f, a.get(), 1, b.get(), 4, 0.0f,
                         c.get(), 4);

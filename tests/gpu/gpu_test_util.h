@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -25,11 +26,29 @@ inline std::string no_gpu_reason() {
   return {};
 }
 
+// TOWERS_REQUIRE_GPU=1 (bench/run-gpu.sh sets it) turns every GPU-test skip into a failure, so
+// that a broken driver, a missing libcuda or an architecture mismatch cannot pass as a suite of
+// skips on a machine that is meant to have a GPU.
+inline bool gpu_required() {
+  const char* v = std::getenv("TOWERS_REQUIRE_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// Skips the GPU test with the reason, or fails it under TOWERS_REQUIRE_GPU=1. Use it for every
+// reason a GPU test cannot run (no device, too few GPUs, a test that needs a real GPU).
+#define TOWERS_GPU_SKIP(reason)                                                   \
+  do {                                                                            \
+    if (::towers::gputest::gpu_required())                                        \
+      GTEST_FAIL() << "TOWERS_REQUIRE_GPU=1, but this GPU test cannot run: " << reason; \
+    else                                                                          \
+      GTEST_SKIP() << reason;                                                     \
+  } while (0)
+
 // Use as the first statement of a GPU test.
 #define TOWERS_SKIP_WITHOUT_GPU()                                        \
   do {                                                                   \
     std::string towers_reason_ = ::towers::gputest::no_gpu_reason();     \
-    if (!towers_reason_.empty()) GTEST_SKIP() << towers_reason_;         \
+    if (!towers_reason_.empty()) TOWERS_GPU_SKIP(towers_reason_);        \
   } while (0)
 
 // A device array of T with host round trips (synchronous: tests favour clarity).

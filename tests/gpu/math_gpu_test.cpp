@@ -1,5 +1,12 @@
 // The CUDA twins of softmax_xent, standardize, the optimizer updates, tree_sum and scale against
 // their CPU twins on fresh random inputs. Skips, with the reason, where no CUDA device is usable.
+//
+// On the training path today: softmax_xent only. The GPU optimizer updates, standardize,
+// tree_sum and scale are tested here as kernels, but no GPU training step calls them yet: with
+// host parameters the optimizer runs on the host (its CPU twin), augmentation and
+// standardization run in the host input pipeline, and sync averaging is the host tree sum or
+// NCCL. They are for device-resident parameters and a GPU input pipeline; until then a bug in
+// them cannot reach a training run, and a pass here says nothing about training.
 #include <cmath>
 #include <cstring>
 #include <memory>

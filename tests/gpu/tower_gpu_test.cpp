@@ -2,9 +2,14 @@
 // accuracy and gradients (every layer's GPU path at once, the cuBLAS GEMMs included); a
 // replayed CUDA graph gives bitwise the gradients of eager launches; evaluation agrees; and
 // the numerical gradient check passes on the GPU too.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -14,6 +19,7 @@
 #include "gradcheck.h"
 #include "models/models.h"
 #include "towers/cuda_tower.h"
+#include "towers/nccl_reduce.h"
 
 namespace towers {
 namespace {
@@ -47,6 +53,32 @@ TowerPlacement gpu(bool graphs, bool tf32 = false) {
   return p;
 }
 
+// Examples whose top two logits (of the CPU tower's last forward) are closer than float
+// rounding through the net can move them: there, a GPU that sums in another order may pick
+// the other class, and neither answer is wrong.
+int64_t near_ties(const CpuTower& cpu, int64_t n, int64_t classes) {
+  int64_t ties = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* z = cpu.logits() + i * classes;
+    float top = -INFINITY, second = -INFINITY, scale = 1.0f;
+    for (int64_t c = 0; c < classes; ++c) {
+      scale = std::max(scale, std::fabs(z[c]));
+      if (z[c] > top) second = top, top = z[c];
+      else if (z[c] > second) second = z[c];
+    }
+    if (top - second <= 1e-4f * scale) ++ties;
+  }
+  return ties;
+}
+
+// The correct count must agree except for examples the CPU tower itself calls a near-tie, so a
+// rounding difference at a tie cannot fail the test and a real disagreement still does.
+void expect_same_correct(int64_t gpu, int64_t cpu_correct, const CpuTower& cpu, int64_t n) {
+  const int64_t ties = near_ties(cpu, n, cpu.graph().num_classes());
+  EXPECT_LE(std::llabs(gpu - cpu_correct), ties)
+      << "GPU " << gpu << " correct, CPU " << cpu_correct << ", near-ties " << ties;
+}
+
 class TowerGpu : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TowerGpu, MatchesTheCpuTower) {
@@ -63,7 +95,7 @@ TEST_P(TowerGpu, MatchesTheCpuTower) {
   StepStats sc = cpu.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
   StepStats sg = cuda.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
   EXPECT_NEAR(sg.loss_sum, sc.loss_sum, 1e-5 * std::fabs(sc.loss_sum));
-  EXPECT_EQ(sg.correct, sc.correct);
+  expect_same_correct(sg.correct, sc.correct, cpu, n);
   // Per variable, norm-wise: cuBLAS sums a conv's dW over n * pixels products (4,608 for
   // conv2 at n = 32, 18,432 for conv1) in another order than OpenBLAS's chunks, and the
   // differences pass through every layer below, so a whole tower is held to 1e-4; each kernel
@@ -74,7 +106,7 @@ TEST_P(TowerGpu, MatchesTheCpuTower) {
   StepStats ec = cpu.evaluate(b.images.data(), b.labels.data(), n);
   StepStats eg = cuda.evaluate(b.images.data(), b.labels.data(), n);
   EXPECT_NEAR(eg.loss_sum, ec.loss_sum, 1e-5 * std::fabs(ec.loss_sum));
-  EXPECT_EQ(eg.correct, ec.correct);
+  expect_same_correct(eg.correct, ec.correct, cpu, n);
 }
 
 TEST_P(TowerGpu, CudaGraphReplayIsBitwiseEagerLaunches) {
@@ -103,6 +135,73 @@ TEST_P(TowerGpu, CudaGraphReplayIsBitwiseEagerLaunches) {
 
 INSTANTIATE_TEST_SUITE_P(Models, TowerGpu, ::testing::Values("cifar10", "fashion", "mlp"));
 
+// The production batch (128, and 256), with stream-ordering bugs made visible: the landing
+// buffer of the gradients is poisoned with NaN before every step, and a test-only spin kernel
+// before each layer's backward keeps the compute stream far behind the copy stream, so that a
+// gradient copy that does not wait for its layer lands unfinished data (or leaves NaN). Three
+// steps: eager, captured and replayed as a graph. Each is held bitwise to a plain eager GPU
+// tower without delays (the same kernels in the same order: any ordering bug changes bits),
+// and to the CPU tower: the loss to 1e-5 and the correct count up to near-ties at every step,
+// the gradients to 1e-4 per variable at the first step. Later steps are not held to the CPU
+// gradients: with random labels the true gradient is a small residue of large terms that
+// cancel, conv1's most of all (73,728 positions per weight at batch 128), and after two
+// updates the two summation orders were seen 1.3e-3 apart on an H100, rounding, not a bug.
+// The emulator runs operations in issue order and cannot show ordering bugs; it runs batch 128
+// once, for the arithmetic.
+TEST(TowerGpu, ProductionBatchMatchesTheCpuTowerWithPoisonAndDelays) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  auto g = build_model("cifar10");
+  const int64_t total = g->layout().total();
+#ifdef TOWERS_EMULATED_GPU
+  const std::vector<int64_t> sizes = {128};
+  const int steps = 1;
+#else
+  const std::vector<int64_t> sizes = {128, 256};
+  const int steps = 3;
+#endif
+  for (int64_t n : sizes) {
+    SCOPED_TRACE("batch " + std::to_string(n));
+    std::vector<float> params(total);
+    g->layout().initialize(params.data(), 21);
+    TowerPlacement p = gpu(true);
+    p.test_backward_delay_ns = 200'000;  // 0.2 ms before each of the 9 layers' backward
+    CudaTower delayed(*g, n, p), plain(*g, n, gpu(false));
+    CpuTower cpu(*g, n, 4);
+    for (int step = 0; step < steps; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      Batch b = random_batch(*g, n, 300 + step);
+      std::fill(delayed.mutable_grads(), delayed.mutable_grads() + total, NAN);
+      std::fill(plain.mutable_grads(), plain.mutable_grads() + total, NAN);
+      for (Tower* t : std::initializer_list<Tower*>{&cpu, &delayed, &plain})
+        t->load_params(params.data());
+      StepStats sc = cpu.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+      StepStats sd = delayed.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+      StepStats sp = plain.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+      int64_t not_finite = 0;  // over the variables (the layout's alignment padding is never written)
+      for (const Variable& v : g->layout().variables())
+        for (int64_t i = v.offset; i < v.offset + v.size; ++i)
+          not_finite += !std::isfinite(delayed.grads()[i]);
+      EXPECT_EQ(not_finite, 0) << "gradients left unwritten (NaN poison) or not finite";
+      EXPECT_EQ(sd.loss_sum, sp.loss_sum);
+      EXPECT_EQ(std::memcmp(delayed.grads(), plain.grads(), sizeof(float) * total), 0)
+          << "the delayed, graphed step differs from plain eager launches";
+      EXPECT_NEAR(sd.loss_sum, sc.loss_sum, 1e-5 * std::fabs(sc.loss_sum));
+      expect_same_correct(sd.correct, sc.correct, cpu, n);
+      double worst = 0.0;
+      for (const Variable& v : g->layout().variables()) {
+        const double e = norm_rel(delayed.grads() + v.offset, cpu.grads() + v.offset, v.size);
+        worst = std::max(worst, e);
+        if (step == 0) EXPECT_LT(e, 1e-4) << v.spec.name;
+      }
+      std::printf("  batch %lld step %d: largest per-variable gradient difference from the CPU "
+                  "tower %.3g\n", static_cast<long long>(n), step, worst);
+      for (int64_t i = 0; i < total; ++i) params[i] -= 0.01f * cpu.grads()[i];
+    }
+    EXPECT_EQ(delayed.graph_captures(), steps >= 2 ? 1 : 0);
+    EXPECT_EQ(delayed.graph_replays(), std::max(0, steps - 1));
+  }
+}
+
 TEST(TowerGpu, Tf32StaysCloseToFp32) {
   TOWERS_SKIP_WITHOUT_GPU();
   auto g = build_model("cifar10");
@@ -130,36 +229,38 @@ TEST(TowerGpu, Tf32StaysCloseToFp32) {
   EXPECT_GT(worst, 1e-6) << "TF32 was not in effect";
 }
 
+// The CPU tower's check (tests/models_test.cpp) on the GPU tower: same instance, same guards.
 TEST(TowerGpu, WholeCifar10NetGradientMatchesNumerical) {
   TOWERS_SKIP_WITHOUT_GPU();
   auto g = build_model("cifar10");
-  const int64_t n = 2;
-  CudaTower tower(*g, n, gpu(false));
-  std::vector<float> params(g->layout().total());
-  g->layout().initialize(params.data(), 3);
-  const Variable& sl = g->layout().find("softmax_linear/weight");
-  Rng rng(5);
-  for (int64_t i = 0; i < sl.size; ++i) params[sl.offset + i] = rng.uniform(-0.5f, 0.5f);
-  // The inputs of the CPU tower's check (tests/models_test.cpp), drawn the same way: an
-  // instance known to keep the finite differences clear of ReLU and max-pool kinks.
-  Batch b;
-  b.images.resize(n * 3 * 24 * 24);
-  for (float& v : b.images) v = rng.uniform(-1.5f, 1.5f);
-  b.labels = {3, 8};
-  tower.load_params(params.data());
-  tower.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
-  std::vector<float> grads(tower.grads(), tower.grads() + g->layout().total());
-  auto loss = [&] {
-    tower.load_params(params.data());
-    return tower.evaluate(b.images.data(), b.labels.data(), n).loss_sum / n;
-  };
-  for (const Variable& v : g->layout().variables()) {
-    std::vector<int64_t> idx;
-    for (int64_t i : testing::sample_indices(v.size, 12, v.offset)) idx.push_back(v.offset + i);
-    auto r = testing::check_gradient(loss, params.data(), grads.data(), idx, v.spec.name, 2e-3f,
-                                     2e-4, 5e-2);
-    EXPECT_TRUE(r.ok()) << v.spec.name << ": " << r.worst;
-    EXPECT_GE(r.checked, 6) << v.spec.name;
+  CudaTower tower(*g, 2, gpu(false));
+  testing::expect_cifar10_gradients_match_numerical(tower);
+}
+
+// NCCL on the single-GPU machines that exist: a 1-rank communicator. Its all-reduce of one
+// tower's gradients, copied out by sum_to_host, must be bitwise the host path's result for that
+// tower (the host average of one tower is its own gradient), on the same GPU and inputs.
+TEST(NcclReducer, OneRankAverageMatchesTheHostAverage) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  auto g = build_model("cifar10");
+  const int64_t n = 64, total = g->layout().total();
+  std::vector<float> params(total);
+  g->layout().initialize(params.data(), 31);
+  CudaTower host_path(*g, n, gpu(true)), nccl_path(*g, n, gpu(true));
+  NcclReducer reducer({&nccl_path});
+  std::vector<float> sum(total);
+  for (int step = 0; step < 3; ++step) {  // eager, captured, replayed
+    SCOPED_TRACE("step " + std::to_string(step));
+    Batch b = random_batch(*g, n, 400 + step);
+    host_path.load_params(params.data());
+    nccl_path.load_params(params.data());
+    std::fill(sum.begin(), sum.end(), NAN);
+    StepStats h = host_path.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+    StepStats r = nccl_path.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+    reducer.sum_to_host(sum.data());
+    EXPECT_EQ(h.loss_sum, r.loss_sum);
+    EXPECT_EQ(std::memcmp(sum.data(), host_path.grads(), sizeof(float) * total), 0);
+    for (int64_t i = 0; i < total; ++i) params[i] -= 0.05f * sum[i];
   }
 }
 
