@@ -5,6 +5,7 @@
 //                        FP32 vs TF32.
 //   BM_GpuComputeOnly    forward+backward alone (no host apply), graph vs plain launches: the
 //                        launch overhead a graph removes.
+//   BM_HostMomentumApply the momentum apply on the host parameters alone (the host's share).
 //   BM_ParamBroadcast    host->device parameter copy of a tower (GB/s) next to a plain pinned
 //                        cudaMemcpy of the same bytes: the PCIe limit.
 //   BM_GradAverageHost / BM_GradAverageNccl   averaging N towers' gradients: landing buffers
@@ -134,6 +135,25 @@ void BM_GpuComputeOnly(benchmark::State& state) {
 }
 BENCHMARK(BM_GpuComputeOnly)->ArgName("graph")->Arg(1)->Arg(0)->UseRealTime()->MinTime(2.0)
     ->Repetitions(3)->ReportAggregatesOnly(true);
+
+// The host's share of BM_GpuTowerStep that is not a copy: the momentum apply to the 1.07 M
+// pinned host parameters on the tower's host threads (8, as in BM_GpuTowerStep).
+void BM_HostMomentumApply(benchmark::State& state) {
+  if (skip_without_gpus(state)) return;
+  auto g = build_model("cifar10");
+  const int64_t total = g->layout().total();
+  CudaTower tower(*g, 128, placement(true, false));
+  std::vector<float> params(total), grads(total);
+  g->layout().initialize(params.data(), 1);
+  Rng rng(4);
+  for (float& v : grads) v = rng.uniform(-1e-3f, 1e-3f);
+  auto pin = pin_host_memory(params.data(), sizeof(float) * total);
+  Optimizer opt(g->layout(), {"momentum"});
+  for (auto _ : state) tower.host().execute([&] { opt.apply(params.data(), grads.data(), 0.01f); });
+  state.counters["params_per_sec"] = benchmark::Counter(
+      static_cast<double>(total), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_HostMomentumApply)->UseRealTime()->MinTime(1.0);
 
 // Arg: 0 = a tower's load_params (pinned host parameters, the copy stream), 1 = a plain
 // cudaMemcpy from pinned memory: the same 4.3 MB.
