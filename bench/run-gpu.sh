@@ -80,7 +80,7 @@ fi
 # the tower tests run).
 #  - racecheck checks shared-memory accesses and is by far the slowest: it runs the kernel
 #    tests, which launch every kernel the towers launch at the tower's shapes, and, apart, the
-#    whole-tower tests of the three models at small batches.
+#    GPU-against-CPU tower test of the three models at batch 32.
 #  - NCCL's set-up probes its kernels with cudaFuncGetAttributes and ignores the "no kernel
 #    image" errors of the architectures it was not built for (NVIDIA/nccl, enqueue.cc); memcheck
 #    reports every failed API call, so the NCCL test runs under memcheck on its own, with API
@@ -92,10 +92,16 @@ if [[ " $phases " == *" sanitize "* ]]; then
     "memcheck|memcheck|*Gpu*:*GPU*:-*EngineGpu*:NcclReducer.*|"
     "memcheck-nccl|memcheck|NcclReducer.*|--report-api-errors no"
     "racecheck|racecheck|*Gpu*:-*EngineGpu*:*TowerGpu*|"
-    "racecheck-towers|racecheck|Models/TowerGpu.*|"
+    "racecheck-towers|racecheck|Models/TowerGpu.MatchesTheCpuTower/*|"
     "synccheck|synccheck|$gpu_filter|"
     "initcheck|initcheck|$gpu_filter|"
   )
+  # SANITIZE_ONLY="initcheck racecheck-towers" runs those of the runs above alone.
+  if [ -n "${SANITIZE_ONLY:-}" ]; then
+    kept=()
+    for r in "${runs[@]}"; do [[ " $SANITIZE_ONLY " == *" ${r%%|*} "* ]] && kept+=("$r"); done
+    runs=("${kept[@]}")
+  fi
   for r in "${runs[@]}"; do
     IFS='|' read -r name tool filter extra <<< "$r"
     # shellcheck disable=SC2086
