@@ -70,9 +70,10 @@ if [[ " $phases " == *" tests "* ]]; then
   wait
   cat "$out"/tests-shard*.txt > "$out/tests.txt" && rm -f "$out"/tests-shard*.txt
   grep -h '^\[  FAILED  \] [A-Za-z]' "$out/tests.txt" | sort -u > "$out/tests-failed.txt"
-  grep -h -B1 '^\[  SKIPPED \] [A-Za-z]' "$out/tests.txt" | grep -v '^--' > "$out/tests-skipped.txt"
+  grep -h -A1 ': Skipped$' "$out/tests.txt" | grep -v '^--' > "$out/tests-skipped.txt"
   note "tests: $(count_gtest "$out/tests.txt") ($((SECONDS - start)) s, $shards shards)"
   [ -s "$out/tests-failed.txt" ] && sed 's/^/  /' "$out/tests-failed.txt" | tee -a "$summary"
+  [ -s "$out/tests-skipped.txt" ] && sed 's/^/  skipped: /' "$out/tests-skipped.txt" | tee -a "$summary"
 fi
 
 # 2. compute-sanitizer, the four tools side by side, on every GPU test (the end-to-end engine

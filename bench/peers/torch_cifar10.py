@@ -103,12 +103,20 @@ def main():
 
     fn = torch.compile(step, mode=args.compile_mode) if args.compile else step
     if args.compile and args.compile_mode == "reduce-overhead":
-        # CUDA-graph trees reuse their output memory at the next replay: mark each step.
-        compiled = fn
+        # Compiling the whole step (optimizer included) with CUDA-graph trees fails in
+        # PyTorch 2.11 ("accessing tensor output of CUDAGraphs that has been overwritten", in
+        # SGD.step; seen on an H100, 2026-11-23). So the forward and loss are compiled (their
+        # backward is graphed with them) and the optimizer step runs eagerly, as PyTorch's
+        # documentation of CUDA-graph trees does it.
+        loss_fn = torch.compile(lambda: F.cross_entropy(net(x), y), mode=args.compile_mode)
 
         def fn():
             torch.compiler.cudagraph_mark_step_begin()
-            return compiled()
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn()
+            loss.backward()
+            opt.step()
+            return loss.detach().clone()
     sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
     for _ in range(args.warmup):
         loss = fn()

@@ -6,6 +6,7 @@
 // Every bad flag or file ends in one line naming it, and exit code 2 (flags) or 1 (runtime).
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -136,6 +137,40 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
 }
 
 }  // namespace
+
+// A build with -march=native (TOWERS_NATIVE, the default) compiles the library for this
+// machine's CPU extensions; CMake names them as TOWERS_NEEDS_*. This file is built without
+// -march=native, and this check runs before every other static initializer of the program, so
+// that a binary carried to a CPU without them stops with an error instead of SIGILL.
+__attribute__((constructor(101))) static void towers_check_cpu_extensions() {
+  __builtin_cpu_init();
+  struct Extension {
+    bool needed, present;
+    const char* name;
+  };
+  const Extension extensions[] = {
+      {TOWERS_NEEDS_AVX512F, __builtin_cpu_supports("avx512f") != 0, "avx512f"},
+      {TOWERS_NEEDS_AVX512BW, __builtin_cpu_supports("avx512bw") != 0, "avx512bw"},
+      {TOWERS_NEEDS_AVX512DQ, __builtin_cpu_supports("avx512dq") != 0, "avx512dq"},
+      {TOWERS_NEEDS_AVX512VL, __builtin_cpu_supports("avx512vl") != 0, "avx512vl"},
+      {TOWERS_NEEDS_AVX2, __builtin_cpu_supports("avx2") != 0, "avx2"},
+      {TOWERS_NEEDS_FMA, __builtin_cpu_supports("fma") != 0, "fma"},
+      {TOWERS_NEEDS_AVX, __builtin_cpu_supports("avx") != 0, "avx"},
+      {TOWERS_NEEDS_BMI2, __builtin_cpu_supports("bmi2") != 0, "bmi2"},
+      {TOWERS_NEEDS_F16C, __builtin_cpu_supports("f16c") != 0, "f16c"},
+      {TOWERS_NEEDS_SSE4_2, __builtin_cpu_supports("sse4.2") != 0, "sse4.2"},
+  };
+  std::string missing;
+  for (const Extension& e : extensions)
+    if (e.needed && !e.present) missing += std::string(missing.empty() ? "" : ", ") + e.name;
+  if (missing.empty()) return;
+  std::fprintf(stderr,
+               "towers: error: this binary was built with -march=native for a CPU with extensions "
+               "this CPU lacks (%s); rebuild it here (scripts/build.sh), or build a portable "
+               "binary with cmake -DTOWERS_NATIVE=OFF\n",
+               missing.c_str());
+  std::_Exit(1);
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"towers: data-parallel training of small image CNNs across towers"};
