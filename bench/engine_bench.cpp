@@ -36,7 +36,8 @@ void BM_GroupSteps(benchmark::State& state, Mode mode) {
   Optimizer opt(g->layout(), {"sgd"});
   EngineConfig ec;
   ec.mode = mode, ec.towers = n, ec.threads_per_tower = 1, ec.staleness = 1;
-  TowerGroup group(*g, ec, batch, params.data(), opt);
+  LocalParameterStore store(params.data(), opt, store_access(ec), store_locking(ec), false);
+  TowerGroup group(*g, ec, batch, store);
   int64_t applied = 0;
   double loss = 0;
   RunHooks hooks;

@@ -43,10 +43,16 @@ Reduce parse_reduce(const std::string& s) {
 
 std::string to_string(Reduce r) { return r == Reduce::Host ? "host" : "nccl"; }
 
-TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, float* params,
-                       Optimizer& opt)
-    : graph_(graph), cfg_(std::move(cfg)), batch_(batch), params_(params), opt_(opt),
-      stats_(cfg_.towers) {
+UpdateAccess store_access(const EngineConfig& cfg) {
+  const int k = cfg.replicas_to_aggregate == 0 ? cfg.towers : cfg.replicas_to_aggregate;
+  return cfg.mode == Mode::Sync && k == cfg.towers ? UpdateAccess::Exclusive
+                                                   : UpdateAccess::Concurrent;
+}
+
+bool store_locking(const EngineConfig& cfg) { return cfg.mode != Mode::Sync && cfg.use_locking; }
+
+TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, ParameterStore& store)
+    : graph_(graph), cfg_(std::move(cfg)), batch_(batch), store_(store), stats_(cfg_.towers) {
   TOWERS_CHECK(cfg_.towers >= 1 && cfg_.threads_per_tower >= 1, "bad tower config");
   if (cfg_.replicas_to_aggregate == 0) cfg_.replicas_to_aggregate = cfg_.towers;
   const bool cuda = cfg_.device == DeviceKind::Cuda;
@@ -62,16 +68,8 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, floa
   }
   const int64_t total = graph.layout().total();
   if (cfg_.towers > 1) grad_sum_.resize(total);
-  if (cuda) {
-    // Page-locked host parameters: every tower's broadcast is a DMA straight from them.
-    // Pinning only speeds the copies up; without it they stage through pageable memory.
-    std::string why;
-    pinned_params_ = pin_host_memory(params_, sizeof(float) * total, &why);
-    if (!pinned_params_)
-      fmt::print(stderr, "towers: warning: host parameters not page-locked ({}); copies will "
-                 "be slower\n", why);
-    if (cfg_.towers > 1) pinned_sum_ = pin_host_memory(grad_sum_.data(), sizeof(float) * total);
-  }
+  if (cuda && cfg_.towers > 1)
+    pinned_sum_ = pin_host_memory(grad_sum_.data(), sizeof(float) * total);
   if (cfg_.reduce == Reduce::Nccl) {
     TOWERS_REQUIRE(cuda, "--reduce nccl needs --device cuda");
     TOWERS_REQUIRE(cfg_.mode == Mode::Sync && cfg_.replicas_to_aggregate == cfg_.towers,
@@ -100,7 +98,7 @@ void TowerGroup::straggle(int tower) const {
 void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augment,
                      uint64_t seed, int64_t start_version, int64_t end_version,
                      int64_t first_batch, RunHooks hooks) {
-  version_.store(start_version);
+  store_.restore_version(start_version);
   // N towers of T threads each may want more threads than the default pool has.
   const int want = cfg_.towers * cfg_.threads_per_tower + 1;
   std::unique_ptr<oneapi::tbb::global_control> more;
@@ -122,17 +120,17 @@ void TowerGroup::run_sync(const data::Dataset& train, const data::AugmentConfig&
   const int64_t global = batch_ * n;
   const int64_t per = numel(graph_.input_shape());
   const int64_t total = graph_.layout().total();
-  data::BatchPipeline pipe(train, augment, global, seed, version_.load(), 2);
+  data::BatchPipeline pipe(train, augment, global, seed, store_.version(), 2);
   oneapi::tbb::task_arena outer(n);
   std::vector<StepStats> st(n);
   std::vector<double> secs(n);
-  while (version_.load() < end_version && !hooks.stop_requested()) {
+  while (store_.version() < end_version && !hooks.stop_requested()) {
     data::Batch b = pipe.next();
-    const float lr = hooks.lr_at(version_.load());
+    const float lr = hooks.lr_at(store_.version());
     auto work = [&](int i) {
       const auto t0 = Clock::now();
       Tower& t = *towers_[i];
-      t.load_params(params_);
+      store_.pull(t);
       st[i] = t.compute_gradients(b.images.data() + i * batch_ * per, b.labels.data() + i * batch_,
                                   batch_, 1.0f / static_cast<float>(global));
       straggle(i);
@@ -161,8 +159,8 @@ void TowerGroup::run_sync(const data::Dataset& train, const data::AugmentConfig&
         });
       });
     }
-    towers_[0]->host().execute([&] { opt_.apply(params_, grads, lr); });
-    const int64_t v = version_.fetch_add(1) + 1;
+    const int64_t v = store_.push(grads, lr, towers_[0]->host());
+    store_.wait(v);
     UpdateRecord rec;
     rec.version = v;
     rec.tower = n == 1 ? 0 : -1;
@@ -199,7 +197,7 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
   std::mutex mu;                  // records, SSP clocks, parked towers, the backup accumulator
   std::shared_mutex gate;         // steps hold it shared; side work holds it exclusively
   std::atomic<bool> stop{false};
-  std::atomic<int64_t> tickets{version_.load()};  // async: updates claimed, so none overshoot
+  std::atomic<int64_t> tickets{store_.version()};  // async: updates claimed, so none overshoot
   std::vector<int64_t> clock(n, 0), submitted(n, -1);
   std::vector<bool> parked(n, false);
   int acc_count = 0;
@@ -214,7 +212,7 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
   auto min_clock = [&] { return *std::min_element(clock.begin(), clock.end()); };
 
   step = [&](int i) {
-    if (stop.load() || version_.load() >= end_version || hooks.stop_requested()) {
+    if (stop.load() || store_.version() >= end_version || hooks.stop_requested()) {
       stop.store(true);
       return;
     }
@@ -226,7 +224,7 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
         return;
       }
       // Backup towers: after submitting for version v, wait until v has been applied.
-      if (backup && submitted[i] == version_.load()) {
+      if (backup && submitted[i] == store_.version()) {
         parked[i] = true;
         return;
       }
@@ -239,8 +237,7 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
       std::shared_lock<std::shared_mutex> g(gate);
       Tower& t = *towers_[i];
       const auto t0 = Clock::now();
-      const int64_t v_read = version_.load();
-      t.load_params_shared(params_);
+      const int64_t v_read = store_.pull(t);
       StepStats s = t.compute_gradients(b.images.data(), b.labels.data(), batch_,
                                         1.0f / static_cast<float>(batch_));
       straggle(i);
@@ -248,7 +245,7 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
       if (backup) {
         std::lock_guard<std::mutex> l(mu);
         stats_.tower_step(i, secs, batch_);
-        if (v_read != version_.load() || version_.load() >= end_version) {
+        if (v_read != store_.version() || store_.version() >= end_version) {
           stats_.dropped(i);  // late: its version has been applied without it
         } else {
           submitted[i] = v_read;
@@ -270,9 +267,9 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
               for_chunks(total, 1 << 15, [&](int64_t, int64_t b0, int64_t b1) {
                 for (int64_t j = b0; j < b1; ++j) sum[j] *= scale;
               });
-              opt_.apply_shared(params_, sum, lr, false);
             });
-            produced = version_.fetch_add(1) + 1;
+            produced = store_.push(sum, lr, t.host());
+            store_.wait(produced);
             acc_rec.version = produced;
             acc_rec.tower = -1;
             acc_rec.contributors = k_needed;
@@ -292,10 +289,10 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
           return;
         }
         float lr = hooks.lr_at(ticket);
-        const int64_t staleness = version_.load() - v_read;
+        const int64_t staleness = store_.version() - v_read;
         if (cfg_.staleness_aware_lr) lr /= static_cast<float>(std::max<int64_t>(1, staleness));
-        t.host().execute([&] { opt_.apply_shared(params_, t.grads(), lr, cfg_.use_locking); });
-        produced = version_.fetch_add(1) + 1;
+        produced = store_.push(t.grads(), lr, t.host());
+        store_.wait(produced);
         std::lock_guard<std::mutex> l(mu);
         stats_.tower_step(i, secs, batch_);
         stats_.update(staleness);
@@ -326,7 +323,7 @@ void TowerGroup::run_tasks(const data::Dataset& train, const data::AugmentConfig
       // state of the parameters and optimizer: label the evaluation or checkpoint with it,
       // not with `produced`, which other towers may have passed in the meantime.
       std::unique_lock<std::shared_mutex> g(gate);
-      hooks.side_work(version_.load());
+      hooks.side_work(store_.version());
     }
     for (int j : wake) launch(j);
     launch(i);

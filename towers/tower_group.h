@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "data/pipeline.h"
-#include "optim/optimizer.h"
+#include "towers/parameter_store.h"
 #include "towers/run_stats.h"
 #include "towers/tower.h"
 
@@ -83,11 +83,18 @@ struct RunHooks {
 
 class NcclReducer;
 
+// How the mode's updates meet the towers' reads: plain sync applies while no tower runs;
+// async, SSP and backup towers apply while others copy the parameters.
+UpdateAccess store_access(const EngineConfig& cfg);
+// use_locking for the store: async and SSP with --use-locking (backup towers apply one update
+// at a time anyway).
+bool store_locking(const EngineConfig& cfg);
+
 class TowerGroup {
  public:
-  // params: the host parameter array (layout.total() floats) shared by all towers; opt owns
-  // the slots. batch: examples per tower per step.
-  TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, float* params, Optimizer& opt);
+  // store: the parameters every tower pulls and every update is pushed to (its access rule
+  // must suit the mode: store_access(cfg)). batch: examples per tower per step.
+  TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, ParameterStore& store);
   ~TowerGroup();
 
   const EngineConfig& config() const { return cfg_; }
@@ -98,7 +105,7 @@ class TowerGroup {
   void run(const data::Dataset& train, const data::AugmentConfig& augment, uint64_t seed,
            int64_t start_version, int64_t end_version, int64_t first_batch, RunHooks hooks);
 
-  int64_t version() const { return version_.load(); }
+  int64_t version() const { return store_.version(); }
   RunStats& stats() { return stats_; }
   Tower& tower(int i) { return *towers_[i]; }
 
@@ -112,13 +119,11 @@ class TowerGroup {
   const Graph& graph_;
   EngineConfig cfg_;
   int64_t batch_;
-  float* params_;
-  Optimizer& opt_;
+  ParameterStore& store_;
   std::vector<std::unique_ptr<Tower>> towers_;
-  std::atomic<int64_t> version_{0};
   RunStats stats_;
   HostBuffer grad_sum_;  // sync and backup towers: the averaged gradient
-  std::shared_ptr<void> pinned_params_, pinned_sum_;  // GPU towers: host memory page-locked
+  std::shared_ptr<void> pinned_sum_;  // GPU towers: the sum's host memory page-locked
   std::unique_ptr<NcclReducer> nccl_;
 };
 

@@ -295,9 +295,11 @@ TrainSummary train(const TrainConfig& c_in) {
     layout.initialize(params.data(), c.seed);
   }
 
+  LocalParameterStore store(params.data(), opt, store_access(ec), store_locking(ec),
+                            ec.device == DeviceKind::Cuda);
   std::unique_ptr<TowerGroup> group;
   try {
-    group = std::make_unique<TowerGroup>(*graph, ec, c.batch, params.data(), opt);
+    group = std::make_unique<TowerGroup>(*graph, ec, c.batch, store);
   } catch (const std::bad_alloc&) {
     TOWERS_BAD_INPUT("--batch {} x --towers {}: not enough memory for the activations of model {}",
                      c.batch, c.towers, c.model);

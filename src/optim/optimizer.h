@@ -33,6 +33,7 @@ class Optimizer {
   Optimizer(const ParameterLayout& layout, OptimizerConfig cfg);  // throws on an unknown name
 
   const OptimizerConfig& config() const { return cfg_; }
+  const ParameterLayout& layout() const { return layout_; }
   // params -= update(grads, lr); grads has the layout too. Increments the update count.
   // The caller has the parameters and slots to itself (sync mode).
   void apply(float* params, const float* grads, float lr);

@@ -1,0 +1,41 @@
+#include "towers/parameter_store.h"
+
+#include <fmt/format.h>
+
+#include "core/gpu.h"
+
+namespace towers {
+
+LocalParameterStore::LocalParameterStore(float* params, Optimizer& opt, UpdateAccess access,
+                                         bool use_locking, bool pin)
+    : params_(params), opt_(opt), access_(access), use_locking_(use_locking) {
+  if (!pin) return;
+  // Page-locked host parameters: every GPU tower's broadcast is a DMA straight from them.
+  // Pinning only speeds the copies up; without it they stage through pageable memory.
+  std::string why;
+  pinned_ = pin_host_memory(params_, sizeof(float) * opt.layout().total(), &why);
+  if (!pinned_)
+    fmt::print(stderr, "towers: warning: host parameters not page-locked ({}); copies will be "
+               "slower\n", why);
+}
+
+int64_t LocalParameterStore::pull(Tower& tower) {
+  const int64_t v = version_.load();
+  if (access_ == UpdateAccess::Exclusive)
+    tower.load_params(params_);
+  else
+    tower.load_params_shared(params_);
+  return v;
+}
+
+int64_t LocalParameterStore::push(const float* grads, float lr, CpuDevice& host) {
+  host.execute([&] {
+    if (access_ == UpdateAccess::Exclusive)
+      opt_.apply(params_, grads, lr);
+    else
+      opt_.apply_shared(params_, grads, lr, use_locking_);
+  });
+  return version_.fetch_add(1) + 1;
+}
+
+}  // namespace towers
