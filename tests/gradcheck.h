@@ -43,7 +43,7 @@ std::vector<GradCheckResult> check_layer(const Layer& layer, int64_t n, uint64_t
 // The whole cifar10 net's gradient through a tower (CPU or GPU, with batch >= 2), against
 // central differences of the tower's own evaluation: parameters from seed 3 with larger
 // logits weights (so the early layers' loss is not flat), two random images; coordinates are
-// drawn 24 at a time (up to 96) until 8 per variable have passed both guards of
+// drawn 24 at a time (up to 192) until 8 per variable have passed both guards of
 // check_gradient, every one of which must match; the rest are counted as skipped.
 // analytic_scale multiplies the tower's gradient before the comparison: a test of the check
 // itself sets it off 1 and expects failures.

@@ -182,6 +182,7 @@ TEST(GemmGpu, Cifar10ProductsMatchInFp32) {
 // The tolerance is 1e-2.
 TEST(GemmGpu, Cifar10ProductsMatchInTf32WithinItsPrecision) {
   TOWERS_SKIP_WITHOUT_GPU();
+  if (const std::string why = gputest::no_tf32_reason(); !why.empty()) GTEST_SKIP() << why;
   Cublas blas;
   blas.set_math_mode(CUBLAS_TF32_TENSOR_OP_MATH);
   uint64_t seed = 900;

@@ -51,6 +51,21 @@ inline bool gpu_required() {
     if (!towers_reason_.empty()) TOWERS_GPU_SKIP(towers_reason_);        \
   } while (0)
 
+// Empty when cuBLAS's TF32 mode takes effect on device 0, else why not: tensor cores with TF32
+// arrive with compute capability 8.0 (Ampere), and NVIDIA_TF32_OVERRIDE=0 turns TF32 off
+// everywhere. A TF32 test skips then (the hardware or the environment lacks it; not a setup
+// failure, so TOWERS_REQUIRE_GPU does not fail it).
+inline std::string no_tf32_reason() {
+  const char* o = std::getenv("NVIDIA_TF32_OVERRIDE");
+  if (o != nullptr && std::string(o) == "0") return "NVIDIA_TF32_OVERRIDE=0 disables TF32";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cannot read the GPU's properties";
+  if (prop.major < 8)
+    return "TF32 needs compute capability 8.0 or later; this GPU is " + std::to_string(prop.major) +
+           "." + std::to_string(prop.minor);
+  return {};
+}
+
 // A device array of T with host round trips (synchronous: tests favour clarity).
 template <class T>
 class DeviceArray {

@@ -204,6 +204,7 @@ TEST(TowerGpu, ProductionBatchMatchesTheCpuTowerWithPoisonAndDelays) {
 
 TEST(TowerGpu, Tf32StaysCloseToFp32) {
   TOWERS_SKIP_WITHOUT_GPU();
+  if (const std::string why = gputest::no_tf32_reason(); !why.empty()) GTEST_SKIP() << why;
   auto g = build_model("cifar10");
   const int64_t n = 32, total = g->layout().total();
   std::vector<float> params(total);
