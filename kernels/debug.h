@@ -1,7 +1,8 @@
-// debug.h — kernels that exist for tests, never for training.
+// debug.h — kernels that exist for tests and for set-up checks, never for training.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/hd.h"
 
@@ -10,4 +11,9 @@ namespace towers::kernels::cuda {
 // (TowerPlacement::test_backward_delay_ns) it makes the compute stream lag far behind the copy
 // stream, so that a copy missing its wait on an event reads a buffer not yet written.
 void spin_delay(CUstream_st* stream, int64_t ns);
+
+// Whether this build has GPU code that runs on the current device: empty if so, else CUDA's
+// reason (a build for sm_90 on an Ampere GPU: "no kernel image is available ..."). Asks the
+// runtime for the attributes of one of towers' kernels; launches nothing.
+std::string device_code_missing();
 }  // namespace towers::kernels::cuda

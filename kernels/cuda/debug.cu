@@ -15,4 +15,12 @@ void spin_delay(CUstream_st* stream, int64_t ns) {
   CUDA_CHECK_LAUNCH();
 }
 
+std::string device_code_missing() {
+  cudaFuncAttributes attr{};
+  const cudaError_t e = cudaFuncGetAttributes(&attr, spin_delay_kernel);
+  if (e == cudaSuccess) return {};
+  cudaGetLastError();  // the failed query is not an error of the next call
+  return cudaGetErrorString(e);
+}
+
 }  // namespace towers::kernels::cuda

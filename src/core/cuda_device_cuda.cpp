@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/cuda_check.h"
+#include "kernels/debug.h"
 
 namespace towers {
 
@@ -112,6 +113,15 @@ CudaDevice::CudaDevice(int ordinal, bool tf32) : ordinal_(ordinal), tf32_(tf32) 
   TOWERS_CHECK(ordinal >= 0 && ordinal < count, "cuda:{} does not exist ({} GPU(s) found)",
                ordinal, count);
   activate();
+  if (const std::string why = kernels::cuda::device_code_missing(); !why.empty()) {
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, ordinal);
+    TOWERS_BAD_INPUT("cuda:{} ({}, compute capability {}.{}): this towers has no GPU code for it "
+                     "({}); it was built for CUDA architectures {}: rebuild with "
+                     "-DCMAKE_CUDA_ARCHITECTURES={}{}",
+                     ordinal, prop.name, prop.major, prop.minor, why, TOWERS_CUDA_ARCHITECTURES,
+                     prop.major, prop.minor);
+  }
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&blas_));

@@ -14,6 +14,7 @@
 
 #include "core/cuda_check.h"
 #include "core/rng.h"
+#include "kernels/debug.h"
 
 namespace towers::gputest {
 
@@ -23,6 +24,9 @@ inline std::string no_gpu_reason() {
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) return std::string("no usable CUDA device: ") + cudaGetErrorString(e);
   if (count == 0) return "no CUDA device: 0 devices";
+  // A GPU this build has no code for (built for sm_90, run on an older GPU, say).
+  if (const std::string why = kernels::cuda::device_code_missing(); !why.empty())
+    return "no GPU code for device 0 in this build (" TOWERS_CUDA_ARCHITECTURES "): " + why;
   return {};
 }
 
