@@ -51,7 +51,8 @@ UpdateAccess store_access(const EngineConfig& cfg) {
 
 bool store_locking(const EngineConfig& cfg) { return cfg.mode != Mode::Sync && cfg.use_locking; }
 
-TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, ParameterStore& store)
+TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, ParameterStore& store,
+                       const TowerFactory& make)
     : graph_(graph), cfg_(std::move(cfg)), batch_(batch), store_(store), stats_(cfg_.towers) {
   TOWERS_CHECK(cfg_.towers >= 1 && cfg_.threads_per_tower >= 1, "bad tower config");
   if (cfg_.replicas_to_aggregate == 0) cfg_.replicas_to_aggregate = cfg_.towers;
@@ -64,7 +65,7 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
     p.gpu = cuda ? i % cfg_.gpus : 0;
     p.tf32 = cfg_.tf32;
     p.cuda_graphs = cfg_.cuda_graphs;
-    towers_.push_back(make_tower(graph, batch, p));
+    towers_.push_back(make(graph, batch, p));
   }
   const int64_t total = graph.layout().total();
   if (cfg_.towers > 1) grad_sum_.resize(total);

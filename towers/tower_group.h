@@ -94,7 +94,11 @@ class TowerGroup {
  public:
   // store: the parameters every tower pulls and every update is pushed to (its access rule
   // must suit the mode: store_access(cfg)). batch: examples per tower per step.
-  TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, ParameterStore& store);
+  // make: how each tower is made (make_tower; tests pass towers of their own).
+  using TowerFactory = std::function<std::unique_ptr<Tower>(const Graph&, int64_t max_batch,
+                                                            const TowerPlacement&)>;
+  TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, ParameterStore& store,
+             const TowerFactory& make = make_tower);
   ~TowerGroup();
 
   const EngineConfig& config() const { return cfg_; }
