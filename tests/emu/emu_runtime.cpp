@@ -214,13 +214,13 @@ cudaError_t cudaHostUnregister(void* p) {
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (capture) return fail(cudaErrorStreamCaptureUnsupported);
   if (cudaError_t e = check_copy(dst, src, bytes, kind)) return fail(e);
-  std::memcpy(dst, src, bytes);
+  if (bytes > 0) std::memcpy(dst, src, bytes);  // a 0-byte copy may name null pointers
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s) {
   if (cudaError_t e = check_copy(dst, src, bytes, kind)) return fail(e);
-  towers::emu::submit(s, [=] { std::memcpy(dst, src, bytes); });
+  if (bytes > 0) towers::emu::submit(s, [=] { std::memcpy(dst, src, bytes); });
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite (the CPU tests and the GPU suite on the CUDA emulator) built with
+# AddressSanitizer and UndefinedBehaviorSanitizer into BUILD_DIR (default build-asan), then
+# run by ctest: a memory error, a leak or undefined behaviour fails the test that hit it. CI
+# runs it after scripts/test.sh.
+#   scripts/asan.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${1:-build-asan}
+scripts/install-deps.sh
+sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOWERS_NATIVE=OFF \
+  -DTOWERS_BUILD_BENCH=OFF -DTOWERS_CUDA="${TOWERS_CUDA:-AUTO}" \
+  -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
+cmake --build "$build_dir" -j "$(nproc)"
+# protect_shadow_gap=0: the CUDA runtime, linked in CUDA builds (and idle without a GPU),
+# maps memory where ASan would otherwise protect its shadow gap.
+export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+cd "$build_dir"
+ctest --output-on-failure -j "$(nproc)" --timeout 1800
