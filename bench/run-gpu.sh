@@ -25,9 +25,9 @@ if [ -d "$build/devlibs" ]; then export LD_LIBRARY_PATH="$build/devlibs:${LD_LIB
 # cuBLAS, cuDNN and NCCL from the Python wheels where the toolkit's lib64 lacks them.
 py_nvidia=$(python3 -c "import nvidia, os; print(nvidia.__path__[0])" 2>/dev/null || true)
 if [ -n "$py_nvidia" ]; then
-  for d in "$py_nvidia"/*/lib; do LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; done
+  for d in "$py_nvidia"/*/lib; do LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"; done
 fi
-export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
 export TOWERS_BINARY="$build/towers" TOWERS_REQUIRE_GPU=1
 # Fashion-MNIST, where Debian's dataset package is absent: carry the four .gz files of
 # /usr/share/datasets/fashion-mnist to data/fashion-mnist.
@@ -63,11 +63,21 @@ count_gtest() {
 if [[ " $phases " == *" tests "* ]]; then
   shards=${SHARDS:-8}
   start=$SECONDS
+  pids=()
   for ((i = 0; i < shards; ++i)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${TESTS_S:-300}" \
       "$build/tests/towers_tests" --gtest_brief=1 > "$out/tests-shard$i.txt" 2>&1 &
+    pids+=($!)
   done
-  wait
+  # A shard that crashes or runs out of time prints no summary line: report its exit code.
+  for ((i = 0; i < shards; ++i)); do
+    wait "${pids[$i]}"
+    rc=$?
+    if [ "$rc" -ne 0 ] && ! grep -q '^\[  FAILED  \] [0-9]* test' "$out/tests-shard$i.txt"; then
+      note "tests: shard $i exited with $rc without a gtest summary (124: out of time)"
+      echo "[  FAILED  ] shard $i exited with $rc" >> "$out/tests-shard$i.txt"
+    fi
+  done
   cat "$out"/tests-shard*.txt > "$out/tests.txt" && rm -f "$out"/tests-shard*.txt
   grep -h '^\[  FAILED  \] [A-Za-z]' "$out/tests.txt" | sort -u > "$out/tests-failed.txt"
   grep -h -A1 ': Skipped$' "$out/tests.txt" | grep -v '^--' > "$out/tests-skipped.txt"

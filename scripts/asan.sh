@@ -14,8 +14,10 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOWERS_N
   -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
 cmake --build "$build_dir" -j "$(nproc)"
 # protect_shadow_gap=0: the CUDA runtime, linked in CUDA builds (and idle without a GPU),
-# maps memory where ASan would otherwise protect its shadow gap.
-export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1
-export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# maps memory where ASan would otherwise protect its shadow gap. exitcode=86: a sanitizer
+# report in a `towers` process that the CLI tests start must not pass for the exit code 1 of
+# an expected error.
+export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:exitcode=86
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86
 cd "$build_dir"
 ctest --output-on-failure -j "$(nproc)" --timeout 1800

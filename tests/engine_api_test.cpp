@@ -4,6 +4,7 @@
 // averaging, applying, gating, dropping), independent of BLAS or summation order. The CLI
 // tests (engine_test.cpp) check the same invariants end to end with real towers.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "core/device.h"
+#include "core/relaxed.h"
 #include "data/augment.h"
 #include "data/synthetic.h"
 #include "models/models.h"
@@ -25,9 +27,10 @@ namespace towers {
 namespace {
 
 // A tower whose gradient for a batch is, per element j, grad_scale * sum over its examples of
-// (label + 1) * ((j % 5) - 2): integers times 1 / (a power of two), exact in float. The loss
-// sum is the sum of the labels; correct counts the even labels. Towers in `slow` sleep
-// `slow_ms` after each step, to make stragglers.
+// (label + 1 + p) * ((j % 5) - 2), where p = round(64 * parameter 0) as pulled: integers times
+// 1 / (a power of two), exact in float, and a pull of another version than the engine's
+// changes it. The loss sum is the sum of the labels; correct counts the even labels. Towers in
+// `slow` sleep `slow_ms` after each step, to make stragglers.
 class IntegerTower final : public Tower {
  public:
   IntegerTower(const Graph& g, int64_t max_batch, int index, std::vector<int> slow, int slow_ms)
@@ -37,14 +40,18 @@ class IntegerTower final : public Tower {
   CpuDevice& host() override { return cpu_; }
   const float* grads() const override { return grads_.data(); }
   float* mutable_grads() override { return grads_.data(); }
-  void load_params(const float*) override {}
-  void load_params_shared(const float*) override {}
+  void load_params(const float* host) override { p_ = std::lround(64.0f * host[0]); }
+  void load_params_shared(const float* host) override {
+    float p0 = 0;
+    load_relaxed(host, &p0, 1);
+    p_ = std::lround(64.0f * p0);
+  }
   StepStats compute_gradients(const float*, const int32_t* labels, int64_t n,
                               float grad_scale) override {
     int64_t weight = 0, correct = 0;
     double loss = 0;
     for (int64_t e = 0; e < n; ++e) {
-      weight += labels[e] + 1;
+      weight += labels[e] + 1 + p_;
       loss += labels[e];
       correct += labels[e] % 2 == 0;
     }
@@ -59,6 +66,7 @@ class IntegerTower final : public Tower {
  private:
   CpuDevice cpu_;
   std::vector<float> grads_;
+  int64_t p_ = 0;
   int index_;
   std::vector<int> slow_;
   int slow_ms_;

@@ -2,9 +2,10 @@
 // Central differences with the loss accumulated in double. Kink guard: where the one-sided
 // differences disagree (the step crossed a ReLU or max-pool kink), the coordinate is skipped
 // and counted, since neither side is the true derivative there. Resolution guard: where the
-// central differences at eps and eps / 2 disagree by more than the tolerance, the numeric
-// derivative is not resolved (a kink the first guard missed, or float rounding of the loss
-// that depends on the machine's BLAS kernels), and the coordinate is skipped and counted too.
+// central differences at eps and eps / 2 disagree by more than a quarter of the tolerance,
+// the numeric derivative is not resolved (a kink the first guard missed, or float rounding of
+// the loss that depends on the machine's BLAS kernels), and the coordinate is skipped and
+// counted too.
 // Callers require a minimum number of checked coordinates, so a check cannot pass on nothing.
 #pragma once
 

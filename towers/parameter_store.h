@@ -1,8 +1,9 @@
 // parameter_store.h — where a tower group's parameters live, and the one place an update is
 // applied (modelled on ps-lite's KVWorker: pull, push, wait).
 //
-// A store owns the flat parameter array (ParameterLayout order), the optimizer with its slots,
-// the version (the number of updates applied) and the concurrency rules of its updates. The
+// A store holds (owns, or borrows from the caller) the flat parameter array (ParameterLayout
+// order) and the optimizer with its slots, and owns the version (the number of updates
+// applied) and the concurrency rules of its updates. The
 // engine (TowerGroup) never touches the parameters or the optimizer itself:
 //   pull(tower)                  the tower gets the current parameters; returns the version
 //                                they were at when the copy began
@@ -39,6 +40,8 @@ class ParameterStore {
  public:
   virtual ~ParameterStore() = default;
   virtual int64_t version() const = 0;
+  // How its updates meet concurrent reads: the engine checks it suits the mode.
+  virtual UpdateAccess access() const = 0;
   // Sets the version a run starts from (a resumed checkpoint's step).
   virtual void restore_version(int64_t v) = 0;
   virtual int64_t pull(Tower& tower) = 0;
@@ -57,6 +60,7 @@ class LocalParameterStore final : public ParameterStore {
   LocalParameterStore(float* params, Optimizer& opt, UpdateAccess access, bool use_locking,
                       bool pin);
   int64_t version() const override { return version_.load(); }
+  UpdateAccess access() const override { return access_; }
   void restore_version(int64_t v) override { version_.store(v); }
   int64_t pull(Tower& tower) override;
   int64_t push(const float* grads, float lr, CpuDevice& host) override;

@@ -55,6 +55,8 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
                        const TowerFactory& make)
     : graph_(graph), cfg_(std::move(cfg)), batch_(batch), store_(store), stats_(cfg_.towers) {
   TOWERS_CHECK(cfg_.towers >= 1 && cfg_.threads_per_tower >= 1, "bad tower config");
+  TOWERS_CHECK(store_.access() == store_access(cfg_),
+               "the parameter store's update access does not suit mode {}", to_string(cfg_.mode));
   if (cfg_.replicas_to_aggregate == 0) cfg_.replicas_to_aggregate = cfg_.towers;
   const bool cuda = cfg_.device == DeviceKind::Cuda;
   TOWERS_CHECK(!cuda || cfg_.gpus >= 1, "a CUDA tower group needs at least one GPU");

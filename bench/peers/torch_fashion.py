@@ -83,7 +83,7 @@ def main():
     opt = torch.optim.SGD([{"params": decay, "weight_decay": 0.004}, {"params": other}],
                           lr=args.lr, momentum=0.9)
     train_size = xtr.shape[0]
-    steps = int(args.epochs * train_size) // args.batch
+    steps = math.ceil(args.epochs * train_size / args.batch)  # towers rounds up, too
 
     if dev.type == "cuda":
         torch.cuda.synchronize()

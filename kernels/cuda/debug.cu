@@ -3,10 +3,19 @@
 
 namespace towers::kernels::cuda {
 
+__device__ inline uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));  // nanoseconds, any clock speed
+  return t;
+}
+
 __global__ void spin_delay_kernel(int64_t ns) {
-  const long long start = clock64();
-  // clock64 counts SM cycles; at most ~2 GHz, so ns * 2 cycles last at least ns nanoseconds.
-  while (clock64() - start < 2 * ns) __nanosleep(100);
+  const uint64_t start = global_ns();
+  while (global_ns() - start < static_cast<uint64_t>(ns)) {
+#if __CUDA_ARCH__ >= 700
+    __nanosleep(100);
+#endif
+  }
 }
 
 void spin_delay(CUstream_st* stream, int64_t ns) {
@@ -20,6 +29,9 @@ std::string device_code_missing() {
   const cudaError_t e = cudaFuncGetAttributes(&attr, spin_delay_kernel);
   if (e == cudaSuccess) return {};
   cudaGetLastError();  // the failed query is not an error of the next call
+  // Only these mean "no code for this GPU"; any other error (a driver too old for the PTX,
+  // say) is left to the first CUDA call that checks, which names it.
+  if (e != cudaErrorNoKernelImageForDevice && e != cudaErrorInvalidDeviceFunction) return {};
   return cudaGetErrorString(e);
 }
 
