@@ -27,7 +27,7 @@ namespace towers {
 namespace {
 
 // A tower whose gradient for a batch is, per element j, grad_scale * sum over its examples of
-// (label + 1 + p) * ((j % 5) - 2), where p = round(64 * parameter 0) as pulled: integers times
+// (label + 1 + p) * ((j % 5) - 2), where p (0..3) is read off parameter 0 as pulled: integers times
 // 1 / (a power of two), exact in float, and a pull of another version than the engine's
 // changes it. The loss sum is the sum of the labels; correct counts the even labels. Towers in
 // `slow` sleep `slow_ms` after each step, to make stragglers.
@@ -40,11 +40,11 @@ class IntegerTower final : public Tower {
   CpuDevice& host() override { return cpu_; }
   const float* grads() const override { return grads_.data(); }
   float* mutable_grads() override { return grads_.data(); }
-  void load_params(const float* host) override { p_ = std::lround(64.0f * host[0]); }
+  void load_params(const float* host) override { p_ = small(host[0]); }
   void load_params_shared(const float* host) override {
     float p0 = 0;
     load_relaxed(host, &p0, 1);
-    p_ = std::lround(64.0f * p0);
+    p_ = small(p0);
   }
   StepStats compute_gradients(const float*, const int32_t* labels, int64_t n,
                               float grad_scale) override {
@@ -66,6 +66,11 @@ class IntegerTower final : public Tower {
  private:
   CpuDevice cpu_;
   std::vector<float> grads_;
+  // 0..3 from parameter 0, which the updates move by multiples of 1/64: bounded, so the
+  // gradients cannot feed back into growth.
+  static int64_t small(float p0) {
+    return static_cast<int64_t>(std::fmod(std::fabs(static_cast<double>(p0)) * 64.0, 4.0));
+  }
   int64_t p_ = 0;
   int index_;
   std::vector<int> slow_;
