@@ -64,17 +64,24 @@ inline std::vector<nlohmann::json> metrics_events(const std::string& path, const
   return out;
 }
 
-// Replays the per-update tower ids of "step" records and returns the largest lead (completed
-// steps of the fastest tower minus the slowest) ever seen.
-inline int64_t max_lead(const std::vector<nlohmann::json>& steps, int towers) {
+// Replays the towers that applied each update, in order, and returns the largest lead
+// (completed steps of the fastest tower minus the slowest) ever seen.
+inline int64_t max_lead(const std::vector<int>& tower_of_update, int towers) {
   std::vector<int64_t> clock(towers, 0);
   int64_t lead = 0;
-  for (const auto& s : steps) {
-    ++clock[s["tower"].get<int>()];
+  for (int t : tower_of_update) {
+    ++clock[t];
     lead = std::max(lead, *std::max_element(clock.begin(), clock.end()) -
                               *std::min_element(clock.begin(), clock.end()));
   }
   return lead;
+}
+
+// The same over the "step" records of a metrics file.
+inline int64_t max_lead(const std::vector<nlohmann::json>& steps, int towers) {
+  std::vector<int> tower_of_update;
+  for (const auto& s : steps) tower_of_update.push_back(s["tower"].get<int>());
+  return max_lead(tower_of_update, towers);
 }
 
 }  // namespace towers::testutil

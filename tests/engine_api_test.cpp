@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_util.h"
 #include "core/device.h"
 #include "core/relaxed.h"
 #include "data/augment.h"
@@ -145,15 +146,11 @@ TEST(EngineApi, SyncTowersOfASliceEqualOneTowerOfTheWholeBatchBitwise) {
             0);
 }
 
-// The lead of a tower: its completed updates minus the fewest any tower has completed.
+// The largest lead of any tower over the slowest, replayed from the run's updates.
 int64_t max_lead(const std::vector<UpdateRecord>& updates, int towers) {
-  std::vector<int64_t> clock(towers, 0);
-  int64_t lead = 0;
-  for (const UpdateRecord& u : updates) {
-    ++clock[u.tower];
-    lead = std::max(lead, clock[u.tower] - *std::min_element(clock.begin(), clock.end()));
-  }
-  return lead;
+  std::vector<int> tower_of_update;
+  for (const UpdateRecord& u : updates) tower_of_update.push_back(u.tower);
+  return testutil::max_lead(tower_of_update, towers);
 }
 
 TEST(EngineApi, SspLeadNeverExceedsItsBoundAndTheBoundBinds) {
