@@ -1,5 +1,7 @@
 #include "towers/parameter_store.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/gpu.h"
@@ -36,6 +38,10 @@ int64_t LocalParameterStore::push(const float* grads, float lr, CpuDevice& host)
       opt_.apply_shared(params_, grads, lr, use_locking_);
   });
   return version_.fetch_add(1) + 1;
+}
+
+int64_t LocalParameterStore::min_clock() const {
+  return clocks_.empty() ? 0 : *std::min_element(clocks_.begin(), clocks_.end());
 }
 
 }  // namespace towers

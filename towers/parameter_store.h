@@ -10,6 +10,11 @@
 //   push(grads, lr, host)        applies one update (grads already averaged and scaled),
 //                                returns a ticket: the version the update produced
 //   wait(ticket)                 returns once that update is visible to every later pull
+//   tick(tower), clock(tower), min_clock()
+//                                per-tower clocks: the updates each tower has pushed in this
+//                                run (the SSP gate compares them); the caller serialises them
+// A sync round is a version: every tower of a round pulls the same version and the round's
+// one push makes the next, so sync needs nothing beyond the version from the store.
 // The local host store (this file) applies at once, on the calling tower's host threads, so
 // its wait returns at once. The stores to come plug in behind the same three calls:
 //   - device-mirrored (TF's MirroredStrategy): a copy of the parameters and slots on each
@@ -24,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "optim/optimizer.h"
 #include "towers/tower.h"
@@ -49,6 +55,11 @@ class ParameterStore {
   virtual void wait(int64_t ticket) = 0;
   // The parameters at the current version, in host memory (evaluation, checkpoints).
   virtual const float* host_params() = 0;
+  // Per-tower clocks, all 0 after reset_clocks(towers).
+  virtual void reset_clocks(int towers) = 0;
+  virtual int64_t tick(int tower) = 0;  // returns the tower's new clock
+  virtual int64_t clock(int tower) const = 0;
+  virtual int64_t min_clock() const = 0;
 };
 
 // The parameters in host memory, as in the TF tutorial: towers copy them in (GPU towers from
@@ -66,6 +77,10 @@ class LocalParameterStore final : public ParameterStore {
   int64_t push(const float* grads, float lr, CpuDevice& host) override;
   void wait(int64_t) override {}
   const float* host_params() override { return params_; }
+  void reset_clocks(int towers) override { clocks_.assign(towers, 0); }
+  int64_t tick(int tower) override { return ++clocks_.at(tower); }
+  int64_t clock(int tower) const override { return clocks_.at(tower); }
+  int64_t min_clock() const override;
 
  private:
   float* params_;
@@ -74,6 +89,7 @@ class LocalParameterStore final : public ParameterStore {
   bool use_locking_;
   std::atomic<int64_t> version_{0};
   std::shared_ptr<void> pinned_;
+  std::vector<int64_t> clocks_;
 };
 
 }  // namespace towers

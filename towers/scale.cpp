@@ -30,7 +30,8 @@ std::string python_with_matplotlib() {
 void run_scale(const ScaleConfig& cfg) {
   TOWERS_REQUIRE(!cfg.towers.empty(), "--towers needs at least one count");
   for (int n : cfg.towers) TOWERS_REQUIRE(n >= 1, "--towers: counts must be >= 1, got {}", n);
-  for (const auto& m : cfg.modes) parse_mode(m);  // throws naming --mode
+  for (const auto& m : cfg.modes)
+    TOWERS_REQUIRE(mode_named(m), "--modes: unknown mode '{}' (known: {})", m, mode_names());
   TOWERS_REQUIRE(!cfg.base.resume && cfg.base.checkpoint_dir.empty(),
                  "towers scale writes no checkpoints and resumes nothing");
   // Check the whole sweep's flags before the first run starts.

@@ -93,7 +93,9 @@ std::vector<std::pair<int, int>> parse_slow_towers(const std::vector<std::string
 void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(c.towers >= 1, "--towers must be at least 1, got {}", c.towers);
   TOWERS_REQUIRE(c.towers <= 256, "--towers {} is too many (at most 256)", c.towers);
-  const Mode mode = parse_mode(c.mode);
+  const std::optional<Mode> parsed_mode = mode_named(c.mode);
+  TOWERS_REQUIRE(parsed_mode, "--mode: unknown mode '{}' (known: {})", c.mode, mode_names());
+  const Mode mode = *parsed_mode;
   TOWERS_REQUIRE(c.threads_per_tower >= 0, "--threads-per-tower must be >= 0 (0 = cores / towers), got {}",
                  c.threads_per_tower);
   TOWERS_REQUIRE(c.replicas_to_aggregate >= 0 && c.replicas_to_aggregate <= c.towers,
@@ -108,7 +110,9 @@ void validate(const TrainConfig& c) {
                  "--use-locking applies to --mode async and ssp (sync applies once per step)");
   TOWERS_REQUIRE(c.device == "cpu" || c.device == "cuda",
                  "--device: unknown device '{}' (known: cpu, cuda)", c.device);
-  const Reduce reduce = parse_reduce(c.reduce);
+  const std::optional<Reduce> parsed_reduce = reduce_named(c.reduce);
+  TOWERS_REQUIRE(parsed_reduce, "--reduce: unknown reduction '{}' (known: host, nccl)", c.reduce);
+  const Reduce reduce = *parsed_reduce;
   TOWERS_REQUIRE(c.gpus >= 0, "--gpus must be >= 0 (0 = all), got {}", c.gpus);
   TOWERS_REQUIRE(c.device == "cuda" ||
                      (c.gpus == 0 && !c.tf32 && c.cuda_graphs && reduce == Reduce::Host),
@@ -183,7 +187,7 @@ TrainSummary train(const TrainConfig& c_in) {
   TrainConfig c = c_in;
   validate(c);
   const auto t_start = Clock::now();
-  const Mode mode = parse_mode(c.mode);
+  const Mode mode = *mode_named(c.mode);
   const int cores = hardware_threads();
   const int threads = c.threads_per_tower > 0 ? c.threads_per_tower : std::max(1, cores / c.towers);
   auto graph = build_model(c.model);
@@ -214,7 +218,7 @@ TrainSummary train(const TrainConfig& c_in) {
     TOWERS_REQUIRE(c.gpus <= have, "--gpus {}: this machine has {} GPU(s)", c.gpus, have);
     ec.device = DeviceKind::Cuda;
     ec.gpus = std::min(c.gpus > 0 ? c.gpus : have, c.towers);
-    ec.reduce = parse_reduce(c.reduce);
+    ec.reduce = *reduce_named(c.reduce);
     ec.tf32 = c.tf32;
     ec.cuda_graphs = c.cuda_graphs;
     TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,

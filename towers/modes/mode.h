@@ -1,0 +1,136 @@
+// mode.h — a mode of a run as a policy of the one step driver (towers/tower_group.cpp).
+//
+// Every mode runs the same loop, one oneTBB task per tower step:
+//     may_start? -> pull -> compute -> submit -> (record, side work) -> next step
+// A policy decides three things and nothing else:
+//   - the batches: lockstep (every update is one global batch of N x B split over the towers,
+//     each gradient scaled by 1 / (N B)) or free-running (each tower reads its own stream of
+//     batches of B and scales by 1 / B);
+//   - the gate: whether a tower may start a step now (the SSP bound, a sync tower that has
+//     already given its gradient for the current version); a tower that may not is parked and
+//     re-examined after every submit that asks for it;
+//   - the submit: what happens to a finished gradient (pushed at once, held for an ordered
+//     average, accumulated, or dropped), through the driver's services in ModeContext.
+// Adding a mode: a value of Mode below, a file in towers/modes/ with its policy and factory,
+// and one line in registry.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "towers/parameter_store.h"
+#include "towers/run_stats.h"
+#include "towers/tower.h"
+
+namespace towers {
+
+enum class Mode { Sync, Async, Ssp };
+
+// How sync mode sums GPU towers' gradients: on the host with oneTBB (the TF tutorial's way:
+// every tower copies its gradients out), or by an NCCL all-reduce among the GPUs and one copy
+// of the result to the host.
+enum class Reduce { Host, Nccl };
+
+struct EngineConfig {
+  Mode mode = Mode::Sync;
+  int towers = 1;
+  int threads_per_tower = 1;
+  int replicas_to_aggregate = 0;  // sync: 0 = all towers
+  int64_t staleness = 0;          // ssp bound
+  bool use_locking = false;       // async/ssp
+  bool staleness_aware_lr = false;
+  std::vector<std::pair<int, int>> stragglers;  // (tower, extra milliseconds per step)
+  // Where the towers run. CUDA: tower i on GPU i % gpus; threads_per_tower is then the
+  // threads of each tower's host-side work.
+  DeviceKind device = DeviceKind::Cpu;
+  int gpus = 1;
+  Reduce reduce = Reduce::Host;
+  bool tf32 = false;
+  bool cuda_graphs = true;
+};
+
+// One applied update, as the run records it.
+struct UpdateRecord {
+  int64_t version = 0;    // the parameter version this update produced (= the step count)
+  int tower = -1;         // who applied it; -1 for an average over towers
+  int contributors = 1;   // towers whose gradients went into it
+  int64_t staleness = 0;  // version at apply - version the gradients were computed on
+  double loss = 0.0;      // mean cross-entropy of the examples behind the update
+  int64_t correct = 0, examples = 0;
+  float lr = 0.0f;
+};
+
+// A tower's finished step, as the driver hands it to the policy.
+struct TowerStep {
+  int tower = 0;
+  int64_t version_read = 0;  // the version its parameters were pulled at
+  StepStats stats;
+  double seconds = 0.0;      // pull + compute (+ any straggler delay)
+};
+
+// What a submit asks of the driver.
+struct Submitted {
+  bool side_work = false;      // an evaluation or checkpoint is due (run with towers paused)
+  bool recheck_parked = false; // re-examine parked towers' gates
+  bool stop = false;           // the run has reached its end version
+};
+
+class NcclReducer;
+
+// The driver's services to a policy. mu guards the records, the statistics and every
+// policy's own bookkeeping; record() must be called with it held.
+struct ModeContext {
+  const EngineConfig& cfg;
+  ParameterStore& store;
+  std::vector<std::unique_ptr<Tower>>& towers;
+  RunStats& stats;
+  HostBuffer& grad_sum;   // layout.total() floats when towers > 1
+  NcclReducer* nccl;      // sync with Reduce::Nccl on several GPUs, else null
+  int64_t batch;          // examples per tower per step
+  int64_t end_version;
+  std::mutex& mu;
+  // The schedule's lr for the update that makes version v + 1.
+  std::function<float(int64_t v)> lr_at;
+  // Counts the update in the statistics and reports it to the run (metrics, evaluation and
+  // checkpoint triggers); returns true when side work is due.
+  std::function<bool(const UpdateRecord&)> record;
+
+  int n() const { return static_cast<int>(towers.size()); }
+  int64_t total() const { return static_cast<int64_t>(grad_sum.size()); }
+};
+
+class ModePolicy {
+ public:
+  virtual ~ModePolicy() = default;
+  // Lockstep: every update is one global batch of N x B, tower i computing slice i.
+  virtual bool lockstep() const { return false; }
+  // Called once before the towers start, with the store at the run's first version.
+  virtual void begin(ModeContext&) {}
+  // Examples behind one update, for the schedule's epoch count.
+  virtual int64_t examples_per_update(int64_t batch, int towers) const = 0;
+  // Called with ctx.mu held before tower i pulls: false parks the tower.
+  virtual bool may_start(int tower, ModeContext& ctx) = 0;
+  // Called without the lock once tower i's gradient is in its buffer.
+  virtual Submitted submit(const TowerStep& step, ModeContext& ctx) = 0;
+};
+
+// ---- the registry (registry.cpp) -------------------------------------------------------------
+struct ModeInfo {
+  Mode mode;
+  const char* name;
+  const char* summary;  // one line for --help
+};
+const std::vector<ModeInfo>& modes();
+std::optional<Mode> mode_named(const std::string& name);
+std::string mode_name(Mode m);
+std::string mode_names();  // "sync, async, ssp"
+// The policy of cfg's mode (sync picks the backup-tower policy when K < N).
+std::unique_ptr<ModePolicy> make_policy(const EngineConfig& cfg);
+
+}  // namespace towers
