@@ -1,5 +1,7 @@
 // optimizer_rules.h — the per-element optimizer rules that kernels/cpu/optimizer.cpp loops over
-// and kernels/cuda/optimizer.cu runs one thread per element: one formula for both twins. The
+// and kernels/cuda/optimizer.cu runs one thread per element: one formula for both twins, and
+// the one list of rules (OptRule, Rule<R>, with_rule) that both twins dispatch on. A new rule
+// is a formula, an OptRule value, a Rule<R> and a case of with_rule, all in this file. The
 // formulas and their TF v1 semantics are documented in kernels/optimizer.h; g' = g + wd * w.
 // The expressions are the contract: the CPU updates (and so checkpoint resume) stay bitwise
 // what they were only while each rule keeps its operations and their order. Both compilers may
@@ -9,6 +11,7 @@
 // kernel and the rule round identically.
 #pragma once
 
+#include <stdint.h>
 #include <math.h>  // sqrtf (host); nvcc provides the device sqrtf
 
 #include "kernels/hd.h"
@@ -49,6 +52,83 @@ TOWERS_HD void rmsprop_rule(float& w, float& ms, float& mom, float g, float lr, 
   ms = rho * ms + (1.0f - rho) * gi * gi;
   mom = mu * mom + lr * gi / sqrtf(ms + eps);
   w -= mom;
+}
+
+// ---- dispatch ----------------------------------------------------------------------------------
+
+enum class OptRule { Sgd, Momentum, Adagrad, Adam, Rmsprop };
+
+// The scalars of one update of one variable; a rule reads the ones it needs.
+struct RuleArgs {
+  OptRule rule = OptRule::Sgd;
+  float lr = 0.0f;      // adam: lr_t, the bias-corrected rate
+  float mu = 0.0f;      // momentum, rmsprop
+  bool nesterov = false;
+  float b1 = 0.0f, b2 = 0.0f;  // adam
+  float rho = 0.0f;     // rmsprop
+  float eps = 0.0f;     // adam, rmsprop
+  float wd = 0.0f;      // the variable's weight decay
+};
+
+// Rule<R>::at(i, ...) applies rule R to element i; kSlots slot arrays are read (the others
+// may be null).
+template <OptRule R>
+struct Rule;
+
+template <>
+struct Rule<OptRule::Sgd> {
+  static constexpr int kSlots = 0;
+  TOWERS_HD static void at(int64_t i, float* w, float*, float*, const float* g, const RuleArgs& a) {
+    sgd_rule(w[i], g[i], a.lr, a.wd);
+  }
+};
+
+template <>
+struct Rule<OptRule::Momentum> {
+  static constexpr int kSlots = 1;
+  TOWERS_HD static void at(int64_t i, float* w, float* s0, float*, const float* g,
+                           const RuleArgs& a) {
+    momentum_rule(w[i], s0[i], g[i], a.lr, a.mu, a.nesterov, a.wd);
+  }
+};
+
+template <>
+struct Rule<OptRule::Adagrad> {
+  static constexpr int kSlots = 1;
+  TOWERS_HD static void at(int64_t i, float* w, float* s0, float*, const float* g,
+                           const RuleArgs& a) {
+    adagrad_rule(w[i], s0[i], g[i], a.lr, a.wd);
+  }
+};
+
+template <>
+struct Rule<OptRule::Adam> {
+  static constexpr int kSlots = 2;
+  TOWERS_HD static void at(int64_t i, float* w, float* s0, float* s1, const float* g,
+                           const RuleArgs& a) {
+    adam_rule(w[i], s0[i], s1[i], g[i], a.lr, a.b1, a.b2, a.eps, a.wd);
+  }
+};
+
+template <>
+struct Rule<OptRule::Rmsprop> {
+  static constexpr int kSlots = 2;
+  TOWERS_HD static void at(int64_t i, float* w, float* s0, float* s1, const float* g,
+                           const RuleArgs& a) {
+    rmsprop_rule(w[i], s0[i], s1[i], g[i], a.lr, a.rho, a.mu, a.eps, a.wd);
+  }
+};
+
+// Calls f(Rule<r>{}) for the runtime rule r (host code: the twins' launchers).
+template <class F>
+void with_rule(OptRule r, F&& f) {
+  switch (r) {
+    case OptRule::Sgd: return f(Rule<OptRule::Sgd>{});
+    case OptRule::Momentum: return f(Rule<OptRule::Momentum>{});
+    case OptRule::Adagrad: return f(Rule<OptRule::Adagrad>{});
+    case OptRule::Adam: return f(Rule<OptRule::Adam>{});
+    case OptRule::Rmsprop: return f(Rule<OptRule::Rmsprop>{});
+  }
 }
 
 }  // namespace towers::kernels

@@ -127,14 +127,21 @@ TEST(Optimizer, AdagradAndRmspropMatchTfFormulas) {
   EXPECT_NEAR(r.w[0], 1.0 - mom, 1e-6);
 }
 
-TEST(Optimizer, UnknownNameIsAnErrorNamingTheFlag) {
-  ParameterLayout layout{{ParamSpec{"v", {1}, Init::constant(0), 0}}};
-  try {
-    Optimizer opt(layout, {"adamw2"});
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--optimizer"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("adamw2"), std::string::npos) << e.what();
+// The registry is the one list of optimizers: every name resolves, an unknown one does not
+// (the CLI's error naming --optimizer is CliBadInput's), and each optimizer's slots get their
+// initial values.
+TEST(Optimizer, TheRegistryNamesEveryOptimizerAndItsSlots) {
+  EXPECT_EQ(optimizer_names(),
+            (std::vector<std::string>{"sgd", "momentum", "adagrad", "adam", "rmsprop"}));
+  EXPECT_EQ(find_optimizer("adamw2"), nullptr);
+  ParameterLayout layout{{ParamSpec{"v", {3}, Init::constant(0), 0}}};
+  for (const OptimizerDef& d : optimizers()) {
+    SCOPED_TRACE(d.name);
+    ASSERT_EQ(find_optimizer(d.name), &d);
+    Optimizer opt(layout, {d.name});
+    ASSERT_EQ(opt.slot_names().size(), d.slots.size());
+    for (const auto& [name, init] : d.slots)
+      for (int64_t i = 0; i < layout.total(); ++i) EXPECT_EQ(opt.slot(name)[i], init);
   }
 }
 

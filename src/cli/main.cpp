@@ -18,6 +18,7 @@
 #include "core/gpu.h"
 #include "models/models.h"
 #include "optim/optimizer.h"
+#include "towers/modes/mode.h"
 #include "optim/schedule.h"
 #include "towers/scale.h"
 #include "towers/trainer.h"
@@ -93,7 +94,10 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_flag("--tf32", c.tf32, "cuda: TF32 tensor-core GEMMs (faster, about 1e-3 relative error)");
   app.add_flag("!--no-cuda-graphs", c.cuda_graphs,
                "cuda: launch each kernel of a step instead of replaying a captured CUDA graph");
-  if (!for_scale) app.add_option("--mode", c.mode, "sync, async or ssp")->capture_default_str();
+  std::string mode_help = "mode:";
+  for (const towers::ModeInfo& m : towers::modes())
+    mode_help += fmt::format("\n  {:<10}{}", m.name, m.summary);
+  if (!for_scale) app.add_option("--mode", c.mode, mode_help)->capture_default_str();
   app.add_option("--replicas-to-aggregate", c.replicas_to_aggregate,
                  "sync: apply once the first K towers have reported; later gradients of that "
                  "step are dropped (backup towers; 0: all)");
@@ -107,7 +111,10 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                  "TOWER:MS: tower TOWER sleeps MS milliseconds per step (a straggler, to study them)");
   app.add_option("--seed", c.seed, "seed of initialisation, example order and augmentation")
       ->capture_default_str();
-  app.add_option("--optimizer", c.optimizer.name, "sgd, momentum, adagrad, adam, rmsprop")
+  std::string optimizer_help = "optimizer:";
+  for (const towers::OptimizerDef& d : towers::optimizers())
+    optimizer_help += fmt::format("\n  {:<10}{}", d.name, d.summary);
+  app.add_option("--optimizer", c.optimizer.name, optimizer_help)
       ->capture_default_str();
   app.add_option("--lr", c.schedule.lr, "base learning rate")->capture_default_str();
   app.add_option("--lr-schedule", c.schedule.kind, "constant, exponential, cosine")

@@ -15,25 +15,26 @@
 namespace towers {
 
 std::vector<std::string> optimizer_names() {
-  return {"sgd", "momentum", "adagrad", "adam", "rmsprop"};
+  std::vector<std::string> out;
+  for (const OptimizerDef& d : optimizers()) out.push_back(d.name);
+  return out;
+}
+
+const OptimizerDef* find_optimizer(const std::string& name) {
+  for (const OptimizerDef& d : optimizers())
+    if (d.name == name) return &d;
+  return nullptr;
 }
 
 Optimizer::Optimizer(const ParameterLayout& layout, OptimizerConfig cfg)
-    : layout_(layout), cfg_(std::move(cfg)) {
-  const std::string& n = cfg_.name;
-  if (!cfg_.momentum) cfg_.momentum = n == "momentum" ? 0.9f : 0.0f;
-  if (n == "momentum") slot_names_ = {"momentum"};
-  else if (n == "adagrad") slot_names_ = {"accumulator"};
-  else if (n == "adam") slot_names_ = {"m", "v"};
-  else if (n == "rmsprop") slot_names_ = {"rms", "momentum"};
-  else if (n != "sgd")
-    TOWERS_BAD_INPUT("--optimizer: unknown optimizer '{}' (known: {})", n,
-                     fmt::join(optimizer_names(), ", "));
+    : layout_(layout), cfg_(std::move(cfg)), def_(find_optimizer(cfg_.name)) {
+  TOWERS_CHECK(def_, "unknown optimizer '{}' (known: {})", cfg_.name,
+               fmt::join(optimizer_names(), ", "));
+  if (!cfg_.momentum) cfg_.momentum = def_->default_momentum;
   var_locks_ = std::make_unique<std::mutex[]>(layout.variables().size());
-  for (const std::string& s : slot_names_) {
+  for (const auto& [name, init] : def_->slots) {
+    slot_names_.push_back(name);
     HostBuffer b(layout.total());
-    // TF v1 starts Adagrad's accumulator at 0.1 and RMSProp's mean square at 1.
-    float init = (s == "accumulator") ? 0.1f : (s == "rms") ? 1.0f : 0.0f;
     std::fill(b.data(), b.data() + b.size(), init);
     slot_buffers_.push_back(std::move(b));
   }
@@ -52,43 +53,23 @@ float* Optimizer::slot(const std::string& name) {
   TOWERS_FAIL("optimizer {} has no slot '{}'", cfg_.name, name);
 }
 
-Optimizer::Rates Optimizer::rates(float lr, int64_t t) const {
-  const double td = static_cast<double>(t);
-  return {lr, static_cast<float>(lr * std::sqrt(1.0 - std::pow(cfg_.beta2, td)) /
-                                 (1.0 - std::pow(cfg_.beta1, td)))};
-}
-
-void Optimizer::update(int64_t n, float* w, float* s0, float* s1, const float* g, Rates r,
-                       float wd) const {
-  const std::string& name = cfg_.name;
-  if (name == "sgd") kernels::cpu::sgd_update(n, w, g, r.lr, wd);
-  else if (name == "momentum")
-    kernels::cpu::momentum_update(n, w, s0, g, r.lr, *cfg_.momentum, cfg_.nesterov, wd);
-  else if (name == "adagrad") kernels::cpu::adagrad_update(n, w, s0, g, r.lr, wd);
-  else if (name == "adam")
-    kernels::cpu::adam_update(n, w, s0, s1, g, r.adam_lr, cfg_.beta1, cfg_.beta2, cfg_.epsilon, wd);
-  else
-    kernels::cpu::rmsprop_update(n, w, s0, s1, g, r.lr, cfg_.rho, *cfg_.momentum, cfg_.rms_epsilon,
-                                 wd);
-}
-
 void Optimizer::apply(float* params, const float* grads, float lr) {
-  const Rates r = rates(lr, ++updates_);
+  kernels::RuleArgs r = def_->args(cfg_, lr, ++updates_);
   float* s0 = slot_buffers_.size() > 0 ? slot_buffers_[0].data() : nullptr;
   float* s1 = slot_buffers_.size() > 1 ? slot_buffers_[1].data() : nullptr;
   for (const Variable& v : layout_.variables()) {
     // Element-wise, so any split is exact; chunks keep every core busy on big variables.
+    r.wd = v.spec.weight_decay;
     for_chunks(v.size, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
       const int64_t o = v.offset + b;
-      update(e - b, params + o, s0 ? s0 + o : nullptr, s1 ? s1 + o : nullptr, grads + o, r,
-             v.spec.weight_decay);
+      kernels::cpu::optimizer_update(e - b, params + o, s0 ? s0 + o : nullptr,
+                                     s1 ? s1 + o : nullptr, grads + o, r);
     });
   }
 }
 
-
 void Optimizer::apply_shared(float* params, const float* grads, float lr, bool use_locking) {
-  const Rates r = rates(lr, ++updates_);
+  kernels::RuleArgs r = def_->args(cfg_, lr, ++updates_);
   float* s0 = slot_buffers_.size() > 0 ? slot_buffers_[0].data() : nullptr;
   float* s1 = slot_buffers_.size() > 1 ? slot_buffers_[1].data() : nullptr;
   const auto& vars = layout_.variables();
@@ -96,6 +77,7 @@ void Optimizer::apply_shared(float* params, const float* grads, float lr, bool u
     const Variable& v = vars[vi];
     std::unique_lock<std::mutex> lock(var_locks_[vi], std::defer_lock);
     if (use_locking) lock.lock();
+    r.wd = v.spec.weight_decay;
     constexpr int64_t kChunk = 1 << 14;
     for_chunks(v.size, kChunk, [&](int64_t, int64_t b, int64_t e) {
       // Work on private copies of the chunk, read and written back with relaxed atomics.
@@ -105,8 +87,8 @@ void Optimizer::apply_shared(float* params, const float* grads, float lr, bool u
       load_relaxed(params + o, w.data(), n);
       if (s0) load_relaxed(s0 + o, a.data(), n);
       if (s1) load_relaxed(s1 + o, c.data(), n);
-      update(n, w.data(), s0 ? a.data() : nullptr, s1 ? c.data() : nullptr, grads + o, r,
-             v.spec.weight_decay);
+      kernels::cpu::optimizer_update(n, w.data(), s0 ? a.data() : nullptr,
+                                     s1 ? c.data() : nullptr, grads + o, r);
       store_relaxed(w.data(), params + o, n);
       if (s0) store_relaxed(a.data(), s0 + o, n);
       if (s1) store_relaxed(c.data(), s1 + o, n);

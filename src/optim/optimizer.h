@@ -1,6 +1,11 @@
 // optimizer.h — applies gradients to the flat parameter array, variable by variable (each has
 // its own weight decay). Slots (momentum, Adam's moments, ...) share the parameter layout, so a
 // checkpoint stores them exactly like parameters: "optimizer/<slot>/<variable>".
+//
+// Each optimizer is defined in a file of its own (src/optim/<name>.cpp: its slots and their
+// initial values, its defaults, and the rule's scalars for an update) and listed in
+// src/optim/registry.cpp; its per-element rule is in kernels/optimizer_rules.h, shared by the
+// CPU and CUDA twins. Adding an optimizer touches exactly those three files.
 #pragma once
 
 #include <atomic>
@@ -14,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor.h"
+#include "kernels/optimizer_rules.h"
 #include "params/layout.h"
 
 namespace towers {
@@ -26,11 +32,26 @@ struct OptimizerConfig {
   float rho = 0.9f, rms_epsilon = 1e-10f;               // rmsprop (TF v1 defaults)
 };
 
+// One optimizer, as its file defines it.
+struct OptimizerDef {
+  std::string name;
+  std::string summary;  // for --help
+  // Slot names and initial values, in the rule's order (s0, s1).
+  std::vector<std::pair<std::string, float>> slots;
+  float default_momentum = 0.0f;  // when OptimizerConfig::momentum is unset
+  // The rule's scalars for update number t (1, 2, ...) at learning rate lr; the weight decay
+  // is filled in per variable.
+  kernels::RuleArgs (*args)(const OptimizerConfig& cfg, float lr, int64_t t);
+};
+
+const std::vector<OptimizerDef>& optimizers();           // registry.cpp
+const OptimizerDef* find_optimizer(const std::string& name);  // null when unknown
 std::vector<std::string> optimizer_names();
 
 class Optimizer {
  public:
-  Optimizer(const ParameterLayout& layout, OptimizerConfig cfg);  // throws on an unknown name
+  // cfg.name must be registered (callers check find_optimizer first).
+  Optimizer(const ParameterLayout& layout, OptimizerConfig cfg);
 
   const OptimizerConfig& config() const { return cfg_; }
   const ParameterLayout& layout() const { return layout_; }
@@ -59,13 +80,7 @@ class Optimizer {
   std::vector<HostBuffer> slot_buffers_;
   std::atomic<int64_t> updates_{0};
   std::unique_ptr<std::mutex[]> var_locks_;  // one per variable, for use_locking
-
-  struct Rates {
-    float lr, adam_lr;
-  };
-  Rates rates(float lr, int64_t t) const;
-  // The rule on n elements: w, slot pointers and g already offset to the same element.
-  void update(int64_t n, float* w, float* s0, float* s1, const float* g, Rates r, float wd) const;
+  const OptimizerDef* def_;
 };
 
 }  // namespace towers

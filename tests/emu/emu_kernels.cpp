@@ -256,42 +256,14 @@ void lrn_backward(CUstream_st* s, const LrnParams& p, int64_t n, int64_t c, int6
 
 // ---- optimizer.cu --------------------------------------------------------------------------
 
-void sgd_update(CUstream_st* s, int64_t n, float* w, const float* g, float lr, float wd) {
+void optimizer_update(CUstream_st* s, int64_t n, float* w, float* s0, float* s1, const float* g,
+                      const RuleArgs& a) {
   if (n == 0) return;
+  const RuleArgs args = a;
   submit(s, [=] {
-    for (int64_t i = 0; i < n; ++i) sgd_rule(w[i], g[i], lr, wd);
-  });
-}
-
-void momentum_update(CUstream_st* s, int64_t n, float* w, float* a, const float* g, float lr,
-                     float mu, bool nesterov, float wd) {
-  if (n == 0) return;
-  submit(s, [=] {
-    for (int64_t i = 0; i < n; ++i) momentum_rule(w[i], a[i], g[i], lr, mu, nesterov, wd);
-  });
-}
-
-void adagrad_update(CUstream_st* s, int64_t n, float* w, float* acc, const float* g, float lr,
-                    float wd) {
-  if (n == 0) return;
-  submit(s, [=] {
-    for (int64_t i = 0; i < n; ++i) adagrad_rule(w[i], acc[i], g[i], lr, wd);
-  });
-}
-
-void adam_update(CUstream_st* s, int64_t n, float* w, float* m, float* v, const float* g,
-                 float lr_t, float b1, float b2, float eps, float wd) {
-  if (n == 0) return;
-  submit(s, [=] {
-    for (int64_t i = 0; i < n; ++i) adam_rule(w[i], m[i], v[i], g[i], lr_t, b1, b2, eps, wd);
-  });
-}
-
-void rmsprop_update(CUstream_st* s, int64_t n, float* w, float* ms, float* mom, const float* g,
-                    float lr, float rho, float mu, float eps, float wd) {
-  if (n == 0) return;
-  submit(s, [=] {
-    for (int64_t i = 0; i < n; ++i) rmsprop_rule(w[i], ms[i], mom[i], g[i], lr, rho, mu, eps, wd);
+    with_rule(args.rule, [&](auto rule) {
+      for (int64_t i = 0; i < n; ++i) decltype(rule)::at(i, w, s0, s1, g, args);
+    });
   });
 }
 

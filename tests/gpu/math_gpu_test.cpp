@@ -20,6 +20,7 @@
 #include "core/rng.h"
 #include "gpu_test_util.h"  // TOWERS_SKIP_WITHOUT_GPU, DeviceArray, random_floats, max_rel_error
 #include "kernels/optimizer.h"
+#include "optimizer_cases.h"
 #include "kernels/reduce.h"
 #include "kernels/softmax_xent.h"
 #include "kernels/standardize.h"
@@ -150,90 +151,30 @@ struct OptState {
 };
 
 constexpr int kSteps = 3;
-constexpr float kWd = 0.004f;
 
 struct OptDevice {
   explicit OptDevice(const OptState& h) : w(h.w), s1(h.s1), s2(h.s2), g(h.g) {}
   DeviceArray<float> w, s1, s2, g;
 };
 
-void expect_close(const OptDevice& d, const OptState& h, int slots) {
-  EXPECT_EQ(max_rel_error(d.w.download(), h.w, 1.0), 0.0);
-  if (slots >= 1) {
-    EXPECT_EQ(max_rel_error(d.s1.download(), h.s1, 1.0), 0.0);
-  }
-  if (slots >= 2) {
-    EXPECT_EQ(max_rel_error(d.s2.download(), h.s2, 1.0), 0.0);
-  }
-}
-
-TEST(OptimizerGpu, SgdMatchesCpuTwin) {
+TEST(OptimizerGpu, EveryRuleMatchesItsCpuTwinBitwise) {
   TOWERS_SKIP_WITHOUT_GPU();
   Stream s;
-  OptState h;
-  OptDevice d(h);
-  for (int step = 0; step < kSteps; ++step) {
-    kernels::cpu::sgd_update(OptState::kN, h.w.data(), h.g.data(), 0.1f, kWd);
-    kernels::cuda::sgd_update(s, OptState::kN, d.w.get(), d.g.get(), 0.1f, kWd);
-  }
-  expect_close(d, h, 0);
-}
-
-TEST(OptimizerGpu, MomentumAndNesterovMatchCpuTwin) {
-  TOWERS_SKIP_WITHOUT_GPU();
-  Stream s;
-  for (bool nesterov : {false, true}) {
-    SCOPED_TRACE(nesterov ? "nesterov" : "momentum");
+  for (const cases::RuleCase& c : cases::rule_cases()) {
+    SCOPED_TRACE(c.name);
     OptState h;
     OptDevice d(h);
     for (int step = 0; step < kSteps; ++step) {
-      kernels::cpu::momentum_update(OptState::kN, h.w.data(), h.s1.data(), h.g.data(), 0.1f, 0.9f,
-                                    nesterov, kWd);
-      kernels::cuda::momentum_update(s, OptState::kN, d.w.get(), d.s1.get(), d.g.get(), 0.1f, 0.9f,
-                                     nesterov, kWd);
+      kernels::cpu::optimizer_update(OptState::kN, h.w.data(), h.s1.data(), h.s2.data(),
+                                     h.g.data(), c.args);
+      kernels::cuda::optimizer_update(s, OptState::kN, d.w.get(),
+                                      c.slots >= 1 ? d.s1.get() : nullptr,
+                                      c.slots >= 2 ? d.s2.get() : nullptr, d.g.get(), c.args);
     }
-    expect_close(d, h, 1);
+    EXPECT_TRUE(same_bits(d.w.download(), h.w));
+    if (c.slots >= 1) EXPECT_TRUE(same_bits(d.s1.download(), h.s1));
+    if (c.slots >= 2) EXPECT_TRUE(same_bits(d.s2.download(), h.s2));
   }
-}
-
-TEST(OptimizerGpu, AdagradMatchesCpuTwin) {
-  TOWERS_SKIP_WITHOUT_GPU();
-  Stream s;
-  OptState h;
-  OptDevice d(h);
-  for (int step = 0; step < kSteps; ++step) {
-    kernels::cpu::adagrad_update(OptState::kN, h.w.data(), h.s1.data(), h.g.data(), 0.1f, kWd);
-    kernels::cuda::adagrad_update(s, OptState::kN, d.w.get(), d.s1.get(), d.g.get(), 0.1f, kWd);
-  }
-  expect_close(d, h, 1);
-}
-
-TEST(OptimizerGpu, AdamMatchesCpuTwin) {
-  TOWERS_SKIP_WITHOUT_GPU();
-  Stream s;
-  OptState h;
-  OptDevice d(h);
-  for (int step = 0; step < kSteps; ++step) {
-    kernels::cpu::adam_update(OptState::kN, h.w.data(), h.s1.data(), h.s2.data(), h.g.data(),
-                              0.001f, 0.9f, 0.999f, 1e-8f, kWd);
-    kernels::cuda::adam_update(s, OptState::kN, d.w.get(), d.s1.get(), d.s2.get(), d.g.get(),
-                               0.001f, 0.9f, 0.999f, 1e-8f, kWd);
-  }
-  expect_close(d, h, 2);
-}
-
-TEST(OptimizerGpu, RmspropMatchesCpuTwin) {
-  TOWERS_SKIP_WITHOUT_GPU();
-  Stream s;
-  OptState h;
-  OptDevice d(h);
-  for (int step = 0; step < kSteps; ++step) {
-    kernels::cpu::rmsprop_update(OptState::kN, h.w.data(), h.s1.data(), h.s2.data(), h.g.data(),
-                                 0.01f, 0.9f, 0.5f, 1e-10f, kWd);
-    kernels::cuda::rmsprop_update(s, OptState::kN, d.w.get(), d.s1.get(), d.s2.get(), d.g.get(),
-                                  0.01f, 0.9f, 0.5f, 1e-10f, kWd);
-  }
-  expect_close(d, h, 2);
 }
 
 // ---- tree sum and scale ------------------------------------------------------------------------
@@ -293,9 +234,9 @@ TEST(MathGpu, ZeroSizesLaunchNothing) {
   EXPECT_NO_THROW(kernels::cuda::softmax_xent(nullptr, 0, 10, nullptr, nullptr, 1.0f, nullptr,
                                               nullptr, nullptr));
   EXPECT_NO_THROW(kernels::cuda::standardize(nullptr, 0, 10, nullptr, nullptr));
-  EXPECT_NO_THROW(kernels::cuda::sgd_update(nullptr, 0, nullptr, nullptr, 0.1f, 0.0f));
-  EXPECT_NO_THROW(kernels::cuda::adam_update(nullptr, 0, nullptr, nullptr, nullptr, nullptr, 0.1f,
-                                             0.9f, 0.999f, 1e-8f, 0.0f));
+  for (const cases::RuleCase& c : cases::rule_cases())
+    EXPECT_NO_THROW(
+        kernels::cuda::optimizer_update(nullptr, 0, nullptr, nullptr, nullptr, nullptr, c.args));
   EXPECT_NO_THROW(kernels::cuda::tree_sum(nullptr, nullptr, 0, 10));
   EXPECT_NO_THROW(kernels::cuda::scale(nullptr, 0, 2.0f, nullptr));
 }
