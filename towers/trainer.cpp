@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/check.h"
 #include "core/device.h"
@@ -146,8 +147,8 @@ void validate(const TrainConfig& c) {
                  "--momentum must be in [0, 1), got {}", o.momentum.value_or(0.0f));
   validate(c.schedule);
   build_model(c.model);  // throws for an unknown model
-  const ParameterLayout empty;
-  Optimizer probe(empty, o);  // throws for an unknown optimizer
+  TOWERS_REQUIRE(find_optimizer(o.name), "--optimizer: unknown optimizer '{}' (known: {})",
+                 o.name, fmt::join(optimizer_names(), ", "));
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
@@ -183,25 +184,22 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"warmup_epochs", c.schedule.warmup_epochs}};
 }
 
-TrainSummary train(const TrainConfig& c_in) {
-  TrainConfig c = c_in;
-  validate(c);
-  const auto t_start = Clock::now();
-  const Mode mode = *mode_named(c.mode);
-  const int cores = hardware_threads();
-  const int threads = c.threads_per_tower > 0 ? c.threads_per_tower : std::max(1, cores / c.towers);
-  auto graph = build_model(c.model);
-  const ParameterLayout& layout = graph->layout();
+// ---- train: setup, loop, summary ------------------------------------------------------------
+//
+// train() reads top to bottom:
+//   Run run(c);         setup: every input checked (flags, data, GPUs, checkpoint folder,
+//                       the checkpoint to resume), parameters restored or initialised, towers
+//                       made; nothing is written before this has succeeded
+//   run.open();         the metrics file and the run's config line
+//   run.loop();         the towers step; evaluations and checkpoints as they fall due
+//   run.summary();      the last checkpoint, the test pass, the summary line
+namespace {
 
-  // Everything that can be wrong with the input is found before anything is written.
-  data::DataSplit data = data::load_dataset(
-      dataset_request(c.dataset, c.data_dir, graph->input_shape(), c.synthetic_size, c.seed));
-  data::Transforms tf =
-      data::transforms_for(c.augment, c.dataset, graph->input_shape(), data.train, c.model);
-  const int64_t n_train = data.train.size();
-
+// The flags, as the engine takes them: strings become enums here, once. GPUs are checked
+// like every other input. placement describes where the towers run, for the first line.
+EngineConfig engine_config(const TrainConfig& c, int threads, std::string& placement) {
   EngineConfig ec;
-  ec.mode = mode;
+  ec.mode = *mode_named(c.mode);  // validate() has checked the names
   ec.towers = c.towers;
   ec.threads_per_tower = threads;
   ec.replicas_to_aggregate = c.replicas_to_aggregate;
@@ -209,271 +207,358 @@ TrainSummary train(const TrainConfig& c_in) {
   ec.use_locking = c.use_locking;
   ec.staleness_aware_lr = c.staleness_aware_lr;
   ec.stragglers = parse_slow_towers(c.slow_towers, c.towers);
-  std::string placement = fmt::format("on cpu ({} threads each)", threads);
-  if (c.device == "cuda") {
-    // The GPUs are checked before anything is written, like every other input.
-    GpuList found = list_gpus();
-    TOWERS_REQUIRE(!found.gpus.empty(), "--device cuda: no GPU available: {}", found.why_none);
-    const int have = static_cast<int>(found.gpus.size());
-    TOWERS_REQUIRE(c.gpus <= have, "--gpus {}: this machine has {} GPU(s)", c.gpus, have);
-    ec.device = DeviceKind::Cuda;
-    ec.gpus = std::min(c.gpus > 0 ? c.gpus : have, c.towers);
-    ec.reduce = *reduce_named(c.reduce);
-    ec.tf32 = c.tf32;
-    ec.cuda_graphs = c.cuda_graphs;
-    TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,
-                   "--reduce nccl: {} towers on {} GPU(s); NCCL needs one tower per GPU (use "
-                   "--reduce host to share GPUs)", c.towers, ec.gpus);
-    placement = fmt::format("on {} GPU(s) ({}){}{}", ec.gpus, found.gpus[0].name,
-                            c.towers > ec.gpus
-                                ? fmt::format(",{} {} towers share {} GPU",
-                                              c.towers % ec.gpus == 0 ? "" : " up to",
-                                              ceil_div(c.towers, ec.gpus),
-                                              c.towers % ec.gpus == 0 ? "each" : "a")
-                                : "",
-                            c.tf32 ? ", TF32" : "");
+  placement = fmt::format("on cpu ({} threads each)", threads);
+  if (c.device != "cuda") return ec;
+  GpuList found = list_gpus();
+  TOWERS_REQUIRE(!found.gpus.empty(), "--device cuda: no GPU available: {}", found.why_none);
+  const int have = static_cast<int>(found.gpus.size());
+  TOWERS_REQUIRE(c.gpus <= have, "--gpus {}: this machine has {} GPU(s)", c.gpus, have);
+  ec.device = DeviceKind::Cuda;
+  ec.gpus = std::min(c.gpus > 0 ? c.gpus : have, c.towers);
+  ec.reduce = *reduce_named(c.reduce);
+  ec.tf32 = c.tf32;
+  ec.cuda_graphs = c.cuda_graphs;
+  TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,
+                 "--reduce nccl: {} towers on {} GPU(s); NCCL needs one tower per GPU (use "
+                 "--reduce host to share GPUs)", c.towers, ec.gpus);
+  const std::string sharing =
+      c.towers > ec.gpus ? fmt::format(",{} {} towers share {} GPU",
+                                       c.towers % ec.gpus == 0 ? "" : " up to",
+                                       ceil_div(c.towers, ec.gpus),
+                                       c.towers % ec.gpus == 0 ? "each" : "a")
+                         : "";
+  placement = fmt::format("on {} GPU(s) ({}){}{}", ec.gpus, found.gpus[0].name, sharing,
+                          c.tf32 ? ", TF32" : "");
+  return ec;
+}
+
+// A writable checkpoint folder; a fresh run refuses one that holds another run's files.
+void check_checkpoint_dir(const TrainConfig& c) {
+  if (c.checkpoint_dir.empty()) return;
+  std::error_code ec_dir;
+  std::filesystem::create_directories(c.checkpoint_dir, ec_dir);
+  TOWERS_REQUIRE(std::filesystem::is_directory(c.checkpoint_dir),
+                 "--checkpoint-dir: '{}' is not a directory and cannot be created{}",
+                 c.checkpoint_dir, ec_dir ? ": " + ec_dir.message() : "");
+  TOWERS_REQUIRE(access(c.checkpoint_dir.c_str(), W_OK) == 0,
+                 "--checkpoint-dir: '{}' is not writable", c.checkpoint_dir);
+  // A fresh run into a folder of another run's checkpoints would later mix the two on
+  // --resume or in the rotation of old files.
+  if (c.resume) return;
+  auto existing = io::latest_checkpoint(c.checkpoint_dir);
+  TOWERS_REQUIRE(!existing,
+                 "--checkpoint-dir: '{}' already holds checkpoints ({}); add --resume to "
+                 "continue that run, or give an empty directory",
+                 c.checkpoint_dir, existing.value_or(""));
+}
+
+class Run {
+ public:
+  explicit Run(const TrainConfig& c_in);
+  void open();
+  void loop();
+  TrainSummary summary();
+
+ private:
+  double epoch_at(int64_t step) const {
+    return static_cast<double>(step) * per_update_ / n_train_;
   }
-  const int aggregated = mode == Mode::Sync ? (c.replicas_to_aggregate > 0 ? c.replicas_to_aggregate : c.towers) : 1;
+  void restore_or_initialize();
+  EvalResult evaluate_now();
+  void write_checkpoint(int64_t step);
+  void say(const std::string& s) {
+    if (!c_.quiet) progress_.line(s);
+  }
+  // The hooks of the step driver.
+  bool on_update(const UpdateRecord& r);
+  void side_work(int64_t step);
+
+  TrainConfig c_;
+  Clock::time_point t_start_ = Clock::now(), t_train_;
+  int cores_ = hardware_threads(), threads_ = 0;
+  std::unique_ptr<Graph> graph_;
+  data::DataSplit data_;
+  data::Transforms tf_;
+  int64_t n_train_ = 0;
+  EngineConfig ec_;
+  std::string placement_;
+  int64_t per_update_ = 0, total_steps_ = 0, end_step_ = 0;
+  std::vector<float> params_;
+  std::unique_ptr<Optimizer> opt_;
+  int64_t start_step_ = 0, start_examples_ = 0;
+  std::optional<std::string> resume_from_;
+  std::unique_ptr<LocalParameterStore> store_;
+  std::unique_ptr<TowerGroup> group_;
+  std::unique_ptr<Tower> eval_tower_;  // made on first use: every core, or the first GPU
+
+  std::unique_ptr<MetricsWriter> metrics_;
+  Progress progress_{stderr};
+  nlohmann::json config_json_;
+  TrainSummary sum_;
+  double side_seconds_ = 0.0;       // evaluation and checkpoints: not training time
+  bool eval_due_ = false, ckpt_due_ = false;  // set by on_update, done by side_work
+  std::atomic<bool> target_reached_{false};
+};
+
+Run::Run(const TrainConfig& c_in) : c_(c_in) {
+  validate(c_);
+  threads_ = c_.threads_per_tower > 0 ? c_.threads_per_tower : std::max(1, cores_ / c_.towers);
+  graph_ = build_model(c_.model);
+  // Everything that can be wrong with the input is found before anything is written.
+  data_ = data::load_dataset(dataset_request(c_.dataset, c_.data_dir, graph_->input_shape(),
+                                             c_.synthetic_size, c_.seed));
+  tf_ = data::transforms_for(c_.augment, c_.dataset, graph_->input_shape(), data_.train, c_.model);
+  n_train_ = data_.train.size();
+  ec_ = engine_config(c_, threads_, placement_);
+
   // One step = one applied update; the schedule counts the examples behind the updates.
-  const int64_t per_update = c.batch * aggregated;
-  if (c.lr_scaling == "linear") c.schedule.lr *= static_cast<float>(aggregated);
+  const int aggregated = ec_.mode == Mode::Sync
+                             ? (c_.replicas_to_aggregate > 0 ? c_.replicas_to_aggregate : c_.towers)
+                             : 1;
+  per_update_ = c_.batch * aggregated;
+  if (c_.lr_scaling == "linear") c_.schedule.lr *= static_cast<float>(aggregated);
+  total_steps_ = c_.steps > 0 ? c_.steps
+                              : static_cast<int64_t>(std::ceil(c_.epochs * static_cast<double>(n_train_) /
+                                                               per_update_));
+  c_.schedule.total_epochs = static_cast<double>(total_steps_) * per_update_ / n_train_;
+  end_step_ = c_.stop_at_step > 0 ? std::min(c_.stop_at_step, total_steps_) : total_steps_;
 
-  const int64_t total_steps =
-      c.steps > 0 ? c.steps
-                  : static_cast<int64_t>(std::ceil(c.epochs * static_cast<double>(n_train) / per_update));
-  c.schedule.total_epochs = static_cast<double>(total_steps) * per_update / n_train;
-
-  if (!c.checkpoint_dir.empty()) {
-    std::error_code ec_dir;
-    std::filesystem::create_directories(c.checkpoint_dir, ec_dir);
-    TOWERS_REQUIRE(std::filesystem::is_directory(c.checkpoint_dir),
-                   "--checkpoint-dir: '{}' is not a directory and cannot be created{}",
-                   c.checkpoint_dir, ec_dir ? ": " + ec_dir.message() : "");
-    TOWERS_REQUIRE(access(c.checkpoint_dir.c_str(), W_OK) == 0,
-                   "--checkpoint-dir: '{}' is not writable", c.checkpoint_dir);
-    // A fresh run into a folder of another run's checkpoints would later mix the two on
-    // --resume or in the rotation of old files.
-    if (!c.resume) {
-      auto existing = io::latest_checkpoint(c.checkpoint_dir);
-      TOWERS_REQUIRE(!existing,
-                     "--checkpoint-dir: '{}' already holds checkpoints ({}); add --resume to "
-                     "continue that run, or give an empty directory",
-                     c.checkpoint_dir, existing.value_or(""));
-    }
-  }
-
-  std::vector<float> params(layout.total());
-  Optimizer opt(layout, c.optimizer);
-  int64_t start_step = 0, start_examples = 0;
-  std::optional<std::string> resume_from;
-  if (c.resume) resume_from = io::latest_checkpoint(c.checkpoint_dir);
-  if (resume_from) {
-    const io::CheckpointMeta head = io::read_checkpoint_meta(*resume_from);
-    TOWERS_REQUIRE(head.model == c.model, "--resume: {} holds model '{}' but --model is '{}'",
-                   *resume_from, head.model, c.model);
-    io::Checkpoint ck = io::load_checkpoint(*resume_from, layout, opt.slot_names());
-    const auto& old = ck.meta.config;
-    TOWERS_REQUIRE(old.is_object(), "--resume: {} has no readable run configuration", *resume_from);
-    // The example stream is a function of (seed, batch, towers, mode): resuming with others
-    // would not continue the same run.
-    auto same = [&](const char* key, const auto& now, const char* flag) {
-      using T = std::decay_t<decltype(now)>;
-      const T was = old.value(key, now);
-      TOWERS_REQUIRE(was == now, "--resume: {} was trained with {} {}, this run has {} {}",
-                     *resume_from, flag, was, flag, now);
-    };
-    same("batch", c.batch, "--batch");
-    same("seed", c.seed, "--seed");
-    same("dataset", c.dataset, "--dataset");
-    same("augment", c.augment, "--augment");
-    same("towers", c.towers, "--towers");
-    same("mode", c.mode, "--mode");
-    if (c.dataset == "synthetic") same("synthetic_size", c.synthetic_size, "--synthetic-size");
-    std::copy(ck.params.data(), ck.params.data() + layout.total(), params.begin());
-    for (auto& [name, buf] : ck.slots)
-      std::copy(buf.data(), buf.data() + layout.total(), opt.slot(name));
-    opt.load_state(ck.meta.optimizer_state);
-    start_step = ck.meta.step;
-    start_examples = ck.meta.examples_seen;
-  } else {
-    layout.initialize(params.data(), c.seed);
-  }
-
-  LocalParameterStore store(params.data(), opt, store_access(ec), store_locking(ec),
-                            ec.device == DeviceKind::Cuda);
-  std::unique_ptr<TowerGroup> group;
+  check_checkpoint_dir(c_);
+  restore_or_initialize();
+  store_ = std::make_unique<LocalParameterStore>(params_.data(), *opt_, store_access(ec_),
+                                                 store_locking(ec_), ec_.device == DeviceKind::Cuda);
   try {
-    group = std::make_unique<TowerGroup>(*graph, ec, c.batch, store);
+    group_ = std::make_unique<TowerGroup>(*graph_, ec_, c_.batch, *store_);
   } catch (const std::bad_alloc&) {
     TOWERS_BAD_INPUT("--batch {} x --towers {}: not enough memory for the activations of model {}",
-                     c.batch, c.towers, c.model);
+                     c_.batch, c_.towers, c_.model);
   }
-  std::unique_ptr<Tower> eval_tower;  // made on first use: every core, or the first GPU
-  auto evaluate_now = [&] {
-    if (!eval_tower) {
-      TowerPlacement p;
-      p.kind = ec.device;
-      p.threads = cores;
-      p.tf32 = ec.tf32;  // evaluate with the arithmetic the run trains with
-      eval_tower = make_tower(*graph, 256, p);
-    }
-    eval_tower->load_params(params.data());
-    return evaluate(*eval_tower, data.test, tf.eval);
-  };
+  TOWERS_CHECK(group_->examples_per_update() == per_update_,
+               "the mode's policy counts {} examples per update, the schedule {}",
+               group_->examples_per_update(), per_update_);
+}
 
-  // Only now, with every input checked and memory in hand, is anything written.
-  MetricsWriter metrics(c.metrics_path, resume_from.has_value());
-  Progress progress(stderr);
-  auto say = [&](const std::string& s) {
-    if (!c.quiet) progress.line(s);
+// --resume: the latest checkpoint of the folder, if there is one, after checking it continues
+// this run; otherwise fresh parameters from the seed.
+void Run::restore_or_initialize() {
+  const ParameterLayout& layout = graph_->layout();
+  params_.assign(layout.total(), 0.0f);
+  opt_ = std::make_unique<Optimizer>(layout, c_.optimizer);
+  if (c_.resume) resume_from_ = io::latest_checkpoint(c_.checkpoint_dir);
+  if (!resume_from_) {
+    layout.initialize(params_.data(), c_.seed);
+    return;
+  }
+  const std::string& from = *resume_from_;
+  const io::CheckpointMeta head = io::read_checkpoint_meta(from);
+  TOWERS_REQUIRE(head.model == c_.model, "--resume: {} holds model '{}' but --model is '{}'", from,
+                 head.model, c_.model);
+  io::Checkpoint ck = io::load_checkpoint(from, layout, opt_->slot_names());
+  const auto& old = ck.meta.config;
+  TOWERS_REQUIRE(old.is_object(), "--resume: {} has no readable run configuration", from);
+  // The example stream is a function of (seed, batch, towers, mode): resuming with others
+  // would not continue the same run.
+  auto same = [&](const char* key, const auto& now, const char* flag) {
+    using T = std::decay_t<decltype(now)>;
+    const T was = old.value(key, now);
+    TOWERS_REQUIRE(was == now, "--resume: {} was trained with {} {}, this run has {} {}", from,
+                   flag, was, flag, now);
   };
-  nlohmann::json config_json = to_json(c);
-  metrics.write({{"event", "config"}, {"config", config_json}, {"parameters", layout.count()},
-                 {"train_examples", n_train}, {"test_examples", data.test.size()},
-                 {"start_step", start_step}, {"total_steps", total_steps},
-                 {"threads_per_tower", threads}, {"cores", cores},
-                 {"oversubscribed", ec.device == DeviceKind::Cpu && c.towers * threads > cores},
-                 {"device", group->tower(0).device().name()},
-                 {"gpus", ec.device == DeviceKind::Cuda ? ec.gpus : 0},
-                 {"towers_per_gpu", ec.device == DeviceKind::Cuda ? ceil_div(c.towers, ec.gpus) : 0}});
+  same("batch", c_.batch, "--batch");
+  same("seed", c_.seed, "--seed");
+  same("dataset", c_.dataset, "--dataset");
+  same("augment", c_.augment, "--augment");
+  same("towers", c_.towers, "--towers");
+  same("mode", c_.mode, "--mode");
+  if (c_.dataset == "synthetic") same("synthetic_size", c_.synthetic_size, "--synthetic-size");
+  std::copy(ck.params.data(), ck.params.data() + layout.total(), params_.begin());
+  for (auto& [name, buf] : ck.slots)
+    std::copy(buf.data(), buf.data() + layout.total(), opt_->slot(name));
+  opt_->load_state(ck.meta.optimizer_state);
+  start_step_ = ck.meta.step;
+  start_examples_ = ck.meta.examples_seen;
+}
+
+// Only now, with every input checked and memory in hand, is anything written.
+void Run::open() {
+  const ParameterLayout& layout = graph_->layout();
+  metrics_ = std::make_unique<MetricsWriter>(c_.metrics_path, resume_from_.has_value());
+  config_json_ = to_json(c_);
+  const bool cuda = ec_.device == DeviceKind::Cuda;
+  metrics_->write({{"event", "config"}, {"config", config_json_}, {"parameters", layout.count()},
+                   {"train_examples", n_train_}, {"test_examples", data_.test.size()},
+                   {"start_step", start_step_}, {"total_steps", total_steps_},
+                   {"threads_per_tower", threads_}, {"cores", cores_},
+                   {"oversubscribed", !cuda && c_.towers * threads_ > cores_},
+                   {"device", group_->tower(0).device().name()},
+                   {"gpus", cuda ? ec_.gpus : 0},
+                   {"towers_per_gpu", cuda ? ceil_div(c_.towers, ec_.gpus) : 0}});
   say(fmt::format("towers: model {} ({} parameters), {} on {} ({} train / {} test), {} steps, "
                   "{} x {} tower(s) of batch {} {}{}",
-                  c.model, layout.count(), c.optimizer.name, c.dataset, n_train, data.test.size(),
-                  total_steps, c.mode, c.towers, c.batch, placement,
-                  resume_from ? fmt::format(", resumed from {} at step {}", *resume_from, start_step) : ""));
+                  c_.model, layout.count(), c_.optimizer.name, c_.dataset, n_train_,
+                  data_.test.size(), total_steps_, c_.mode, c_.towers, c_.batch, placement_,
+                  resume_from_ ? fmt::format(", resumed from {} at step {}", *resume_from_, start_step_)
+                               : ""));
+  sum_.start_step = start_step_;
+}
 
-  auto epoch_at = [&](int64_t step) { return static_cast<double>(step) * per_update / n_train; };
-  TrainSummary sum;
-  sum.start_step = start_step;
-  auto write_checkpoint = [&](int64_t step) {
-    io::CheckpointMeta meta{c.model, step, start_examples + (step - start_step) * per_update,
-                            epoch_at(step), config_json, opt.state()};
-    std::string path = io::save_checkpoint(c.checkpoint_dir, meta, layout, params.data(),
-                                           opt.slots(), c.keep_checkpoints);
-    metrics.write({{"event", "checkpoint"}, {"step", step}, {"path", path}});
-    sum.last_checkpoint = path;
-  };
+EvalResult Run::evaluate_now() {
+  if (!eval_tower_) {
+    TowerPlacement p;
+    p.kind = ec_.device;
+    p.threads = cores_;
+    p.tf32 = ec_.tf32;  // evaluate with the arithmetic the run trains with
+    eval_tower_ = make_tower(*graph_, 256, p);
+  }
+  eval_tower_->load_params(store_->host_params());
+  return evaluate(*eval_tower_, data_.test, tf_.eval);
+}
 
-  const auto t_train = Clock::now();
-  double side_seconds = 0.0;
-  const int64_t end_step = c.stop_at_step > 0 ? std::min(c.stop_at_step, total_steps) : total_steps;
-  auto crossed = [&](double every, int64_t step) {
-    return every > 0.0 && std::floor(epoch_at(step) / every) > std::floor(epoch_at(step - 1) / every);
-  };
-  bool eval_due = false, ckpt_due = false;  // set by on_update, done by side_work
-  RunHooks hooks;
-  hooks.lr_at = [&](int64_t step) { return learning_rate(c.schedule, epoch_at(step)); };
-  std::atomic<bool> target_reached{false};
-  hooks.stop_requested = [&] { return g_stop_requested.load() || target_reached.load(); };
-  hooks.on_update = [&](const UpdateRecord& r) {
-    const double loss = r.loss;
-    TOWERS_REQUIRE(std::isfinite(loss), "training diverged at step {} (loss {}): lower --lr (now {})",
-                   r.version, loss, c.schedule.lr);
-    sum.final_loss = loss;
-    metrics.write({{"event", "step"}, {"step", r.version}, {"epoch", epoch_at(r.version)},
+void Run::write_checkpoint(int64_t step) {
+  io::CheckpointMeta meta{c_.model, step, start_examples_ + (step - start_step_) * per_update_,
+                          epoch_at(step), config_json_, opt_->state()};
+  std::string path = io::save_checkpoint(c_.checkpoint_dir, meta, graph_->layout(),
+                                         store_->host_params(), opt_->slots(), c_.keep_checkpoints);
+  metrics_->write({{"event", "checkpoint"}, {"step", step}, {"path", path}});
+  sum_.last_checkpoint = path;
+}
+
+bool Run::on_update(const UpdateRecord& r) {
+  const double loss = r.loss;
+  TOWERS_REQUIRE(std::isfinite(loss), "training diverged at step {} (loss {}): lower --lr (now {})",
+                 r.version, loss, c_.schedule.lr);
+  sum_.final_loss = loss;
+  metrics_->write({{"event", "step"}, {"step", r.version}, {"epoch", epoch_at(r.version)},
                    {"loss", loss}, {"train_accuracy", static_cast<double>(r.correct) / r.examples},
                    {"lr", r.lr}, {"tower", r.tower >= 0 ? nlohmann::json(r.tower) : nlohmann::json()},
                    {"contributors", r.contributors}, {"staleness", r.staleness},
-                   {"wall_seconds", seconds_since(t_start)}});
-    if (!c.quiet) {
-      const double elapsed = seconds_since(t_train) - side_seconds;
-      const double rate = (r.version - start_step) / std::max(elapsed, 1e-9);
-      progress.update(r.version, end_step, epoch_at(r.version), loss, rate * per_update,
-                      (end_step - r.version) / std::max(rate, 1e-9), c.log_every);
-    }
-    if (r.version >= end_step) return false;  // the end has its own evaluation and checkpoint
-    eval_due = eval_due || crossed(c.eval_every_epochs, r.version);
-    ckpt_due = ckpt_due || (!c.checkpoint_dir.empty() && crossed(c.checkpoint_every_epochs, r.version));
-    return eval_due || ckpt_due;
+                   {"wall_seconds", seconds_since(t_start_)}});
+  if (!c_.quiet) {
+    const double elapsed = seconds_since(t_train_) - side_seconds_;
+    const double rate = (r.version - start_step_) / std::max(elapsed, 1e-9);
+    progress_.update(r.version, end_step_, epoch_at(r.version), loss, rate * per_update_,
+                     (end_step_ - r.version) / std::max(rate, 1e-9), c_.log_every);
+  }
+  if (r.version >= end_step_) return false;  // the end has its own evaluation and checkpoint
+  auto crossed = [&](double every, int64_t step) {
+    return every > 0.0 &&
+           std::floor(epoch_at(step) / every) > std::floor(epoch_at(step - 1) / every);
   };
-  hooks.side_work = [&](int64_t step) {
-    const auto t_side = Clock::now();
-    if (std::exchange(eval_due, false)) {
-      EvalResult ev = evaluate_now();
-      metrics.write({{"event", "eval"}, {"step", step}, {"epoch", epoch_at(step)},
-                     {"test_accuracy", ev.accuracy}, {"test_loss", ev.loss},
-                     {"wall_seconds", seconds_since(t_start)},
-                     {"train_seconds", seconds_since(t_train) - side_seconds - seconds_since(t_side)}});
-      say(fmt::format("epoch {:.2f}: test accuracy {:.2f}% (loss {:.4f})", epoch_at(step),
-                      100.0 * ev.accuracy, ev.loss));
-      if (c.target_accuracy > 0.0 && ev.accuracy >= c.target_accuracy && !target_reached.load()) {
-        sum.time_to_target = seconds_since(t_train) - side_seconds - seconds_since(t_side);
-        sum.wall_to_target = seconds_since(t_start);
-        metrics.write({{"event", "target"}, {"step", step}, {"epoch", epoch_at(step)},
-                       {"test_accuracy", ev.accuracy}, {"train_seconds", sum.time_to_target},
-                       {"wall_seconds", sum.wall_to_target}});
-        say(fmt::format("test accuracy {:.2f}% reaches the target {:.2f}% after {} of training",
-                        100.0 * ev.accuracy, 100.0 * c.target_accuracy,
-                        format_duration(sum.time_to_target)));
-        target_reached.store(true);
-      }
-    }
-    if (std::exchange(ckpt_due, false)) write_checkpoint(step);
-    side_seconds += seconds_since(t_side);  // images/s measures training only
-  };
+  eval_due_ = eval_due_ || crossed(c_.eval_every_epochs, r.version);
+  ckpt_due_ = ckpt_due_ || (!c_.checkpoint_dir.empty() && crossed(c_.checkpoint_every_epochs, r.version));
+  return eval_due_ || ckpt_due_;
+}
 
-  group->run(data.train, tf.train, c.seed, start_step, end_step, start_examples / c.batch, hooks);
-  const int64_t step = group->version();
-  sum.interrupted = g_stop_requested.load() && step < end_step;
-  const double train_seconds = seconds_since(t_train) - side_seconds;
-  if (!c.checkpoint_dir.empty() && step > start_step) write_checkpoint(step);
-  if (sum.interrupted)
+void Run::side_work(int64_t step) {
+  const auto t_side = Clock::now();
+  if (std::exchange(eval_due_, false)) {
+    EvalResult ev = evaluate_now();
+    const double trained = seconds_since(t_train_) - side_seconds_ - seconds_since(t_side);
+    metrics_->write({{"event", "eval"}, {"step", step}, {"epoch", epoch_at(step)},
+                     {"test_accuracy", ev.accuracy}, {"test_loss", ev.loss},
+                     {"wall_seconds", seconds_since(t_start_)}, {"train_seconds", trained}});
+    say(fmt::format("epoch {:.2f}: test accuracy {:.2f}% (loss {:.4f})", epoch_at(step),
+                    100.0 * ev.accuracy, ev.loss));
+    if (c_.target_accuracy > 0.0 && ev.accuracy >= c_.target_accuracy && !target_reached_.load()) {
+      sum_.time_to_target = trained;
+      sum_.wall_to_target = seconds_since(t_start_);
+      metrics_->write({{"event", "target"}, {"step", step}, {"epoch", epoch_at(step)},
+                       {"test_accuracy", ev.accuracy}, {"train_seconds", sum_.time_to_target},
+                       {"wall_seconds", sum_.wall_to_target}});
+      say(fmt::format("test accuracy {:.2f}% reaches the target {:.2f}% after {} of training",
+                      100.0 * ev.accuracy, 100.0 * c_.target_accuracy,
+                      format_duration(sum_.time_to_target)));
+      target_reached_.store(true);
+    }
+  }
+  if (std::exchange(ckpt_due_, false)) write_checkpoint(step);
+  side_seconds_ += seconds_since(t_side);  // images/s measures training only
+}
+
+void Run::loop() {
+  RunHooks hooks;
+  hooks.lr_at = [&](int64_t step) { return learning_rate(c_.schedule, epoch_at(step)); };
+  hooks.stop_requested = [&] { return g_stop_requested.load() || target_reached_.load(); };
+  hooks.on_update = [&](const UpdateRecord& r) { return on_update(r); };
+  hooks.side_work = [&](int64_t step) { side_work(step); };
+  t_train_ = Clock::now();
+  group_->run(data_.train, tf_.train, c_.seed, start_step_, end_step_, start_examples_ / c_.batch,
+              hooks);
+}
+
+TrainSummary Run::summary() {
+  const int64_t step = group_->version();
+  sum_.interrupted = g_stop_requested.load() && step < end_step_;
+  const double train_seconds = seconds_since(t_train_) - side_seconds_;
+  if (!c_.checkpoint_dir.empty() && step > start_step_) write_checkpoint(step);
+  if (sum_.interrupted)
     say(fmt::format("interrupted at step {}{}", step,
-                    sum.last_checkpoint.empty() ? "" : "; saved " + sum.last_checkpoint));
+                    sum_.last_checkpoint.empty() ? "" : "; saved " + sum_.last_checkpoint));
 
   // An interrupted run stops promptly: its checkpoint is written, the test pass is skipped.
   EvalResult ev;
-  if (!sum.interrupted) ev = evaluate_now();
-  if (c.target_accuracy > 0.0 && !target_reached.load() && !sum.interrupted &&
-      ev.accuracy >= c.target_accuracy) {
-    sum.time_to_target = train_seconds;
-    sum.wall_to_target = seconds_since(t_start);
+  if (!sum_.interrupted) ev = evaluate_now();
+  if (c_.target_accuracy > 0.0 && !target_reached_.load() && !sum_.interrupted &&
+      ev.accuracy >= c_.target_accuracy) {
+    sum_.time_to_target = train_seconds;
+    sum_.wall_to_target = seconds_since(t_start_);
   }
-  sum.steps = step;
-  sum.epochs = epoch_at(step);
-  sum.test_accuracy = ev.accuracy;
-  sum.test_loss = ev.loss;
-  const int64_t trained = (step - start_step) * per_update;
-  sum.train_images_per_sec = trained / std::max(train_seconds, 1e-9);
-  sum.wall_seconds = seconds_since(t_start);
-  sum.tower_stats = group->stats().to_json(train_seconds);
-  nlohmann::json summary = {{"event", "summary"},
-                            {"model", c.model},
-                            {"dataset", c.dataset},
-                            {"mode", c.mode},
-                            {"towers", c.towers},
-                            {"threads_per_tower", threads},
-                            {"test_accuracy", sum.interrupted ? nlohmann::json() : nlohmann::json(sum.test_accuracy)},
-                            {"test_loss", sum.interrupted ? nlohmann::json() : nlohmann::json(sum.test_loss)},
-                            {"train_images_per_sec", sum.train_images_per_sec},
-                            {"wall_seconds", sum.wall_seconds},
-                            {"train_seconds", train_seconds},
-                            {"steps", sum.steps},
-                            {"start_step", start_step},
-                            {"epochs", sum.epochs},
-                            {"final_loss", sum.final_loss},
-                            {"interrupted", sum.interrupted},
-                            {"checkpoint", sum.last_checkpoint},
-                            {"target_accuracy", c.target_accuracy},
-                            {"time_to_target", sum.time_to_target >= 0 ? nlohmann::json(sum.time_to_target) : nlohmann::json()},
-                            {"wall_to_target", sum.wall_to_target >= 0 ? nlohmann::json(sum.wall_to_target) : nlohmann::json()}};
-  summary.update(sum.tower_stats);
-  metrics.write(summary);
-  if (!sum.interrupted)
+  sum_.steps = step;
+  sum_.epochs = epoch_at(step);
+  sum_.test_accuracy = ev.accuracy;
+  sum_.test_loss = ev.loss;
+  const int64_t trained = (step - start_step_) * per_update_;
+  sum_.train_images_per_sec = trained / std::max(train_seconds, 1e-9);
+  sum_.wall_seconds = seconds_since(t_start_);
+  sum_.tower_stats = group_->stats().to_json(train_seconds);
+  auto or_null = [](bool have, double v) { return have ? nlohmann::json(v) : nlohmann::json(); };
+  nlohmann::json line = {{"event", "summary"},
+                         {"model", c_.model},
+                         {"dataset", c_.dataset},
+                         {"mode", c_.mode},
+                         {"towers", c_.towers},
+                         {"threads_per_tower", threads_},
+                         {"test_accuracy", or_null(!sum_.interrupted, sum_.test_accuracy)},
+                         {"test_loss", or_null(!sum_.interrupted, sum_.test_loss)},
+                         {"train_images_per_sec", sum_.train_images_per_sec},
+                         {"wall_seconds", sum_.wall_seconds},
+                         {"train_seconds", train_seconds},
+                         {"steps", sum_.steps},
+                         {"start_step", start_step_},
+                         {"epochs", sum_.epochs},
+                         {"final_loss", sum_.final_loss},
+                         {"interrupted", sum_.interrupted},
+                         {"checkpoint", sum_.last_checkpoint},
+                         {"target_accuracy", c_.target_accuracy},
+                         {"time_to_target", or_null(sum_.time_to_target >= 0, sum_.time_to_target)},
+                         {"wall_to_target", or_null(sum_.wall_to_target >= 0, sum_.wall_to_target)}};
+  line.update(sum_.tower_stats);
+  metrics_->write(line);
+  if (!sum_.interrupted)
     say(fmt::format("done: {} steps ({:.2f} epochs) in {}, {:.0f} images/s; test accuracy {:.2f}% "
                     "on {} examples",
-                    sum.steps, sum.epochs, format_duration(sum.wall_seconds),
-                    sum.train_images_per_sec, 100.0 * sum.test_accuracy, ev.examples));
-  if (c.towers > 1 && !c.quiet) {
-    std::string line = fmt::format("towers: max staleness {}, dropped gradients {};", group->stats().max_staleness(),
-                                   group->stats().dropped_total());
-    for (const auto& t : sum.tower_stats["towers"])
-      line += fmt::format(" [{}: {} steps, {:.0f} ms p50, {:.0f} ms p99]", t["tower"].get<int>(),
-                          t["steps"].get<int64_t>(), t["step_ms_p50"].get<double>(),
-                          t["step_ms_p99"].get<double>());
-    say(line);
+                    sum_.steps, sum_.epochs, format_duration(sum_.wall_seconds),
+                    sum_.train_images_per_sec, 100.0 * sum_.test_accuracy, ev.examples));
+  if (c_.towers > 1 && !c_.quiet) {
+    std::string towers_line =
+        fmt::format("towers: max staleness {}, dropped gradients {};",
+                    group_->stats().max_staleness(), group_->stats().dropped_total());
+    for (const auto& t : sum_.tower_stats["towers"])
+      towers_line += fmt::format(" [{}: {} steps, {:.0f} ms p50, {:.0f} ms p99]",
+                                 t["tower"].get<int>(), t["steps"].get<int64_t>(),
+                                 t["step_ms_p50"].get<double>(), t["step_ms_p99"].get<double>());
+    say(towers_line);
   }
-  return sum;
+  return sum_;
+}
+
+}  // namespace
+
+TrainSummary train(const TrainConfig& c) {
+  Run run(c);   // setup: every input checked, memory in hand; nothing written yet
+  run.open();   // the metrics file and the config line
+  run.loop();   // the towers step; evaluations and checkpoints as they fall due
+  return run.summary();
 }
 
 EvalSummary evaluate_checkpoint(const std::string& path, const std::string& dataset,
