@@ -105,8 +105,7 @@ std::vector<GradCheckResult> check_layer(const Layer& layer, int64_t n, uint64_t
     a.n = n;
     a.x = x.data();
     a.y = y.data();
-    a.w = vars.size() > 0 ? vars[0].data() : nullptr;
-    a.b = vars.size() > 1 ? vars[1].data() : nullptr;
+    for (size_t v = 0; v < vars.size(); ++v) a.params[v] = vars[v].data();
     a.saved = saved.data();
     layer.forward(a);
   };
@@ -126,10 +125,10 @@ std::vector<GradCheckResult> check_layer(const Layer& layer, int64_t n, uint64_t
   b.y = y.data();
   b.dy = r.data();
   b.dx = dx.data();
-  b.w = vars.size() > 0 ? vars[0].data() : nullptr;
-  b.b = vars.size() > 1 ? vars[1].data() : nullptr;
-  b.dw = grads.size() > 0 ? grads[0].data() : nullptr;
-  b.db = grads.size() > 1 ? grads[1].data() : nullptr;
+  for (size_t v = 0; v < vars.size(); ++v) {
+    b.params[v] = vars[v].data();
+    b.grads[v] = grads[v].data();
+  }
   b.saved = saved.data();
   layer.backward(b);
 

@@ -115,7 +115,7 @@ TEST_P(ConvTest, ForwardMatchesDirectConvolution) {
   ASSERT_EQ(conv.out_shape(), (Shape{c.co, oh, ow}));
   std::vector<float> y(ref.size());
   ForwardArgs a;
-  a.n = n, a.x = x.data(), a.y = y.data(), a.w = w.data(), a.b = b.data();
+  a.n = n, a.x = x.data(), a.y = y.data(), a.params = {w.data(), b.data()};
   conv.forward(a);
   for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-4) << "at " << i;
 }
@@ -148,7 +148,7 @@ TEST(Dense, ForwardIsXWtPlusB) {
   std::vector<float> b = {0.5f, -0.5f, 0};
   std::vector<float> y(6);
   ForwardArgs a;
-  a.n = 2, a.x = x.data(), a.y = y.data(), a.w = w.data(), a.b = b.data();
+  a.n = 2, a.x = x.data(), a.y = y.data(), a.params = {w.data(), b.data()};
   d.forward(a);
   EXPECT_EQ(y, (std::vector<float>{1.5f, 1.5f, 10, -0.5f, -0.5f, 0}));
 }

@@ -50,6 +50,7 @@ class CudaTower final : public Tower {
 
  private:
   void stage_inputs(const float* images, const int32_t* labels, int64_t n);
+  LossArgs loss_args(int64_t n, float grad_scale, float* dlogits);  // on the device buffers
   void enqueue_forward(int64_t n, bool training);
   void enqueue_step(int64_t n, float grad_scale);  // forward, loss, backward, grads out
   StepStats finish(int64_t n);                     // waits, sums the per-example results
@@ -64,7 +65,6 @@ class CudaTower final : public Tower {
   GpuExec exec_;
   cudaEvent_t inputs_ready_ = nullptr, copies_done_ = nullptr;
   std::vector<cudaEvent_t> layer_done_;  // per layer with variables: its gradients are final
-  std::vector<std::pair<int64_t, int64_t>> grad_range_;  // per layer: [begin, end) of its grads
   bool grads_to_host_ = true;
   // The captured step and what it was captured for.
   cudaGraphExec_t graph_ = nullptr;

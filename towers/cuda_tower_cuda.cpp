@@ -35,18 +35,8 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
   CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming));
   layer_done_.resize(graph.layers().size(), nullptr);
-  grad_range_.resize(graph.layers().size(), {0, 0});
-  for (size_t i = 0; i < graph.layers().size(); ++i) {
-    if (w_off_[i] < 0) continue;
-    // The layer's variables, weight then bias, with the layout's alignment padding between.
-    const std::string& name = graph.layers()[i]->name();
-    const Variable& w = layout.find(name + "/weight");
-    const Variable& b = layout.find(name + "/bias");
-    grad_range_[i] = {std::min(w.offset, b.offset),
-                      std::max(w.offset + w.size, b.offset + b.size)};
-  }
   for (size_t i = 0; i < layer_done_.size(); ++i)
-    if (w_off_[i] >= 0) CUDA_CHECK(cudaEventCreateWithFlags(&layer_done_[i], cudaEventDisableTiming));
+    if (has_grads(i)) CUDA_CHECK(cudaEventCreateWithFlags(&layer_done_[i], cudaEventDisableTiming));
 }
 
 CudaTower::~CudaTower() {
@@ -98,22 +88,33 @@ void CudaTower::enqueue_forward(int64_t n, bool training) {
   }
 }
 
+LossArgs CudaTower::loss_args(int64_t n, float grad_scale, float* dlogits) {
+  LossArgs la;
+  la.n = n;
+  la.classes = graph().num_classes();
+  la.logits = act_.back().data();
+  la.labels = reinterpret_cast<const int32_t*>(labels_d_.data());
+  la.grad_scale = grad_scale;
+  la.dlogits = dlogits;
+  la.row_loss = reinterpret_cast<double*>(row_loss_d_.data());
+  la.row_correct = reinterpret_cast<int32_t*>(row_correct_d_.data());
+  return la;
+}
+
 void CudaTower::enqueue_step(int64_t n, float grad_scale) {
   cudaStream_t c = dev_.compute(), k = dev_.copy();
   enqueue_forward(n, true);
   const auto& layers = graph().layers();
-  kernels::cuda::softmax_xent(c, n, graph().num_classes(), act_.back().data(),
-                              reinterpret_cast<const int32_t*>(labels_d_.data()), grad_scale,
-                              dact_[0].data(), reinterpret_cast<double*>(row_loss_d_.data()),
-                              reinterpret_cast<int32_t*>(row_correct_d_.data()));
+  graph().loss().forward_gpu(exec_, loss_args(n, grad_scale, dact_[0].data()));
   int cur = 0;
   for (size_t i = layers.size(); i-- > 0;) {
     kernels::cuda::spin_delay(c, placement_.test_backward_delay_ns);
     layers[i]->backward_gpu(exec_,
                             backward_args(i, n, images_d_.data(), cur, params_d_.data(), grads_d_.data()));
     cur = 1 - cur;
-    if (grads_to_host_ && w_off_[i] >= 0) {
-      const auto [lo, hi] = grad_range_[i];
+    if (grads_to_host_ && has_grads(i)) {
+      // The layer's trainable variables, with the layout's alignment padding between them.
+      const auto [lo, hi] = grad_span_[i];
       CUDA_CHECK(cudaEventRecord(layer_done_[i], c));
       CUDA_CHECK(cudaStreamWaitEvent(k, layer_done_[i], 0));
       CUDA_CHECK(cudaMemcpyAsync(grads_host_.as<float>() + lo, grads_d_.data() + lo,
@@ -195,10 +196,7 @@ StepStats CudaTower::evaluate(const float* images, const int32_t* labels, int64_
   stage_inputs(images, labels, n);
   enqueue_forward(n, false);
   cudaStream_t c = dev_.compute();
-  kernels::cuda::softmax_xent(c, n, graph().num_classes(), act_.back().data(),
-                              reinterpret_cast<const int32_t*>(labels_d_.data()), 0.0f, nullptr,
-                              reinterpret_cast<double*>(row_loss_d_.data()),
-                              reinterpret_cast<int32_t*>(row_correct_d_.data()));
+  graph().loss().forward_gpu(exec_, loss_args(n, 0.0f, nullptr));
   CUDA_CHECK(cudaMemcpyAsync(row_loss_h_.as<double>(), row_loss_d_.data(), sizeof(double) * n,
                              cudaMemcpyDeviceToHost, c));
   CUDA_CHECK(cudaMemcpyAsync(row_correct_h_.as<int32_t>(), row_correct_d_.data(),

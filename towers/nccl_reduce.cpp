@@ -15,7 +15,7 @@
   do {                                                                               \
     ncclResult_t towers_nr_ = (call);                                                \
     if (towers_nr_ != ncclSuccess)                                                   \
-      TOWERS_FAIL("NCCL call {} failed: {}", #call, ncclGetErrorString(towers_nr_)); \
+      TOWERS_SYSTEM_FAIL("NCCL call {} failed: {}", #call, ncclGetErrorString(towers_nr_)); \
   } while (0)
 
 namespace towers {

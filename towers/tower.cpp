@@ -15,9 +15,19 @@ Tower::Tower(const Graph& graph, int64_t max_batch) : graph_(graph), max_batch_(
   TOWERS_CHECK(max_batch > 0, "a tower needs a positive batch, got {}", max_batch);
   const ParameterLayout& layout = graph.layout();
   for (const auto& l : graph.layers()) {
-    bool has_vars = !l->params().empty();
-    w_off_.push_back(has_vars ? layout.find(l->name() + "/weight").offset : -1);
-    b_off_.push_back(has_vars ? layout.find(l->name() + "/bias").offset : -1);
+    std::vector<const Variable*> vs;
+    int64_t lo = layout.total(), hi = 0;
+    for (const ParamSpec& spec : l->params()) {
+      const Variable& v = layout.find(spec.name);
+      vs.push_back(&v);
+      if (!spec.trainable) continue;
+      lo = std::min(lo, v.offset);
+      hi = std::max(hi, v.offset + v.size);
+    }
+    TOWERS_CHECK(static_cast<int>(vs.size()) <= kMaxLayerVars, "layer {} has {} variables (at most {})",
+                 l->name(), vs.size(), kMaxLayerVars);
+    vars_.push_back(std::move(vs));
+    grad_span_.emplace_back(lo < hi ? lo : 0, lo < hi ? hi : 0);
   }
 }
 
@@ -43,8 +53,12 @@ ForwardArgs Tower::forward_args(size_t i, int64_t n, const float* x, const float
   a.n = n;
   a.x = x;
   a.y = act_[i].data();
-  a.w = w_off_[i] >= 0 ? params + w_off_[i] : nullptr;
-  a.b = b_off_[i] >= 0 ? params + b_off_[i] : nullptr;
+  for (size_t k = 0; k < vars_[i].size(); ++k) {
+    const Variable& v = *vars_[i][k];
+    a.params[k] = params + v.offset;
+    // State is written through the same pointer: the tower's own copy of the variables.
+    if (!v.spec.trainable) a.state[k] = const_cast<float*>(params) + v.offset;
+  }
   a.saved = saved_[i].data();
   a.training = training;
   return a;
@@ -58,10 +72,11 @@ BackwardArgs Tower::backward_args(size_t i, int64_t n, const float* images, int 
   a.y = act_[i].data();
   a.dy = dact_[cur].data();
   a.dx = i == 0 ? nullptr : dact_[1 - cur].data();
-  a.w = w_off_[i] >= 0 ? params + w_off_[i] : nullptr;
-  a.b = b_off_[i] >= 0 ? params + b_off_[i] : nullptr;
-  a.dw = w_off_[i] >= 0 ? grads + w_off_[i] : nullptr;
-  a.db = b_off_[i] >= 0 ? grads + b_off_[i] : nullptr;
+  for (size_t k = 0; k < vars_[i].size(); ++k) {
+    const Variable& v = *vars_[i][k];
+    a.params[k] = params + v.offset;
+    if (v.spec.trainable) a.grads[k] = grads + v.offset;
+  }
   a.saved = saved_[i].data();
   return a;
 }
@@ -110,10 +125,14 @@ const float* CpuTower::forward(const float* images, int64_t n, bool training) {
 StepStats CpuTower::compute_gradients(const float* images, const int32_t* labels, int64_t n,
                                    float grad_scale) {
   return device_.execute([&] {
-    const float* logits = forward(images, n, true);
-    const int64_t k = graph().num_classes();
-    float* dy = dact_[0].data();
-    auto r = kernels::cpu::softmax_xent(n, k, logits, labels, grad_scale, dy);
+    LossArgs la;
+    la.n = n;
+    la.classes = graph().num_classes();
+    la.logits = forward(images, n, true);
+    la.labels = labels;
+    la.grad_scale = grad_scale;
+    la.dlogits = dact_[0].data();
+    const LossSums r = graph().loss().forward(la);
     const auto& layers = graph().layers();
     int cur = 0;
     for (size_t i = layers.size(); i-- > 0;) {
@@ -126,8 +145,12 @@ StepStats CpuTower::compute_gradients(const float* images, const int32_t* labels
 
 StepStats CpuTower::evaluate(const float* images, const int32_t* labels, int64_t n) {
   return device_.execute([&] {
-    const float* logits = forward(images, n, false);
-    auto r = kernels::cpu::softmax_xent(n, graph().num_classes(), logits, labels, 0.0f, nullptr);
+    LossArgs la;
+    la.n = n;
+    la.classes = graph().num_classes();
+    la.logits = forward(images, n, false);
+    la.labels = labels;
+    const LossSums r = graph().loss().forward(la);
     return StepStats{r.loss_sum, r.correct, n};
   });
 }

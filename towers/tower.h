@@ -78,8 +78,11 @@ class Tower {
   BackwardArgs backward_args(size_t i, int64_t n, const float* images, int cur,
                              const float* params, float* grads);
 
-  // Per layer: offsets of its weight and bias in the flat layout, -1 when it has none.
-  std::vector<int64_t> w_off_, b_off_;
+  // Per layer: its variables (params() order) as layout entries, and the span [lo, hi) of
+  // the flat array its trainable ones cover (lo == hi: none).
+  std::vector<std::vector<const Variable*>> vars_;
+  std::vector<std::pair<int64_t, int64_t>> grad_span_;
+  bool has_grads(size_t i) const { return grad_span_[i].first < grad_span_[i].second; }
   std::vector<DeviceBuffer> act_, saved_;
   DeviceBuffer dact_[2];
 

@@ -1,5 +1,7 @@
 #include "core/gpu.h"
 
+#include "core/check.h"
+
 #if TOWERS_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -7,6 +9,12 @@
 #endif
 
 namespace towers {
+
+float* gpu_scratch_at(const GpuExec& e, int64_t offset, int64_t count, const std::string& who) {
+  TOWERS_CHECK(offset + count <= e.scratch_size, "{}: GPU scratch of {} floats is short of {}",
+               who, e.scratch_size, offset + count);
+  return e.scratch + offset;
+}
 
 GpuList list_gpus(bool with_free_memory) {
   GpuList out;

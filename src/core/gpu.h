@@ -45,4 +45,8 @@ struct GpuExec {
   int64_t scratch_size = 0;
 };
 
+// floats [offset, offset + count) of e's scratch; an internal error naming `who` if the
+// scratch is short (a layer's gpu_scratch() under-counted).
+float* gpu_scratch_at(const GpuExec& e, int64_t offset, int64_t count, const std::string& who);
+
 }  // namespace towers

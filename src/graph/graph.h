@@ -1,6 +1,7 @@
-// graph.h — a model: layers in execution order, built once by a model builder and shared by
-// every tower. Each layer's input is the previous layer's output (the nets here are chains;
-// residual nets will add multi-input nodes). The graph fixes the parameter layout.
+// graph.h — a model: layers in execution order and the loss after them, built once by a model
+// builder and shared by every tower. Each layer's input is the previous layer's output (the
+// nets here are chains; residual nets will add multi-input nodes). The graph fixes the
+// parameter layout. The loss defaults to softmax cross-entropy over num_classes logits.
 #pragma once
 
 #include <memory>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "layers/layer.h"
+#include "layers/loss.h"
 #include "params/layout.h"
 
 namespace towers {
@@ -15,7 +17,8 @@ namespace towers {
 class Graph {
  public:
   Graph(std::string model, Shape input, int num_classes)
-      : model_(std::move(model)), input_(std::move(input)), num_classes_(num_classes) {}
+      : model_(std::move(model)), input_(std::move(input)), num_classes_(num_classes),
+        loss_(std::make_unique<SoftmaxCrossEntropy>()) {}
 
   template <class L, class... Args>
   L& add(Args&&... args) {
@@ -29,6 +32,8 @@ class Graph {
   const Shape& input_shape() const { return input_; }
   int num_classes() const { return num_classes_; }
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
+  const Loss& loss() const { return *loss_; }
+  void set_loss(std::unique_ptr<Loss> loss) { loss_ = std::move(loss); }
   const ParameterLayout& layout() const { return layout_; }
   int64_t flops_per_example() const;  // forward pass
   std::string summary() const;        // a table: layer, kind, output shape, parameters
@@ -40,6 +45,7 @@ class Graph {
   Shape input_;
   int num_classes_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<Loss> loss_;
   ParameterLayout layout_;
 };
 

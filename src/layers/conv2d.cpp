@@ -9,6 +9,8 @@
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
 #include "layers/scratch.h"
+#include "core/gpu.h"
+#include "kernels/conv.h"
 
 namespace towers {
 
@@ -49,13 +51,13 @@ void Conv2D::forward(const ForwardArgs& a) const {
     float* out = thread_scratch(ScratchSlot::Out, co * cols);  // (co, images * P)
     for (int64_t i = b0; i < b1; ++i)
       kernels::cpu::im2col(geo_, a.x + i * in_sz, col + (i - b0) * P, cols);
-    kernels::cpu::gemm(false, false, co, cols, K, 1.0f, a.w, K, col, cols, 0.0f, out, cols);
+    kernels::cpu::gemm(false, false, co, cols, K, 1.0f, a.params[kWeight], K, col, cols, 0.0f, out, cols);
     // Scatter (co, images, P) to (images, co, P), adding the bias and the ReLU on the way.
     for (int64_t i = b0; i < b1; ++i)
       for (int64_t c = 0; c < co; ++c) {
         const float* s = out + c * cols + (i - b0) * P;
         float* d = a.y + i * out_sz + c * P;
-        const float bias = a.b[c];
+        const float bias = a.params[kBias][c];
         if (cfg_.relu)
           for (int64_t p = 0; p < P; ++p) d[p] = std::max(s[p] + bias, 0.0f);
         else
@@ -74,8 +76,8 @@ void Conv2D::backward(const BackwardArgs& a) const {
   float* extra = thread_scratch(ScratchSlot::Partial, (chunks - 1) * wsz + chunks * co);
   std::vector<float*> dws(chunks), dbs(chunks);
   for (int64_t k = 0; k < chunks; ++k) {
-    dws[k] = k == 0 ? a.dw : extra + (k - 1) * wsz;
-    dbs[k] = k == 0 ? a.db : extra + (chunks - 1) * wsz + k * co;
+    dws[k] = k == 0 ? a.grads[kWeight] : extra + (k - 1) * wsz;
+    dbs[k] = k == 0 ? a.grads[kBias] : extra + (chunks - 1) * wsz + k * co;
   }
   for_chunks(a.n, kChunk, [&](int64_t k, int64_t b0, int64_t b1) {
     const int64_t cols = (b1 - b0) * P;
@@ -103,7 +105,7 @@ void Conv2D::backward(const BackwardArgs& a) const {
     kernels::cpu::gemm(false, true, co, K, cols, 1.0f, g, cols, col, cols, 0.0f, dwk, K);
     if (a.dx != nullptr) {
       // dcol (K, cols) = W^T (K, co) * g (co, cols), reusing the col buffer.
-      kernels::cpu::gemm(true, false, K, cols, co, 1.0f, a.w, K, g, cols, 0.0f, col, cols);
+      kernels::cpu::gemm(true, false, K, cols, co, 1.0f, a.params[kWeight], K, g, cols, 0.0f, col, cols);
       for (int64_t i = b0; i < b1; ++i)
         kernels::cpu::col2im(geo_, col + (i - b0) * P, cols, a.dx + i * in_sz);
     }
@@ -115,5 +117,45 @@ void Conv2D::backward(const BackwardArgs& a) const {
     kernels::cpu::tree_sum(dbs.data(), chunks, 0, co);
   }
 }
+
+#if TOWERS_HAVE_CUDA
+// ---- the GPU twin ----------------------------------------------------------------------------
+namespace kc = kernels::cuda;
+
+// GPU path: the CPU path's arithmetic with the batch as one unit. One batched im2col, one
+// cuBLAS GEMM over every pixel of the batch and one kernel that scatters to NCHW with the bias
+// and ReLU; the backward is one masking kernel (with the bias gradient), one GEMM for dW over
+// the whole batch, one for the columns of dx, and one col2im. All on the tower's stream.
+int64_t Conv2D::gpu_scratch(int64_t n) const {
+  const int64_t cols = n * geo_.out_pixels();
+  return geo_.patch() * cols + cfg_.out_channels * cols;  // col + GEMM output / masked dy
+}
+
+void Conv2D::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
+  const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
+  const int64_t cols = a.n * P;
+  float* col = gpu_scratch_at(e, 0, K * cols, name());
+  float* out = gpu_scratch_at(e, K * cols, co * cols, name());
+  kc::im2col(e.stream, geo_, a.n, a.x, col);
+  kc::gemm(e.blas, false, false, co, cols, K, 1.0f, a.params[kWeight], K, col, cols, 0.0f, out, cols);
+  kc::conv_output(e.stream, a.n, co, P, out, a.params[kBias], cfg_.relu, a.y);
+}
+
+void Conv2D::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
+  const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
+  const int64_t cols = a.n * P;
+  float* col = gpu_scratch_at(e, 0, K * cols, name());
+  float* g = gpu_scratch_at(e, K * cols, co * cols, name());
+  kc::conv_grad_output(e.stream, a.n, co, P, a.y, a.dy, cfg_.relu, g, a.grads[kBias]);
+  kc::im2col(e.stream, geo_, a.n, a.x, col);
+  // dW (co, K) = g (co, cols) * col^T (cols, K)
+  kc::gemm(e.blas, false, true, co, K, cols, 1.0f, g, cols, col, cols, 0.0f, a.grads[kWeight], K);
+  if (a.dx != nullptr) {
+    // dcol (K, cols) = W^T (K, co) * g (co, cols), into the col buffer
+    kc::gemm(e.blas, true, false, K, cols, co, 1.0f, a.params[kWeight], K, g, cols, 0.0f, col, cols);
+    kc::col2im(e.stream, geo_, a.n, col, a.dx);
+  }
+}
+#endif  // TOWERS_HAVE_CUDA
 
 }  // namespace towers

@@ -17,6 +17,7 @@ struct Conv2DConfig {
 
 class Conv2D : public Layer {
  public:
+  static constexpr int kWeight = 0, kBias = 1;  // params(): "<name>/weight", "<name>/bias"
   Conv2D(std::string name, Conv2DConfig cfg) : Layer(std::move(name)), cfg_(cfg) {}
   std::string kind() const override { return "conv2d"; }
   std::vector<ParamSpec> params() const override;

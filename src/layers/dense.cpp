@@ -10,6 +10,9 @@
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
 #include "layers/scratch.h"
+#include "core/gpu.h"
+#include "kernels/activation.h"
+#include "kernels/bias.h"
 
 namespace towers {
 
@@ -34,11 +37,11 @@ void Dense::forward(const ForwardArgs& a) const {
   const int64_t o = cfg_.out;
   for_chunks(a.n, kRows, [&](int64_t, int64_t r0, int64_t r1) {
     float* y = a.y + r0 * o;
-    kernels::cpu::gemm(false, true, r1 - r0, o, in_, 1.0f, a.x + r0 * in_, in_, a.w, in_, 0.0f,
+    kernels::cpu::gemm(false, true, r1 - r0, o, in_, 1.0f, a.x + r0 * in_, in_, a.params[kWeight], in_, 0.0f,
                        y, o);
     for (int64_t r = 0; r < r1 - r0; ++r)
       for (int64_t j = 0; j < o; ++j) {
-        float v = y[r * o + j] + a.b[j];
+        float v = y[r * o + j] + a.params[kBias][j];
         y[r * o + j] = cfg_.relu ? std::max(v, 0.0f) : v;
       }
   });
@@ -57,8 +60,8 @@ void Dense::backward(const BackwardArgs& a) const {
   float* extra = thread_scratch(ScratchSlot::Partial, (chunks - 1) * wsz + chunks * o);
   std::vector<float*> dw(chunks), db(chunks);
   for (int64_t k = 0; k < chunks; ++k) {
-    dw[k] = k == 0 ? a.dw : extra + (k - 1) * wsz;
-    db[k] = k == 0 ? a.db : extra + (chunks - 1) * wsz + k * o;
+    dw[k] = k == 0 ? a.grads[kWeight] : extra + (k - 1) * wsz;
+    db[k] = k == 0 ? a.grads[kBias] : extra + (chunks - 1) * wsz + k * o;
   }
   const int64_t row_blocks = ceil_div(o, kOuts);
   oneapi::tbb::parallel_for(int64_t{0}, chunks * row_blocks, [&](int64_t job) {
@@ -81,10 +84,40 @@ void Dense::backward(const BackwardArgs& a) const {
   if (a.dx != nullptr) {
     // dx (n, in) = g (n, o) * W (o, in), split over batch rows.
     for_chunks(n, kRows, [&](int64_t, int64_t r0, int64_t r1) {
-      kernels::cpu::gemm(false, false, r1 - r0, in_, o, 1.0f, g + r0 * o, o, a.w, in_, 0.0f,
+      kernels::cpu::gemm(false, false, r1 - r0, in_, o, 1.0f, g + r0 * o, o, a.params[kWeight], in_, 0.0f,
                          a.dx + r0 * in_, in_);
     });
   }
 }
+
+#if TOWERS_HAVE_CUDA
+// ---- the GPU twin ----------------------------------------------------------------------------
+namespace kc = kernels::cuda;
+
+int64_t Dense::gpu_scratch(int64_t n) const { return n * cfg_.out; }  // the masked dy
+
+void Dense::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
+  const int64_t o = cfg_.out;
+  // y (n, o) = x (n, in) * W^T (in, o), then + b and the ReLU in place
+  kc::gemm(e.blas, false, true, a.n, o, in_, 1.0f, a.x, in_, a.params[kWeight], in_, 0.0f, a.y, o);
+  kc::bias_add(e.stream, a.n, o, 1, a.params[kBias], a.y, cfg_.relu);
+}
+
+void Dense::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
+  const int64_t o = cfg_.out, n = a.n;
+  const float* g = a.dy;
+  if (cfg_.relu) {
+    float* masked = gpu_scratch_at(e, 0, n * o, name());
+    kc::relu_backward(e.stream, n * o, a.y, a.dy, masked);
+    g = masked;
+  }
+  kc::bias_grad(e.stream, n, o, 1, g, a.grads[kBias], false);
+  // dW (o, in) = g^T (o, n) * x (n, in)
+  kc::gemm(e.blas, true, false, o, in_, n, 1.0f, g, o, a.x, in_, 0.0f, a.grads[kWeight], in_);
+  // dx (n, in) = g (n, o) * W (o, in)
+  if (a.dx != nullptr)
+    kc::gemm(e.blas, false, false, n, in_, o, 1.0f, g, o, a.params[kWeight], in_, 0.0f, a.dx, in_);
+}
+#endif  // TOWERS_HAVE_CUDA
 
 }  // namespace towers

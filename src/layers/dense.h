@@ -14,6 +14,7 @@ struct DenseConfig {
 
 class Dense : public Layer {
  public:
+  static constexpr int kWeight = 0, kBias = 1;  // params(): "<name>/weight", "<name>/bias"
   Dense(std::string name, DenseConfig cfg) : Layer(std::move(name)), cfg_(cfg) {}
   std::string kind() const override { return "dense"; }
   std::vector<ParamSpec> params() const override;

@@ -1,8 +1,20 @@
 // layer.h — the layer contract. A layer is bound once to its input shape and is immutable
 // afterwards: it holds no per-call state, so every tower shares one graph's layers. Everything a
-// call needs (activations, saved buffers, parameters, gradients) is passed in by the tower.
+// call needs (activations, saved buffers, variables, gradients) is passed in by the tower.
+//
+// A layer declares any number of named variables (params(): "<layer>/<name>", up to
+// kMaxLayerVars), trainable ones and non-trainable state (ParamSpec::trainable = false: running
+// statistics, say), all in the one flat layout, so state is checkpointed and pulled like
+// parameters. A call sees them as params[k], in params() order; backward writes grads[k] for
+// the trainable ones, and a training forward may update state[k] (the same memory as
+// params[k], writable, non-null only for non-trainable variables).
+//
+// What forward keeps for backward is the `saved` buffer: saved_per_example() floats per
+// example, owned by the tower and allocated once (so a CUDA graph can capture the step); the
+// ForwardArgs::saved of a call is the BackwardArgs::saved of its backward.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,12 +26,16 @@ namespace towers {
 
 struct GpuExec;  // core/gpu.h
 
+inline constexpr int kMaxLayerVars = 8;
+using VarViews = std::array<const float*, kMaxLayerVars>;
+using MutableVarViews = std::array<float*, kMaxLayerVars>;
+
 struct ForwardArgs {
   int64_t n = 0;              // examples in this call
   const float* x = nullptr;   // (n, in_shape)
   float* y = nullptr;         // (n, out_shape)
-  const float* w = nullptr;   // weight view into the flat parameter array (null if none)
-  const float* b = nullptr;   // bias view (null if none)
+  VarViews params{};          // the layer's variables, in params() order
+  MutableVarViews state{};    // the non-trainable ones, writable (null for trainable ones)
   float* saved = nullptr;     // (n, saved_per_example()) floats kept for backward
   bool training = true;       // false: no backward follows, nothing needs saving
 };
@@ -30,10 +46,8 @@ struct BackwardArgs {
   const float* y = nullptr;   // forward output
   const float* dy = nullptr;  // (n, out_shape)
   float* dx = nullptr;        // (n, in_shape), overwritten; null for the first layer
-  const float* w = nullptr;   // as in forward
-  const float* b = nullptr;
-  float* dw = nullptr;        // gradient views, same layout as w and b, overwritten
-  float* db = nullptr;
+  VarViews params{};          // as in forward
+  MutableVarViews grads{};    // gradient views of the trainable variables, overwritten
   const float* saved = nullptr;
 };
 
@@ -52,7 +66,7 @@ class Layer {
     in_ = in;
     out_ = infer(in);
   }
-  // The layer's variables: none, or "<name>/weight" then "<name>/bias".
+  // The layer's variables, "<layer name>/<variable>", at most kMaxLayerVars.
   virtual std::vector<ParamSpec> params() const { return {}; }
   virtual int64_t saved_per_example() const { return 0; }
   virtual int64_t flops_per_example() const { return 0; }  // forward multiply-adds x 2

@@ -5,6 +5,8 @@
 #include "core/check.h"
 #include "core/parallel.h"
 #include "layers/scratch.h"
+#include "core/gpu.h"
+#include "kernels/lrn.h"
 
 namespace towers {
 
@@ -30,5 +32,24 @@ void Lrn::backward(const BackwardArgs& a) const {
                                a.saved + b0 * sz, a.dy + b0 * sz, a.dx + b0 * sz);
   });
 }
+
+#if TOWERS_HAVE_CUDA
+// ---- the GPU twin ----------------------------------------------------------------------------
+namespace kc = kernels::cuda;
+
+int64_t Lrn::gpu_scratch(int64_t n) const { return n * numel(in_shape()); }
+
+void Lrn::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
+  const int64_t c = in_shape()[0], hw = in_shape()[1] * in_shape()[2];
+  float* scale = a.training ? a.saved : gpu_scratch_at(e, 0, a.n * c * hw, name());
+  kc::lrn_forward(e.stream, p_, a.n, c, hw, a.x, a.y, scale);
+}
+
+void Lrn::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
+  if (a.dx == nullptr) return;
+  const int64_t c = in_shape()[0], hw = in_shape()[1] * in_shape()[2];
+  kc::lrn_backward(e.stream, p_, a.n, c, hw, a.x, a.y, a.saved, a.dy, a.dx);
+}
+#endif  // TOWERS_HAVE_CUDA
 
 }  // namespace towers

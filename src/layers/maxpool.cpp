@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "core/parallel.h"
 #include "kernels/pool.h"
+#include "core/gpu.h"
 
 namespace towers {
 
@@ -34,5 +35,25 @@ void MaxPool::backward(const BackwardArgs& a) const {
                                    a.dy + b0 * out_sz, a.dx + b0 * in_sz);
   });
 }
+
+#if TOWERS_HAVE_CUDA
+// ---- the GPU twin ----------------------------------------------------------------------------
+namespace kc = kernels::cuda;
+
+int64_t MaxPool::gpu_scratch(int64_t n) const { return n * numel(out_shape()); }
+
+void MaxPool::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
+  const int64_t c = in_shape()[0], h = in_shape()[1], w = in_shape()[2];
+  // Evaluation keeps no argmax; the kernel still writes one, to scratch.
+  float* argmax = a.training ? a.saved : gpu_scratch_at(e, 0, a.n * numel(out_shape()), name());
+  kc::maxpool_forward(e.stream, a.n * c, h, w, rows_, cols_, a.x, a.y, argmax);
+}
+
+void MaxPool::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
+  if (a.dx == nullptr) return;
+  const int64_t c = in_shape()[0], h = in_shape()[1], w = in_shape()[2];
+  kc::maxpool_backward(e.stream, a.n * c, h, w, rows_, cols_, a.saved, a.dy, a.dx);
+}
+#endif  // TOWERS_HAVE_CUDA
 
 }  // namespace towers

@@ -58,6 +58,7 @@ void Optimizer::apply(float* params, const float* grads, float lr) {
   float* s0 = slot_buffers_.size() > 0 ? slot_buffers_[0].data() : nullptr;
   float* s1 = slot_buffers_.size() > 1 ? slot_buffers_[1].data() : nullptr;
   for (const Variable& v : layout_.variables()) {
+    if (!v.spec.trainable) continue;  // state: not learned
     // Element-wise, so any split is exact; chunks keep every core busy on big variables.
     r.wd = v.spec.weight_decay;
     for_chunks(v.size, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
@@ -75,6 +76,7 @@ void Optimizer::apply_shared(float* params, const float* grads, float lr, bool u
   const auto& vars = layout_.variables();
   for (size_t vi = 0; vi < vars.size(); ++vi) {
     const Variable& v = vars[vi];
+    if (!v.spec.trainable) continue;
     std::unique_lock<std::mutex> lock(var_locks_[vi], std::defer_lock);
     if (use_locking) lock.lock();
     r.wd = v.spec.weight_decay;

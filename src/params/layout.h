@@ -19,10 +19,13 @@ struct Init {
 };
 
 struct ParamSpec {
-  std::string name;  // "<layer>/weight" or "<layer>/bias"
+  std::string name;  // "<layer>/<variable>", e.g. "conv1/weight"
   Shape shape;       // conv weight [out, in, kh, kw]; linear weight [out, in]; bias [out]
   Init init;
   float weight_decay = 0.0f;
+  // false: state a layer keeps (running statistics), not learned: no gradient, no update,
+  // but checkpointed and pulled like a parameter.
+  bool trainable = true;
 };
 
 struct Variable {
