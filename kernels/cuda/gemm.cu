@@ -18,7 +18,7 @@ void gemm(cublasContext* h, bool trans_a, bool trans_b, int64_t m, int64_t n, in
       cublasSgemm(h, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                   gm, gn, gk, &alpha, g.a, glda, g.b, gldb, &beta, g.c, gldc);
   if (st != CUBLAS_STATUS_SUCCESS)
-    TOWERS_FAIL("cuBLAS call cublasSgemm(m={}, n={}, k={}, transa={}, transb={}) failed: {}", gm,
+    TOWERS_SYSTEM_FAIL("cuBLAS call cublasSgemm(m={}, n={}, k={}, transa={}, transb={}) failed: {}", gm,
                 gn, gk, g.trans_a, g.trans_b, cublasGetStatusString(st));
 }
 

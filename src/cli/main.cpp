@@ -258,8 +258,14 @@ int main(int argc, char** argv) {
   } catch (const towers::Error& e) {
     fmt::print(stderr, "towers: error: {}\n", e.what());
     return 1;
+  } catch (const towers::InternalError& e) {
+    fmt::print(stderr, "towers: internal error (a bug in towers): {}\n", e.what());
+    return 3;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "towers: error: out of host memory\n");
+    return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "towers: internal error: {}\n", e.what());
+    fmt::print(stderr, "towers: internal error (an unexpected exception): {}\n", e.what());
     return 3;
   }
 }

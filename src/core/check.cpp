@@ -2,8 +2,12 @@
 
 namespace towers {
 
-[[noreturn]] void throw_error(const char* file, int line, const std::string& msg) {
-  // The message comes first: it is what a user reads. The location helps whoever fixes it.
+// The message comes first: it is what a user reads. The location helps whoever fixes it.
+[[noreturn]] void throw_internal(const char* file, int line, const std::string& msg) {
+  throw InternalError(fmt::format("{} [{}:{}]", msg, file, line));
+}
+
+[[noreturn]] void throw_system(const char* file, int line, const std::string& msg) {
   throw Error(fmt::format("{} [{}:{}]", msg, file, line));
 }
 

@@ -10,7 +10,7 @@
   do {                                                                                   \
     cudaError_t towers_err_ = (call);                                                    \
     if (towers_err_ != cudaSuccess)                                                      \
-      TOWERS_FAIL("CUDA call {} failed: {} ({})", #call, cudaGetErrorString(towers_err_), \
+      TOWERS_SYSTEM_FAIL("CUDA call {} failed: {} ({})", #call, cudaGetErrorString(towers_err_), \
                   cudaGetErrorName(towers_err_));                                        \
   } while (0)
 

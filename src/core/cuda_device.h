@@ -102,5 +102,5 @@ const char* cublas_status_text(cublasStatus_t s);
   do {                                                                                    \
     cublasStatus_t towers_st_ = (call);                                                   \
     if (towers_st_ != CUBLAS_STATUS_SUCCESS)                                              \
-      TOWERS_FAIL("cuBLAS call {} failed: {}", #call, ::towers::cublas_status_text(towers_st_)); \
+      TOWERS_SYSTEM_FAIL("cuBLAS call {} failed: {}", #call, ::towers::cublas_status_text(towers_st_)); \
   } while (0)

@@ -80,7 +80,7 @@ void* CudaMemoryPool::allocate(size_t bytes) {
   }
   if (e != cudaSuccess) {
     cudaGetLastError();
-    TOWERS_FAIL("cuda:{}: cannot allocate {:.1f} MiB of GPU memory ({:.1f} MiB already in use "
+    TOWERS_SYSTEM_FAIL("cuda:{}: cannot allocate {:.1f} MiB of GPU memory ({:.1f} MiB already in use "
                 "by towers on it): {}",
                 ordinal_, mib(static_cast<int64_t>(want)), mib(in_use_), cudaGetErrorString(e));
   }

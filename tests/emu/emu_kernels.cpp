@@ -205,7 +205,7 @@ void gemm(cublasContext* h, bool trans_a, bool trans_b, int64_t m, int64_t n, in
   else if (glda < max1(g.trans_a ? gk : gm) || gldb < max1(g.trans_b ? gn : gk) || gldc < max1(gm))
     status = "CUBLAS_STATUS_INVALID_VALUE";
   if (status != nullptr)
-    TOWERS_FAIL("cuBLAS call cublasSgemm(m={}, n={}, k={}, transa={}, transb={}) failed: {}", gm,
+    TOWERS_SYSTEM_FAIL("cuBLAS call cublasSgemm(m={}, n={}, k={}, transa={}, transb={}) failed: {}", gm,
                 gn, gk, g.trans_a, g.trans_b, status);
   const bool tf32 = emu::tf32(h);
   submit(emu::stream_of(h), [=] {

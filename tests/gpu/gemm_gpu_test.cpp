@@ -214,17 +214,17 @@ TEST(GemmGpu, CublasFailureIsAnErrorNamingTheCall) {
 }
 
 // Host-side checks only (no cuBLAS call is reached): they run wherever CUDA is built.
-TEST(GemmGpu, SizesBeyondIntAreAnError) {
+TEST(GemmGpu, SizesBeyondIntAreABug) {
   const int64_t big = int64_t{INT_MAX} + 1;
   EXPECT_THROW(kernels::cuda::gemm(nullptr, false, false, 2, 2, big, 1.0f, nullptr, big, nullptr, 2,
                                    0.0f, nullptr, 2),
-               Error);
+               InternalError);
   EXPECT_THROW(kernels::cuda::gemm(nullptr, false, false, big, 2, 2, 1.0f, nullptr, 2, nullptr, 2,
                                    0.0f, nullptr, 2),
-               Error);
+               InternalError);
   EXPECT_THROW(kernels::cuda::gemm(nullptr, false, false, 2, 2, 2, 1.0f, nullptr, 2, nullptr, 2,
                                    0.0f, nullptr, big),
-               Error);
+               InternalError);
 }
 
 TEST(GemmGpu, EmptyProductDoesNothing) {

@@ -213,7 +213,7 @@ TEST(TreeSumGpu, BitwiseEqualToCpuTwin) {
 TEST(TreeSumGpu, TooManyBlocksIsAnError) {
   std::vector<float*> ptrs(kernels::cuda::kMaxTreeBlocks + 1, nullptr);
   EXPECT_THROW(kernels::cuda::tree_sum(nullptr, ptrs.data(), static_cast<int64_t>(ptrs.size()), 8),
-               Error);
+               InternalError);
 }
 
 TEST(ScaleGpu, BitwiseEqualToHostMultiply) {
