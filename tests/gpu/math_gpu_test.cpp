@@ -141,7 +141,7 @@ TEST(StandardizeGpu, MatchesCpuTwinOutOfPlaceAndInPlace) {
 
 // Both twins run the rules of kernels/optimizer_rules.h, both built without FMA contraction,
 // and the device's sqrtf and division round as IEEE requires (nvcc's defaults): the updates
-// must agree bitwise (decision 15).
+// must agree bitwise (decision 25).
 struct OptState {
   static constexpr int64_t kN = (1 << 20) + 13;
   std::vector<float> w = random_floats(kN, 41, -2.0f, 2.0f);
