@@ -52,6 +52,8 @@ class ParameterStore {
   virtual void restore_version(int64_t v) = 0;
   virtual int64_t pull(Tower& tower) = 0;
   virtual int64_t push(const float* grads, float lr, CpuDevice& host) = 0;
+  // Advances the version without an update (a skipped step); returns it like push.
+  virtual int64_t skip() = 0;
   virtual void wait(int64_t ticket) = 0;
   // The parameters at the current version, in host memory (evaluation, checkpoints).
   virtual const float* host_params() = 0;
@@ -75,6 +77,7 @@ class LocalParameterStore final : public ParameterStore {
   void restore_version(int64_t v) override { version_.store(v); }
   int64_t pull(Tower& tower) override;
   int64_t push(const float* grads, float lr, CpuDevice& host) override;
+  int64_t skip() override { return version_.fetch_add(1) + 1; }
   void wait(int64_t) override {}
   const float* host_params() override { return params_; }
   void reset_clocks(int towers) override { clocks_.assign(towers, 0); }

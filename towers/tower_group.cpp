@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
@@ -83,6 +84,51 @@ int64_t TowerGroup::examples_per_update() const {
   return policy_->examples_per_update(batch_, cfg_.towers);
 }
 
+namespace {
+// The L2 norm of x, in double, over fixed chunks summed in chunk order: the same bits for any
+// number of threads.
+double l2_norm(const float* x, int64_t n) {
+  constexpr int64_t kChunk = 1 << 15;
+  std::vector<double> part(static_cast<size_t>(ceil_div(n, kChunk)), 0.0);
+  for_chunks(n, kChunk, [&](int64_t k, int64_t b, int64_t e) {
+    double s = 0.0;
+    for (int64_t j = b; j < e; ++j) s += static_cast<double>(x[j]) * x[j];
+    part[k] = s;
+  });
+  double s = 0.0;
+  for (double p : part) s += p;
+  return std::sqrt(s);
+}
+}  // namespace
+
+Pushed TowerGroup::guarded_push(const float* grads, float lr, CpuDevice& host, double loss) {
+  Pushed out;
+  if (cfg_.clip_grad_norm > 0.0 || cfg_.skip_nonfinite) {
+    const int64_t total = graph_.layout().total();
+    out.grad_norm = host.execute([&] { return l2_norm(grads, total); });
+    if (cfg_.skip_nonfinite && (!std::isfinite(loss) || !std::isfinite(out.grad_norm))) {
+      out.skipped = true;
+      out.version = store_.skip();
+      return out;
+    }
+    if (cfg_.clip_grad_norm > 0.0 && out.grad_norm > cfg_.clip_grad_norm) {
+      // Scaled to the bound, into a copy: the gradient buffer belongs to a tower or the sum.
+      thread_local std::vector<float> clipped;
+      clipped.resize(static_cast<size_t>(total));
+      const float scale = static_cast<float>(cfg_.clip_grad_norm / out.grad_norm);
+      host.execute([&] {
+        for_chunks(total, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
+          for (int64_t j = b; j < e; ++j) clipped[j] = grads[j] * scale;
+        });
+      });
+      grads = clipped.data();
+    }
+  }
+  out.version = store_.push(grads, lr, host);
+  store_.wait(out.version);
+  return out;
+}
+
 void TowerGroup::straggle(int tower) const {
   for (const auto& [t, ms] : cfg_.stragglers)
     if (t == tower) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
@@ -125,6 +171,9 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
   std::vector<bool> parked(n, false);
   ModeContext ctx{cfg_, store_, towers_, stats_, grad_sum_, nccl_.get(), batch_, end_version, mu,
                   hooks.lr_at,
+                  [&](const float* g, float lr, CpuDevice& host, double loss) {
+                    return guarded_push(g, lr, host, loss);
+                  },
                   [&](const UpdateRecord& r) {
                     stats_.update(r.staleness);
                     return hooks.on_update(r);

@@ -70,6 +70,9 @@ class TowerGroup {
 
  private:
   void straggle(int tower) const;
+  // ModeContext::push: the gradient guard (cfg.clip_grad_norm, cfg.skip_nonfinite) around the
+  // store's push and wait.
+  Pushed guarded_push(const float* grads, float lr, CpuDevice& host, double loss);
 
   const Graph& graph_;
   EngineConfig cfg_;

@@ -120,6 +120,10 @@ void validate(const TrainConfig& c) {
                  "--gpus, --tf32, --no-cuda-graphs and --reduce nccl need --device cuda");
   TOWERS_REQUIRE(reduce == Reduce::Host || (mode == Mode::Sync && c.replicas_to_aggregate == 0),
                  "--reduce nccl is for --mode sync without --replicas-to-aggregate");
+  TOWERS_REQUIRE(c.on_divergence == "stop" || c.on_divergence == "skip-step",
+                 "--on-divergence: unknown policy '{}' (known: stop, skip-step)", c.on_divergence);
+  TOWERS_REQUIRE(c.clip_grad_norm >= 0.0 && std::isfinite(c.clip_grad_norm),
+                 "--clip-grad-norm must be a finite number >= 0 (0: off), got {}", c.clip_grad_norm);
   TOWERS_REQUIRE(c.lr_scaling == "none" || c.lr_scaling == "linear",
                  "--lr-scaling: unknown rule '{}' (known: none, linear)", c.lr_scaling);
   parse_slow_towers(c.slow_towers, c.towers);
@@ -173,6 +177,8 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"use_locking", c.use_locking},
           {"staleness_aware_lr", c.staleness_aware_lr},
           {"lr_scaling", c.lr_scaling},
+          {"on_divergence", c.on_divergence},
+          {"clip_grad_norm", c.clip_grad_norm},
           {"seed", c.seed},
           {"optimizer", c.optimizer.name},
           {"momentum", c.optimizer.momentum ? nlohmann::json(*c.optimizer.momentum) : nlohmann::json()},
@@ -207,6 +213,8 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   ec.use_locking = c.use_locking;
   ec.staleness_aware_lr = c.staleness_aware_lr;
   ec.stragglers = parse_slow_towers(c.slow_towers, c.towers);
+  ec.clip_grad_norm = c.clip_grad_norm;
+  ec.skip_nonfinite = c.on_divergence == "skip-step";
   placement = fmt::format("on cpu ({} threads each)", threads);
   if (c.device != "cuda") return ec;
   GpuList found = list_gpus();
@@ -425,14 +433,28 @@ void Run::write_checkpoint(int64_t step) {
 
 bool Run::on_update(const UpdateRecord& r) {
   const double loss = r.loss;
-  TOWERS_REQUIRE(std::isfinite(loss), "training diverged at step {} (loss {}): lower --lr (now {})",
-                 r.version, loss, c_.schedule.lr);
-  sum_.final_loss = loss;
-  metrics_->write({{"event", "step"}, {"step", r.version}, {"epoch", epoch_at(r.version)},
-                   {"loss", loss}, {"train_accuracy", static_cast<double>(r.correct) / r.examples},
-                   {"lr", r.lr}, {"tower", r.tower >= 0 ? nlohmann::json(r.tower) : nlohmann::json()},
-                   {"contributors", r.contributors}, {"staleness", r.staleness},
-                   {"wall_seconds", seconds_since(t_start_)}});
+  if (r.skipped) {
+    ++sum_.skipped_steps;
+    if (sum_.skipped_steps == 1 || sum_.skipped_steps % 100 == 0)
+      say(fmt::format("step {}: loss {} or gradient norm {} is not finite; update skipped ({} so "
+                      "far)", r.version, loss, r.grad_norm, sum_.skipped_steps));
+  } else {
+    TOWERS_REQUIRE(std::isfinite(loss),
+                   "training diverged at step {} (loss {}): lower --lr (now {}), or add "
+                   "--clip-grad-norm or --on-divergence skip-step",
+                   r.version, loss, c_.schedule.lr);
+    sum_.final_loss = loss;
+  }
+  nlohmann::json step = {{"event", "step"}, {"step", r.version}, {"epoch", epoch_at(r.version)},
+                         {"loss", std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json()},
+                         {"train_accuracy", static_cast<double>(r.correct) / r.examples},
+                         {"lr", r.lr}, {"tower", r.tower >= 0 ? nlohmann::json(r.tower) : nlohmann::json()},
+                         {"contributors", r.contributors}, {"staleness", r.staleness},
+                         {"wall_seconds", seconds_since(t_start_)}};
+  if (r.grad_norm >= 0.0 || std::isnan(r.grad_norm))
+    step["grad_norm"] = std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json();
+  if (r.skipped) step["skipped"] = true;
+  metrics_->write(step);
   if (!c_.quiet) {
     const double elapsed = seconds_since(t_train_) - side_seconds_;
     const double rate = (r.version - start_step_) / std::max(elapsed, 1e-9);
@@ -527,6 +549,7 @@ TrainSummary Run::summary() {
                          {"start_step", start_step_},
                          {"epochs", sum_.epochs},
                          {"final_loss", sum_.final_loss},
+                         {"skipped_steps", sum_.skipped_steps},
                          {"interrupted", sum_.interrupted},
                          {"checkpoint", sum_.last_checkpoint},
                          {"target_accuracy", c_.target_accuracy},

@@ -37,6 +37,8 @@ struct TrainConfig {
   int64_t staleness = -1;           // ssp: the bound (required)
   bool use_locking = false;         // async/ssp: serialise the apply per variable
   bool staleness_aware_lr = false;  // lr / max(1, staleness)
+  std::string on_divergence = "stop";  // stop | skip-step: what a non-finite loss or gradient does
+  double clip_grad_norm = 0.0;      // >0: scale each update's gradient to at most this L2 norm
   std::string lr_scaling = "none";  // none | linear (lr x towers aggregated per update)
   std::vector<std::string> slow_towers;  // "I:MS": tower I sleeps MS ms per step
   uint64_t seed = 1;
@@ -64,6 +66,7 @@ struct TrainSummary {
   bool interrupted = false;
   std::string last_checkpoint;
   nlohmann::json tower_stats;  // staleness histogram, per-tower steps and times, dropped
+  int64_t skipped_steps = 0;        // --on-divergence skip-step: updates not applied
   double time_to_target = -1.0;     // training seconds to --target-accuracy (-1: not reached)
   double wall_to_target = -1.0;
 };

@@ -105,6 +105,13 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
     app.add_option("--staleness", c.staleness, "ssp: the most steps a tower may run ahead of the slowest");
   app.add_flag("--use-locking", c.use_locking, "async/ssp: serialise the apply per variable");
   app.add_flag("--staleness-aware-lr", c.staleness_aware_lr, "divide the lr by max(1, staleness)");
+  app.add_option("--on-divergence", c.on_divergence,
+                 "stop (the run ends with an error at the first non-finite loss) or skip-step "
+                 "(an update whose loss or gradient is not finite is not applied; the run goes on)")
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", c.clip_grad_norm,
+                 "scale each update's gradient to at most this global L2 norm (0: off)")
+      ->capture_default_str();
   app.add_option("--lr-scaling", c.lr_scaling,
                  "none, or linear: lr x the towers whose gradients make one update")->capture_default_str();
   app.add_option("--slow-tower", c.slow_towers,

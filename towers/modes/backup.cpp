@@ -49,13 +49,14 @@ class BackupTowers final : public ModePolicy {
         for (int64_t j = b0; j < b1; ++j) sum[j] *= scale;
       });
     });
-    const int64_t v = ctx.store.push(sum, lr, t.host());
-    ctx.store.wait(v);
-    rec_.version = v;
+    rec_.loss /= static_cast<double>(rec_.examples);
+    const Pushed p = ctx.push(sum, lr, t.host(), rec_.loss);
+    rec_.version = p.version;
+    rec_.skipped = p.skipped;
+    rec_.grad_norm = p.grad_norm;
     rec_.tower = -1;
     rec_.contributors = k_;
     rec_.lr = lr;
-    rec_.loss /= static_cast<double>(rec_.examples);
     count_ = 0;
     return {ctx.record(rec_), true, false};
   }

@@ -24,18 +24,20 @@ Submitted Hogwild::submit(const TowerStep& s, ModeContext& ctx) {
   const int64_t staleness = ctx.store.version() - s.version_read;
   if (ctx.cfg.staleness_aware_lr) lr /= static_cast<float>(std::max<int64_t>(1, staleness));
   Tower& t = *ctx.towers[s.tower];
-  const int64_t v = ctx.store.push(t.grads(), lr, t.host());
-  ctx.store.wait(v);
+  const double loss = s.stats.loss_sum / static_cast<double>(ctx.batch);
+  const Pushed p = ctx.push(t.grads(), lr, t.host(), loss);
 
   std::lock_guard<std::mutex> l(ctx.mu);
   ctx.stats.tower_step(s.tower, s.seconds, ctx.batch);
   ctx.stats.contributed(s.tower);
   ctx.store.tick(s.tower);
   UpdateRecord rec;
-  rec.version = v;
+  rec.version = p.version;
+  rec.skipped = p.skipped;
+  rec.grad_norm = p.grad_norm;
   rec.tower = s.tower;
   rec.staleness = staleness;
-  rec.loss = s.stats.loss_sum / static_cast<double>(ctx.batch);
+  rec.loss = loss;
   rec.correct = s.stats.correct;
   rec.examples = ctx.batch;
   rec.lr = lr;

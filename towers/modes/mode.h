@@ -53,6 +53,11 @@ struct EngineConfig {
   Reduce reduce = Reduce::Host;
   bool tf32 = false;
   bool cuda_graphs = true;
+  // The gradient guard (TowerGroup::guarded_push): clip the global L2 norm of every update's
+  // gradient to this (0: off), and skip an update whose loss or gradient is not finite
+  // instead of applying it (the version still advances, so data and schedule go on).
+  double clip_grad_norm = 0.0;
+  bool skip_nonfinite = false;
 };
 
 // One applied update, as the run records it.
@@ -64,6 +69,15 @@ struct UpdateRecord {
   double loss = 0.0;      // mean cross-entropy of the examples behind the update
   int64_t correct = 0, examples = 0;
   float lr = 0.0f;
+  bool skipped = false;     // not applied: its loss or gradient was not finite
+  double grad_norm = -1.0;  // the gradient's L2 norm before clipping (-1: not computed)
+};
+
+// What a push did.
+struct Pushed {
+  int64_t version = 0;  // the version it produced
+  bool skipped = false;
+  double grad_norm = -1.0;
 };
 
 // A tower's finished step, as the driver hands it to the policy.
@@ -97,6 +111,9 @@ struct ModeContext {
   std::mutex& mu;
   // The schedule's lr for the update that makes version v + 1.
   std::function<float(int64_t v)> lr_at;
+  // Pushes one update through the gradient guard (clipping, non-finite skips) and waits for
+  // it: loss is the mean loss behind it. Policies push only through this.
+  std::function<Pushed(const float* grads, float lr, CpuDevice& host, double loss)> push;
   // Counts the update in the statistics and reports it to the run (metrics, evaluation and
   // checkpoint triggers); returns true when side work is due.
   std::function<bool(const UpdateRecord&)> record;

@@ -45,25 +45,27 @@ class SyncTree final : public ModePolicy {
         kernels::cpu::tree_sum(blocks.data(), n, b0, b1);
       });
     }
-    const float lr = ctx.lr_at(ctx.store.version());
-    const int64_t v = ctx.store.push(grads, lr, ctx.towers[0]->host());
-    ctx.store.wait(v);
-
-    std::lock_guard<std::mutex> l(ctx.mu);
     UpdateRecord rec;
-    rec.version = v;
     rec.tower = n == 1 ? 0 : -1;
     rec.contributors = n;
-    rec.lr = lr;
     rec.examples = ctx.batch * n;
     for (int i = 0; i < n; ++i) {
       rec.loss += stats_[i].loss_sum;
       rec.correct += stats_[i].correct;
+    }
+    rec.loss /= static_cast<double>(rec.examples);
+    rec.lr = ctx.lr_at(ctx.store.version());
+    const Pushed p = ctx.push(grads, rec.lr, ctx.towers[0]->host(), rec.loss);
+    rec.version = p.version;
+    rec.skipped = p.skipped;
+    rec.grad_norm = p.grad_norm;
+
+    std::lock_guard<std::mutex> l(ctx.mu);
+    for (int i = 0; i < n; ++i) {
       ctx.stats.tower_step(i, seconds_[i], ctx.batch);
       ctx.stats.contributed(i);
       given_[i] = false;
     }
-    rec.loss /= static_cast<double>(rec.examples);
     arrived_ = 0;
     return {ctx.record(rec), true, false};
   }
