@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 #include <oneapi/tbb/global_control.h>
+#include <sys/resource.h>  // setrlimit
 #include <unistd.h>
 #include <zlib.h>
 
@@ -189,6 +190,49 @@ TEST(Idx, TruncatedHeaderAndPayload) {
   expect_error([&] { read_idx_pair(big, labels, "x", 10); }, {big, "truncated"});
 }
 
+// Caps the address space of this process at what it maps now plus `extra` bytes, for good:
+// call it only in a death test's child.
+void cap_address_space(uint64_t extra) {
+  uint64_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  rlimit cap{};
+  getrlimit(RLIMIT_AS, &cap);
+  cap.rlim_cur = std::min<rlim_t>(cap.rlim_max, pages * sysconf(_SC_PAGESIZE) + extra);
+  setrlimit(RLIMIT_AS, &cap);
+}
+
+// Reads the pair with 64 MiB of address space to spare; exits 0 after printing the error.
+[[noreturn]] void read_idx_pair_capped(const std::string& images, const std::string& labels) {
+  cap_address_space(64 << 20);
+  try {
+    read_idx_pair(images, labels, "x", 10);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(0);
+  }
+  std::exit(1);
+}
+
+// What a header claims is not allocated before the bytes arrive: a 13-byte label file claiming
+// 2^32 - 1 labels, and a 76-byte image file claiming 1000000x28x28, fail as truncated with
+// 64 MiB of address space to spare, plain and gzipped.
+TEST(Idx, HeaderClaimsAreNotAllocated) {
+  const std::string dir = temp_dir();
+  const auto [images, labels] = write_small_idx(dir, false);
+  const SmallIdx s = small_idx();
+  for (bool gzip : {false, true}) {
+    const std::string ext = gzip ? ".gz" : "";
+    const std::string many_labels = dir + "/many-labels" + ext;
+    write_file(many_labels, idx_bytes(0x801, {0xffffffffu}, s.labels), gzip);
+    EXPECT_EXIT(read_idx_pair_capped(images, many_labels), testing::ExitedWithCode(0),
+                "many-labels.*promises 4294967295 data bytes, the file holds only 5");
+    const std::string many_images = dir + "/many-images" + ext;
+    write_file(many_images, idx_bytes(0x803, {1000000, 28, 28}, s.pixels), gzip);
+    EXPECT_EXIT(read_idx_pair_capped(many_images, labels), testing::ExitedWithCode(0),
+                "many-images.*promises 784000000 data bytes, the file holds only 60");
+  }
+}
+
 TEST(Idx, CorruptGzipStream) {
   const std::string dir = temp_dir();
   const auto [images, labels] = write_small_idx(dir, true);
@@ -198,6 +242,12 @@ TEST(Idx, CorruptGzipStream) {
   const std::string cut = dir + "/cut-stream.gz";
   write_file(cut, bytes, false);
   expect_error([&] { read_idx_pair(cut, labels, "x", 10); }, {cut});
+  // Bad input, not a bug in towers: towers::Error, not InternalError. The gzip magic, then a
+  // compression method byte that is not deflate's 8.
+  const std::string method = dir + "/method.gz";
+  write_file(method, {0x1f, 0x8b, 0x00, 0x80}, false);
+  expect_error([&] { read_idx_pair(method, labels, "x", 10); },
+               {method, "corrupt gzip data", "unknown compression method"});
 }
 
 TEST(Idx, ZeroDimAndTrailingGarbage) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <string_view>
 
 #include <fmt/ranges.h>
 #include <oneapi/tbb/parallel_invoke.h>
@@ -25,6 +26,8 @@ class GzFile {
     std::error_code ec;
     TOWERS_REQUIRE(fs::exists(path, ec), "'{}': no such file", path);
     TOWERS_REQUIRE(!fs::is_directory(path, ec), "'{}': is a directory, expected a file", path);
+    const auto size = fs::file_size(path, ec);
+    size_ = ec ? 0 : static_cast<int64_t>(std::min<uintmax_t>(size, uintmax_t{1} << 40));
     file_ = gzopen(path.c_str(), "rb");
     TOWERS_REQUIRE(file_ != nullptr, "'{}': cannot open: {}", path, std::strerror(errno));
     gzbuffer(file_, 1 << 20);  // the 8 KiB default makes decompression call-bound
@@ -41,8 +44,12 @@ class GzFile {
       const int r = gzread(file_, static_cast<char*>(dst) + got, want);
       if (r < 0) {
         int errnum = 0;
-        const char* msg = gzerror(file_, &errnum);
-        TOWERS_FAIL("'{}': read error: {}", path_, errnum == Z_ERRNO ? std::strerror(errno) : msg);
+        std::string_view msg = gzerror(file_, &errnum);
+        if (errnum == Z_ERRNO)
+          TOWERS_SYSTEM_FAIL("'{}': read error: {}", path_, std::strerror(errno));
+        // zlib's message starts with the path again.
+        if (msg.starts_with(path_ + ": ")) msg.remove_prefix(path_.size() + 2);
+        TOWERS_BAD_INPUT("'{}': corrupt gzip data: {}", path_, msg);
       }
       if (r == 0) break;
       got += r;
@@ -50,8 +57,13 @@ class GzFile {
     return got;
   }
 
+  // The most bytes the file can yield: its size, or 1032 times that when it is gzip (the most
+  // a deflate stream expands); 0 when unknown (not a regular file). Valid after a read.
+  int64_t max_bytes() const { return gzdirect(file_) ? size_ : size_ * 1032; }
+
  private:
   std::string path_;
+  int64_t size_ = 0;  // on disk
   gzFile file_ = nullptr;
 };
 
@@ -93,12 +105,13 @@ std::vector<uint8_t> read_payload(GzFile& in, const std::string& path,
                    fmt::join(dims, "x"), kMaxBytes);
     want *= d;
   }
-  // Grow as bytes arrive, so a lying header cannot make us allocate what the file lacks.
+  // A header may claim more than the file holds: reserve no more than the file can yield, and
+  // read in steps no larger than what has arrived so far (64 KiB at first, 16 MiB at most).
   std::vector<uint8_t> out;
-  out.reserve(static_cast<size_t>(std::min<int64_t>(want, int64_t{1} << 28)));
+  out.reserve(static_cast<size_t>(std::min(want, in.max_bytes())));
   int64_t got = 0;
   while (got < want) {
-    const int64_t n = std::min<int64_t>(want - got, 16 << 20);
+    const int64_t n = std::min({want - got, std::max<int64_t>(got, 64 << 10), int64_t{16} << 20});
     out.resize(static_cast<size_t>(got + n));
     const int64_t r = in.read(out.data() + got, n);
     got += r;

@@ -169,8 +169,8 @@ TensorEntry parse_entry(const std::string& path, const std::string& name, const 
 
 SafetensorsHeader parse_header(const std::string& path, const std::string& text,
                                int64_t data_size) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  TOWERS_REQUIRE(!j.is_discarded(), "safetensors file '{}': header is not valid JSON", path);
+  const nlohmann::json j =
+      parse_file_json(text, fmt::format("safetensors file '{}': header", path));
   TOWERS_REQUIRE(j.is_object(), "safetensors file '{}': header is JSON but not an object", path);
 
   SafetensorsHeader h;
@@ -272,6 +272,22 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
     if (!renamed) ::unlink(tmp.c_str());
     throw;
   }
+}
+
+nlohmann::json parse_file_json(const std::string& text, const std::string& what) {
+  // depth: the number of arrays and objects around the value (0 at the top level). A value
+  // too deep is dropped at once and the parse goes on: the parser itself does not recurse.
+  bool too_deep = false;
+  nlohmann::json j = nlohmann::json::parse(
+      text,
+      [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+        if (depth > kMaxJsonDepth) too_deep = true;
+        return !too_deep;
+      },
+      /*allow_exceptions=*/false);
+  TOWERS_REQUIRE(!j.is_discarded(), "{} is not valid JSON", what);
+  TOWERS_REQUIRE(!too_deep, "{} nests arrays and objects more than {} deep", what, kMaxJsonDepth);
+  return j;
 }
 
 const TensorEntry* SafetensorsHeader::find(const std::string& name) const {

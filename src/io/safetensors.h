@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/tensor.h"
 
 namespace towers::io {
@@ -65,5 +67,14 @@ struct SafetensorsFile {
 
 // read_safetensors_header, then the data section.
 SafetensorsFile read_safetensors(const std::string& path);
+
+// JSON read from a file has no value inside more than this many arrays and objects: nlohmann's
+// dump (error messages print values) recurses once per level, and a file of a million '[' would
+// overflow the stack.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses JSON text read from a file. Throws towers::Error "<what> is not valid JSON" or "<what>
+// nests arrays and objects more than 64 deep"; `what` names the file and the part of it.
+nlohmann::json parse_file_json(const std::string& text, const std::string& what);
 
 }  // namespace towers::io
