@@ -11,8 +11,10 @@
 // kernel and the rule round identically.
 #pragma once
 
-#include <stdint.h>
 #include <math.h>  // sqrtf (host); nvcc provides the device sqrtf
+#include <stdint.h>
+
+#include <stdexcept>
 
 #include "kernels/hd.h"
 
@@ -129,6 +131,7 @@ void with_rule(OptRule r, F&& f) {
     case OptRule::Adam: return f(Rule<OptRule::Adam>{});
     case OptRule::Rmsprop: return f(Rule<OptRule::Rmsprop>{});
   }
+  throw std::logic_error("with_rule: an OptRule without a Rule");  // a bug: exit 3
 }
 
 }  // namespace towers::kernels

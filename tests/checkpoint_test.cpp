@@ -1,6 +1,7 @@
 // checkpoint_test.cpp — safetensors files and training checkpoints: bitwise round trips,
 // rotation, atomic saves, and every kind of bad file giving an error that names the file.
 #include <sys/stat.h>  // chmod
+#include <sys/wait.h>  // waitpid
 #include <unistd.h>    // geteuid
 
 #include <algorithm>
@@ -179,6 +180,33 @@ TEST(Safetensors, RejectsOtherDtypesOverlapsAndBadOffsets) {
   check(R"({"w": )", 0, "not valid JSON");
 }
 
+// nlohmann's dump recurses once per level of nesting, and error messages print what they
+// reject, so a 2 MB header whose shape nests a million arrays deep would overflow the stack.
+// JSON from a file (the header; a checkpoint's config and optimizer state) nests at most 64 deep.
+TEST(Safetensors, DeeplyNestedJsonIsAnError) {
+  ScratchDir scratch;
+  auto nested = [](int depth) { return std::string(depth, '[') + "1" + std::string(depth, ']'); };
+  std::string path = scratch.path + "/deep.safetensors";
+  write_bytes(path, raw_file(R"({"w": {"dtype": "F32", "shape": )" + nested(1'000'000) +
+                                 R"(, "data_offsets": [0, 4]}})",
+                             4));
+  std::string msg = error_of([&] { read_safetensors_header(path); });
+  EXPECT_CONTAINS(msg, path);
+  EXPECT_CONTAINS(msg, "header nests arrays and objects more than 64 deep");
+
+  ParameterLayout layout = small_layout();
+  HostBuffer p = random_buffer(layout, 4);
+  CheckpointMeta meta = sample_meta(3);
+  meta.config = nlohmann::json::parse(nested(64));
+  std::string saved = save_checkpoint(scratch.path, meta, layout, p.data(), {}, 0);
+  EXPECT_EQ(read_checkpoint_meta(saved).config, meta.config);
+  meta.config = nlohmann::json::parse(nested(65));
+  saved = save_checkpoint(scratch.path, meta, layout, p.data(), {}, 0);
+  msg = error_of([&] { read_checkpoint_meta(saved); });
+  EXPECT_CONTAINS(msg, saved);
+  EXPECT_CONTAINS(msg, "metadata 'config' nests arrays and objects more than 64 deep");
+}
+
 TEST(Checkpoint, RoundTripIsBitwise) {
   ScratchDir scratch;
   std::string dir = scratch.path + "/new/nested";  // created by the save
@@ -246,6 +274,28 @@ TEST(Checkpoint, LatestPicksHighestStep) {
   write_bytes(dir + "/ckpt-9999999999.safetensors.tmp-1", "a stray temp file");
   EXPECT_EQ(latest_checkpoint(dir), (fs::path(dir) / "ckpt-1234567890.safetensors").string());
   EXPECT_EQ(read_checkpoint_meta(*latest_checkpoint(dir)).step, 1234567890);
+}
+
+// A save killed before its rename leaves ckpt-N.safetensors.tmp-PID; the next run removes it
+// when PID is gone, and leaves alone a temporary file of a live process and every other file.
+TEST(Checkpoint, StaleTemporariesOfDeadProcessesAreRemoved) {
+  ScratchDir scratch;
+  const std::string dir = scratch.path;
+  const std::string kept = save_small(dir, 7);
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);  // reaped: no process has this pid now
+  const std::string stale = fmt::format("{}/ckpt-000000008.safetensors.tmp-{}", dir, dead);
+  const std::string live = fmt::format("{}/ckpt-000000009.safetensors.tmp-{}", dir, ::getpid());
+  const std::string other = dir + "/notes.tmp-1";
+  for (const std::string& f : {stale, live, other}) write_bytes(f, "partial");
+  EXPECT_EQ(remove_stale_temporaries(dir), std::vector<std::string>{stale});
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(kept));
+  EXPECT_TRUE(remove_stale_temporaries(dir + "/missing").empty());
 }
 
 TEST(Checkpoint, FailedSaveLeavesNoTempFileAndKeepsThePrevious) {

@@ -31,12 +31,22 @@ std::vector<float> params_at(const std::string& dir, int64_t step) {
   return {ck.params.data(), ck.params.data() + ck.params.size()};
 }
 
-TEST(Divergence, StopEndsTheRunAtTheFirstNonFiniteLossAndNamesTheWayOut) {
+// The update with the non-finite loss is never applied: every checkpoint, the last one
+// included, holds finite parameters.
+TEST(Divergence, StopEndsTheRunAtTheFirstNonFiniteLossAndKeepsTheParametersFinite) {
+  const std::string dir = test_path("ck");
   std::string out;
-  const int rc = run_towers(kMlp + "--steps 40 --lr 1e6", &out);
+  const int rc = run_towers(kMlp + "--steps 40 --lr 1e6 --checkpoint-every 0.025 "
+                            "--keep-checkpoints 100 --checkpoint-dir " + dir, &out);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("training diverged at step"), std::string::npos) << out;
   EXPECT_NE(out.find("--on-divergence skip-step"), std::string::npos) << out;
+  const auto last = io::latest_checkpoint(dir);
+  ASSERT_TRUE(last.has_value()) << out;
+  auto g = build_model("mlp");
+  const auto ck = io::load_checkpoint(*last, g->layout(), {});
+  for (int64_t i = 0; i < ck.params.size(); ++i)
+    ASSERT_TRUE(std::isfinite(ck.params.data()[i])) << *last << " at " << i;
 }
 
 TEST(Divergence, SkipStepGoesOnAndRecordsEverySkippedUpdate) {
@@ -83,10 +93,12 @@ TEST(Divergence, AHugeClipBoundChangesNothing) {
 
 // With plain SGD, no weight decay (the mlp has none) and lr 1, an update moves the parameters by
 // exactly the clipped gradient: its norm is the bound whenever the gradient's norm is above it.
+// Four threads: the clipped copy is written by every thread of the tower.
 TEST(Divergence, ClippedUpdatesHaveTheBoundAsTheirNorm) {
   const std::string dir = test_path("ck"), m = test_path("m.jsonl");
   const double bound = 0.01;
-  ASSERT_EQ(run_towers(kMlp + "--steps 3 --optimizer sgd --lr 1 --clip-grad-norm 0.01 "
+  ASSERT_EQ(run_towers(kMlp + "--steps 3 --threads-per-tower 4 --optimizer sgd --lr 1 "
+                       "--clip-grad-norm 0.01 "
                        "--checkpoint-every 0.025 --keep-checkpoints 5 --checkpoint-dir " + dir +
                        " --metrics " + m),
             0);
@@ -103,6 +115,19 @@ TEST(Divergence, ClippedUpdatesHaveTheBoundAsTheirNorm) {
     }
     EXPECT_NEAR(std::sqrt(d), bound, 1e-3 * bound) << "step " << v;
   }
+}
+
+// Clipping every update keeps sync runs bitwise reproducible, whatever the threads.
+TEST(Divergence, ClippedSyncRunsAreBitwiseReproducible) {
+  const std::string a = test_path("a"), b = test_path("b");
+  const std::string run =
+      kMlp + "--steps 20 --towers 2 --optimizer momentum --lr 0.05 --clip-grad-norm 0.001 "
+             "--checkpoint-dir ";
+  ASSERT_EQ(run_towers(run + a + " --threads-per-tower 3"), 0);
+  ASSERT_EQ(run_towers(run + b + " --threads-per-tower 1"), 0);
+  const auto pa = params_at(a, 20), pb = params_at(b, 20);
+  ASSERT_EQ(pa.size(), pb.size());
+  EXPECT_EQ(std::memcmp(pa.data(), pb.data(), sizeof(float) * pa.size()), 0);
 }
 
 TEST(Divergence, BadGuardFlagsAreClearErrors) {

@@ -161,16 +161,17 @@ TEST(IoFaults, CheckpointFolderThatBecomesReadOnly) {
   Tmpfs disk(8192);
   SKIP_UNLESS_MOUNTED(disk);
   const std::string ck = disk.dir() + "/ck", log = test_path("log.txt");
-  // 4000 steps with a checkpoint every 20: long enough that the folder turns read-only
+  // 4000 steps of at least 2 ms each with a checkpoint every 20: the folder turns read-only
   // while the run is in its middle.
-  Background run(kRun + "--batch 10 --steps 4000 --checkpoint-every 0.1 --keep-checkpoints 2 "
-                 "--checkpoint-dir " + ck, log);
+  Background run(kRun + "--batch 10 --steps 4000 --slow-tower 0:2 --checkpoint-every 0.1 "
+                 "--keep-checkpoints 2 --checkpoint-dir " + ck, log);
   const auto t0 = std::chrono::steady_clock::now();
   while (!fs::exists(ck + "/ckpt-000000020.safetensors") && run.running() &&
          std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120))
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_TRUE(fs::exists(ck + "/ckpt-000000020.safetensors")) << read_file(log);
   ASSERT_TRUE(disk.make_read_only()) << std::strerror(errno);
+  ASSERT_TRUE(run.running()) << "the run ended before its folder turned read-only";
   const int rc = run.wait();
   const std::string out = read_file(log);
   expect_clear_error(rc, out, {ck, "Read-only file system"});
@@ -225,14 +226,16 @@ TEST(IoFaults, DatasetFileThatShrinksUnderARunningJob) {
       "train --model mlp --dataset fashion-mnist --data " + data +
       " --batch 100 --threads-per-tower 1 --eval-every 0 --checkpoint-every 0.1 "
       "--checkpoint-dir " + ck;
-  Background run(train + " --steps 300 --log-every 1", log);
+  // 300 steps of at least 10 ms: the file shrinks while the job runs.
+  Background run(train + " --steps 300 --slow-tower 0:10 --log-every 1", log);
   const auto t0 = std::chrono::steady_clock::now();
   while (read_file(log).find("step ") == std::string::npos && run.running() &&
          std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120))
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   const fs::path images = fs::path(data) / "train-images-idx3-ubyte.gz";
   const auto running = read_file(log);
-  EXPECT_NE(running.find("step "), std::string::npos) << running;
+  ASSERT_NE(running.find("step "), std::string::npos) << running;
+  ASSERT_TRUE(run.running()) << "the job ended before the file changed";
   fs::resize_file(images, fs::file_size(images) / 2);
   EXPECT_EQ(run.wait(), 0) << read_file(log);
   EXPECT_GE(expect_only_loadable_checkpoints(ck), 1);

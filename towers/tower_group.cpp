@@ -62,6 +62,7 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
     towers_.push_back(make(graph, batch, p));
   }
   const int64_t total = graph.layout().total();
+  clipped_.resize(cfg_.towers);
   if (cfg_.towers > 1) grad_sum_.resize(total);
   if (cuda && cfg_.towers > 1)
     pinned_sum_ = pin_host_memory(grad_sum_.data(), sizeof(float) * total);
@@ -101,28 +102,33 @@ double l2_norm(const float* x, int64_t n) {
 }
 }  // namespace
 
-Pushed TowerGroup::guarded_push(const float* grads, float lr, CpuDevice& host, double loss) {
+Pushed TowerGroup::guarded_push(const float* grads, float lr, int tower, double loss) {
   Pushed out;
-  if (cfg_.clip_grad_norm > 0.0 || cfg_.skip_nonfinite) {
-    const int64_t total = graph_.layout().total();
+  CpuDevice& host = towers_[tower]->host();
+  const int64_t total = graph_.layout().total();
+  bool finite = std::isfinite(loss);
+  if (finite && (cfg_.clip_grad_norm > 0.0 || cfg_.check_grad_norm)) {
     out.grad_norm = host.execute([&] { return l2_norm(grads, total); });
-    if (cfg_.skip_nonfinite && (!std::isfinite(loss) || !std::isfinite(out.grad_norm))) {
-      out.skipped = true;
-      out.version = store_.skip();
-      return out;
-    }
-    if (cfg_.clip_grad_norm > 0.0 && out.grad_norm > cfg_.clip_grad_norm) {
-      // Scaled to the bound, into a copy: the gradient buffer belongs to a tower or the sum.
-      thread_local std::vector<float> clipped;
-      clipped.resize(static_cast<size_t>(total));
-      const float scale = static_cast<float>(cfg_.clip_grad_norm / out.grad_norm);
-      host.execute([&] {
-        for_chunks(total, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
-          for (int64_t j = b; j < e; ++j) clipped[j] = grads[j] * scale;
-        });
+    finite = std::isfinite(out.grad_norm);
+  }
+  if (!finite) {
+    out.skipped = true;
+    out.version = store_.skip();
+    return out;
+  }
+  if (cfg_.clip_grad_norm > 0.0 && out.grad_norm > cfg_.clip_grad_norm) {
+    // Scaled to the bound, into a buffer of the pushing tower: the gradient buffer belongs to
+    // a tower or to the sum. Towers push one update at a time each.
+    HostBuffer& buf = clipped_[tower];
+    if (buf.size() != total) buf = HostBuffer(total);
+    float* dst = buf.data();
+    const float scale = static_cast<float>(cfg_.clip_grad_norm / out.grad_norm);
+    host.execute([&] {
+      for_chunks(total, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) dst[j] = grads[j] * scale;
       });
-      grads = clipped.data();
-    }
+    });
+    grads = dst;
   }
   out.version = store_.push(grads, lr, host);
   store_.wait(out.version);
@@ -171,8 +177,8 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
   std::vector<bool> parked(n, false);
   ModeContext ctx{cfg_, store_, towers_, stats_, grad_sum_, nccl_.get(), batch_, end_version, mu,
                   hooks.lr_at,
-                  [&](const float* g, float lr, CpuDevice& host, double loss) {
-                    return guarded_push(g, lr, host, loss);
+                  [&](const float* g, float lr, int tower, double loss) {
+                    return guarded_push(g, lr, tower, loss);
                   },
                   [&](const UpdateRecord& r) {
                     stats_.update(r.staleness);
@@ -201,13 +207,16 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
         parked[i] = true;
         return;
       }
-      if (lockstep && global_version != store_.version()) {
-        global = pipes[0]->next();  // each version's batch once, in order
-        global_version = store_.version();
-      }
     }
     Submitted out;
     try {
+      if (lockstep) {
+        std::lock_guard<std::mutex> l(mu);
+        if (global_version != store_.version()) {
+          global = pipes[0]->next();  // each version's batch once, in order
+          global_version = store_.version();
+        }
+      }
       data::Batch own;
       if (lockstep) {
         images = global.images.data() + i * batch_ * per;
@@ -235,7 +244,7 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
       stop.store(true);
       return;
     }
-    if (out.side_work) {
+    if (out.side_work && !stop.load()) {
       // With the gate held exclusively no update is in flight (every apply and version
       // increment happens under the shared gate), so the version read here is exactly the
       // state of the parameters and optimizer: label the evaluation or checkpoint with it,

@@ -70,9 +70,9 @@ class TowerGroup {
 
  private:
   void straggle(int tower) const;
-  // ModeContext::push: the gradient guard (cfg.clip_grad_norm, cfg.skip_nonfinite) around the
-  // store's push and wait.
-  Pushed guarded_push(const float* grads, float lr, CpuDevice& host, double loss);
+  // ModeContext::push: the gradient guard (EngineConfig::clip_grad_norm, check_grad_norm)
+  // around the store's push and wait, on the pushing tower's host threads.
+  Pushed guarded_push(const float* grads, float lr, int tower, double loss);
 
   const Graph& graph_;
   EngineConfig cfg_;
@@ -84,6 +84,7 @@ class TowerGroup {
   HostBuffer grad_sum_;  // sync and backup towers: the averaged gradient
   std::shared_ptr<void> pinned_sum_;  // GPU towers: the sum's host memory page-locked
   std::unique_ptr<NcclReducer> nccl_;
+  std::vector<HostBuffer> clipped_;  // per tower, made on the first clipped push
 };
 
 }  // namespace towers

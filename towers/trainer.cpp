@@ -118,8 +118,10 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(c.device == "cuda" ||
                      (c.gpus == 0 && !c.tf32 && c.cuda_graphs && reduce == Reduce::Host),
                  "--gpus, --tf32, --no-cuda-graphs and --reduce nccl need --device cuda");
-  TOWERS_REQUIRE(reduce == Reduce::Host || (mode == Mode::Sync && c.replicas_to_aggregate == 0),
-                 "--reduce nccl is for --mode sync without --replicas-to-aggregate");
+  TOWERS_REQUIRE(reduce == Reduce::Host ||
+                     (mode == Mode::Sync &&
+                      (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate == c.towers)),
+                 "--reduce nccl is for --mode sync without backup towers (--replicas-to-aggregate below --towers)");
   TOWERS_REQUIRE(c.on_divergence == "stop" || c.on_divergence == "skip-step",
                  "--on-divergence: unknown policy '{}' (known: stop, skip-step)", c.on_divergence);
   TOWERS_REQUIRE(c.clip_grad_norm >= 0.0 && std::isfinite(c.clip_grad_norm),
@@ -214,7 +216,7 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   ec.staleness_aware_lr = c.staleness_aware_lr;
   ec.stragglers = parse_slow_towers(c.slow_towers, c.towers);
   ec.clip_grad_norm = c.clip_grad_norm;
-  ec.skip_nonfinite = c.on_divergence == "skip-step";
+  ec.check_grad_norm = c.on_divergence == "skip-step";
   placement = fmt::format("on cpu ({} threads each)", threads);
   if (c.device != "cuda") return ec;
   GpuList found = list_gpus();
@@ -368,7 +370,13 @@ void Run::restore_or_initialize() {
   // would not continue the same run.
   auto same = [&](const char* key, const auto& now, const char* flag) {
     using T = std::decay_t<decltype(now)>;
-    const T was = old.value(key, now);
+    T was = now;
+    try {
+      was = old.value(key, now);
+    } catch (const nlohmann::json::exception&) {
+      TOWERS_BAD_INPUT("--resume: {} records '{}' as {}, which is not a valid {}", from, key,
+                       old[key].dump(), flag);
+    }
     TOWERS_REQUIRE(was == now, "--resume: {} was trained with {} {}, this run has {} {}", from,
                    flag, was, flag, now);
   };
@@ -390,6 +398,11 @@ void Run::restore_or_initialize() {
 // Only now, with every input checked and memory in hand, is anything written.
 void Run::open() {
   const ParameterLayout& layout = graph_->layout();
+  // A save killed before its rename (kill -9, a lost machine) leaves a full-size temporary
+  // file that nothing would ever read.
+  if (!c_.checkpoint_dir.empty())
+    for (const std::string& stale : io::remove_stale_temporaries(c_.checkpoint_dir))
+      say(fmt::format("removed {}, the unfinished write of a process that no longer exists", stale));
   metrics_ = std::make_unique<MetricsWriter>(c_.metrics_path, resume_from_.has_value());
   config_json_ = to_json(c_);
   const bool cuda = ec_.device == DeviceKind::Cuda;
@@ -433,16 +446,21 @@ void Run::write_checkpoint(int64_t step) {
 
 bool Run::on_update(const UpdateRecord& r) {
   const double loss = r.loss;
+  // The step driver never applies an update whose loss (or, when it checks it, gradient) is not
+  // finite: it records it as skipped. Whether the run goes on is --on-divergence.
+  if (r.skipped && c_.on_divergence == "stop")
+    TOWERS_BAD_INPUT("training diverged at step {} (loss {}, gradient norm {}); the update was "
+                     "not applied and the last checkpoint is good: lower --lr (now {}), or add "
+                     "--clip-grad-norm or --on-divergence skip-step",
+                     r.version, loss, r.grad_norm < 0 ? std::string("not computed")
+                                                      : fmt::format("{}", r.grad_norm),
+                     c_.schedule.lr);
   if (r.skipped) {
     ++sum_.skipped_steps;
     if (sum_.skipped_steps == 1 || sum_.skipped_steps % 100 == 0)
       say(fmt::format("step {}: loss {} or gradient norm {} is not finite; update skipped ({} so "
                       "far)", r.version, loss, r.grad_norm, sum_.skipped_steps));
   } else {
-    TOWERS_REQUIRE(std::isfinite(loss),
-                   "training diverged at step {} (loss {}): lower --lr (now {}), or add "
-                   "--clip-grad-norm or --on-divergence skip-step",
-                   r.version, loss, c_.schedule.lr);
     sum_.final_loss = loss;
   }
   nlohmann::json step = {{"event", "step"}, {"step", r.version}, {"epoch", epoch_at(r.version)},
@@ -597,12 +615,24 @@ EvalSummary evaluate_checkpoint(const std::string& path, const std::string& data
   io::CheckpointMeta meta = io::read_checkpoint_meta(path);
   auto graph = build_model(meta.model);
   io::Checkpoint ck = io::load_checkpoint(path, graph->layout(), {});
-  const auto& cfg = ck.meta.config;
-  const std::string ds = !dataset.empty() ? dataset : cfg.value("dataset", std::string("fashion-mnist"));
-  const std::string dir = !data_dir.empty() || !dataset.empty() ? data_dir : cfg.value("data_dir", std::string());
+  const nlohmann::json& cfg = ck.meta.config;
+  // The run's configuration, as far as eval needs it; a field of the wrong type is the file's
+  // fault.
+  auto recorded = [&](const char* key, auto fallback) {
+    if (!cfg.is_object() || !cfg.contains(key)) return fallback;
+    try {
+      return cfg.at(key).get<decltype(fallback)>();
+    } catch (const nlohmann::json::exception&) {
+      TOWERS_BAD_INPUT("checkpoint '{}': its config records '{}' as {}, which is not valid", path,
+                       key, cfg.at(key).dump());
+    }
+  };
+  const std::string ds = !dataset.empty() ? dataset : recorded("dataset", std::string("fashion-mnist"));
+  const std::string dir =
+      !data_dir.empty() || !dataset.empty() ? data_dir : recorded("data_dir", std::string());
   data::DataSplit data = data::load_dataset(dataset_request(
-      ds, dir, graph->input_shape(), cfg.value("synthetic_size", int64_t{10000}),
-      cfg.value("seed", uint64_t{1})));
+      ds, dir, graph->input_shape(), recorded("synthetic_size", int64_t{10000}),
+      recorded("seed", uint64_t{1})));
   data::Transforms tf = data::transforms_for("none", ds, graph->input_shape(), data.test, meta.model);
   TowerPlacement p;
   p.kind = device == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;

@@ -1,6 +1,9 @@
 #include "io/checkpoint.h"
 
+#include <signal.h>
 #include <zlib.h>  // crc32
+
+#include <cerrno>
 
 #include <algorithm>
 #include <charconv>
@@ -84,10 +87,8 @@ T parse_number(const std::string& path, const Metadata& m, const std::string& ke
 }
 
 nlohmann::json parse_json(const std::string& path, const Metadata& m, const std::string& key) {
-  nlohmann::json j =
-      nlohmann::json::parse(require_key(path, m, key), nullptr, /*allow_exceptions=*/false);
-  TOWERS_REQUIRE(!j.is_discarded(), "checkpoint '{}': metadata '{}' is not valid JSON", path, key);
-  return j;
+  return parse_file_json(require_key(path, m, key),
+                         fmt::format("checkpoint '{}': metadata '{}'", path, key));
 }
 
 CheckpointMeta parse_meta(const std::string& path, const Metadata& m) {
@@ -249,6 +250,28 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   auto found = list_checkpoints(dir.empty() ? "." : dir);
   if (found.empty()) return std::nullopt;
   return found.front().second;
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  const std::string marker = std::string(kSuffix) + ".tmp-";
+  for (const auto& e : fs::directory_iterator(dir.empty() ? "." : dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.rfind(marker);
+    if (!name.starts_with(kPrefix) || at == std::string::npos) continue;
+    const std::string pid_text = name.substr(at + marker.size());
+    if (pid_text.empty() || pid_text.size() > 9 ||
+        !std::all_of(pid_text.begin(), pid_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid <= 0) continue;
+    const bool gone = ::kill(pid, 0) != 0 && errno == ESRCH;
+    if (!gone) continue;
+    std::error_code rm;
+    if (fs::remove(e.path(), rm)) removed.push_back(e.path().string());
+  }
+  return removed;
 }
 
 }  // namespace towers::io

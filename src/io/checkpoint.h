@@ -60,4 +60,9 @@ Checkpoint load_checkpoint(const std::string& path, const ParameterLayout& layou
 // The checkpoint of the highest step in `dir`, or nullopt when `dir` is missing or has none.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
+// Deletes the temporary files of checkpoint writes whose process no longer exists
+// (`ckpt-<step>.safetensors.tmp-<pid>`: a save killed before its rename) and returns their
+// paths. A temporary file of a live process is left alone.
+std::vector<std::string> remove_stale_temporaries(const std::string& dir);
+
 }  // namespace towers::io

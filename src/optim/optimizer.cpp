@@ -108,7 +108,7 @@ void Optimizer::load_state(const nlohmann::json& s) {
                  "checkpoint optimizer state is malformed: {}", s.dump());
   TOWERS_REQUIRE(s.contains("name") && s["name"] == cfg_.name,
                  "checkpoint was written by optimizer {} but this run uses {}",
-                 s.value("name", std::string("?")), cfg_.name);
+                 s.contains("name") ? s["name"].dump() : std::string("(none)"), cfg_.name);
   updates_.store(s.at("updates").get<int64_t>());
 }
 

@@ -50,7 +50,7 @@ class BackupTowers final : public ModePolicy {
       });
     });
     rec_.loss /= static_cast<double>(rec_.examples);
-    const Pushed p = ctx.push(sum, lr, t.host(), rec_.loss);
+    const Pushed p = ctx.push(sum, lr, s.tower, rec_.loss);
     rec_.version = p.version;
     rec_.skipped = p.skipped;
     rec_.grad_norm = p.grad_norm;

@@ -25,7 +25,7 @@ Submitted Hogwild::submit(const TowerStep& s, ModeContext& ctx) {
   if (ctx.cfg.staleness_aware_lr) lr /= static_cast<float>(std::max<int64_t>(1, staleness));
   Tower& t = *ctx.towers[s.tower];
   const double loss = s.stats.loss_sum / static_cast<double>(ctx.batch);
-  const Pushed p = ctx.push(t.grads(), lr, t.host(), loss);
+  const Pushed p = ctx.push(t.grads(), lr, s.tower, loss);
 
   std::lock_guard<std::mutex> l(ctx.mu);
   ctx.stats.tower_step(s.tower, s.seconds, ctx.batch);

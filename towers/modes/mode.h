@@ -53,11 +53,13 @@ struct EngineConfig {
   Reduce reduce = Reduce::Host;
   bool tf32 = false;
   bool cuda_graphs = true;
-  // The gradient guard (TowerGroup::guarded_push): clip the global L2 norm of every update's
-  // gradient to this (0: off), and skip an update whose loss or gradient is not finite
-  // instead of applying it (the version still advances, so data and schedule go on).
+  // The gradient guard (TowerGroup::guarded_push). An update whose loss is not finite is never
+  // applied: it is recorded as skipped (the version still advances, so data and schedule go
+  // on) and the run decides whether to go on. check_grad_norm: also compute the gradient's
+  // global L2 norm and skip the update when it is not finite. clip_grad_norm > 0: scale the
+  // gradient to at most that norm (the norm is then computed too).
   double clip_grad_norm = 0.0;
-  bool skip_nonfinite = false;
+  bool check_grad_norm = false;
 };
 
 // One applied update, as the run records it.
@@ -112,8 +114,9 @@ struct ModeContext {
   // The schedule's lr for the update that makes version v + 1.
   std::function<float(int64_t v)> lr_at;
   // Pushes one update through the gradient guard (clipping, non-finite skips) and waits for
-  // it: loss is the mean loss behind it. Policies push only through this.
-  std::function<Pushed(const float* grads, float lr, CpuDevice& host, double loss)> push;
+  // it: loss is the mean loss behind it, tower the pushing tower. Policies push only through
+  // this.
+  std::function<Pushed(const float* grads, float lr, int tower, double loss)> push;
   // Counts the update in the statistics and reports it to the run (metrics, evaluation and
   // checkpoint triggers); returns true when side work is due.
   std::function<bool(const UpdateRecord&)> record;

@@ -55,7 +55,7 @@ class SyncTree final : public ModePolicy {
     }
     rec.loss /= static_cast<double>(rec.examples);
     rec.lr = ctx.lr_at(ctx.store.version());
-    const Pushed p = ctx.push(grads, rec.lr, ctx.towers[0]->host(), rec.loss);
+    const Pushed p = ctx.push(grads, rec.lr, 0, rec.loss);
     rec.version = p.version;
     rec.skipped = p.skipped;
     rec.grad_norm = p.grad_norm;
