@@ -50,6 +50,16 @@ struct CublasInts {
   int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
 };
 CublasInts cublas_ints(const ColMajorGemm& g);
+
+// The row-major call as the column-major sgemm cuBLAS gets (the mapping and its ints), and
+// the error of a failed call: what cuda::gemm and the test emulator's twin both do.
+struct SgemmCall {
+  ColMajorGemm g;
+  CublasInts x;
+};
+SgemmCall sgemm_call(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc);
+[[noreturn]] void sgemm_failed(const SgemmCall& call, const char* status);
 }  // namespace cuda
 
 }  // namespace towers::kernels

@@ -51,4 +51,17 @@ CublasInts cublas_ints(const ColMajorGemm& g) {
   return r;
 }
 
+SgemmCall sgemm_call(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
+  SgemmCall call;
+  call.g = row_major_as_col_major(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  call.x = cublas_ints(call.g);
+  return call;
+}
+
+void sgemm_failed(const SgemmCall& call, const char* status) {
+  TOWERS_SYSTEM_FAIL("cuBLAS call cublasSgemm(m={}, n={}, k={}, transa={}, transb={}) failed: {}",
+                     call.x.m, call.x.n, call.x.k, call.g.trans_a, call.g.trans_b, status);
+}
+
 }  // namespace towers::kernels::cuda

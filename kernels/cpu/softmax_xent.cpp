@@ -1,5 +1,7 @@
 #include "kernels/softmax_xent.h"
 
+#include "core/check.h"
+
 #include "kernels/cuda/xent_rules.h"
 
 namespace towers::kernels::cpu {
@@ -32,6 +34,12 @@ cpu::XentResult sum_rows(int64_t n, const double* row_loss, const int32_t* row_c
     r.correct += row_correct[b];
   }
   return r;
+}
+
+void cuda::check_softmax_xent_args(int64_t k, const double* row_loss, const int32_t* row_correct) {
+  TOWERS_CHECK(k > 0, "softmax_xent: k = {}, need at least one class", k);
+  TOWERS_CHECK(row_loss != nullptr && row_correct != nullptr,
+               "softmax_xent: row_loss and row_correct are required");
 }
 
 }  // namespace towers::kernels

@@ -10,16 +10,14 @@ void gemm(cublasContext* h, bool trans_a, bool trans_b, int64_t m, int64_t n, in
           float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
           float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const ColMajorGemm g = row_major_as_col_major(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
-  const CublasInts x = cublas_ints(g);
-  const int gm = x.m, gn = x.n, gk = x.k, glda = x.lda, gldb = x.ldb, gldc = x.ldc;
+  const SgemmCall call = sgemm_call(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  const ColMajorGemm& g = call.g;
+  const CublasInts& x = call.x;
   // alpha and beta are host values: the handle's pointer mode is CUBLAS_POINTER_MODE_HOST.
   const cublasStatus_t st =
       cublasSgemm(h, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                  gm, gn, gk, &alpha, g.a, glda, g.b, gldb, &beta, g.c, gldc);
-  if (st != CUBLAS_STATUS_SUCCESS)
-    TOWERS_SYSTEM_FAIL("cuBLAS call cublasSgemm(m={}, n={}, k={}, transa={}, transb={}) failed: {}", gm,
-                gn, gk, g.trans_a, g.trans_b, cublasGetStatusString(st));
+                  x.m, x.n, x.k, &alpha, g.a, x.lda, g.b, x.ldb, &beta, g.c, x.ldc);
+  if (st != CUBLAS_STATUS_SUCCESS) sgemm_failed(call, cublasGetStatusString(st));
 }
 
 }  // namespace towers::kernels::cuda

@@ -18,9 +18,7 @@ __global__ void softmax_xent_kernel(int64_t n, int64_t k, const float* __restric
 void softmax_xent(CUstream_st* s, int64_t n, int64_t k, const float* logits, const int32_t* labels,
                   float grad_scale, float* dlogits, double* row_loss, int32_t* row_correct) {
   if (n == 0) return;
-  TOWERS_CHECK(k > 0, "softmax_xent: k = {}, need at least one class", k);
-  TOWERS_CHECK(row_loss != nullptr && row_correct != nullptr,
-               "softmax_xent: row_loss and row_correct are required");
+  check_softmax_xent_args(k, row_loss, row_correct);
   softmax_xent_kernel<<<grid_for(n), kBlock, 0, s>>>(n, k, logits, labels, grad_scale, dlogits,
                                                      row_loss, row_correct);
   CUDA_CHECK_LAUNCH();

@@ -196,17 +196,13 @@ void gemm(cublasContext* h, bool trans_a, bool trans_b, int64_t m, int64_t n, in
           float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
           float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const ColMajorGemm g = row_major_as_col_major(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
-  const CublasInts x = cublas_ints(g);
-  const int gm = x.m, gn = x.n, gk = x.k, glda = x.lda, gldb = x.ldb, gldc = x.ldc;
-  const char* status = nullptr;
-  if (h == nullptr)
-    status = "CUBLAS_STATUS_NOT_INITIALIZED";
-  else if (glda < max1(g.trans_a ? gk : gm) || gldb < max1(g.trans_b ? gn : gk) || gldc < max1(gm))
-    status = "CUBLAS_STATUS_INVALID_VALUE";
-  if (status != nullptr)
-    TOWERS_SYSTEM_FAIL("cuBLAS call cublasSgemm(m={}, n={}, k={}, transa={}, transb={}) failed: {}", gm,
-                gn, gk, g.trans_a, g.trans_b, status);
+  const SgemmCall call = sgemm_call(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  const ColMajorGemm g = call.g;
+  const int gm = call.x.m, gn = call.x.n, gk = call.x.k, glda = call.x.lda, gldb = call.x.ldb,
+            gldc = call.x.ldc;
+  if (h == nullptr) sgemm_failed(call, "CUBLAS_STATUS_NOT_INITIALIZED");
+  if (glda < max1(g.trans_a ? gk : gm) || gldb < max1(g.trans_b ? gn : gk) || gldc < max1(gm))
+    sgemm_failed(call, "CUBLAS_STATUS_INVALID_VALUE");
   const bool tf32 = emu::tf32(h);
   submit(emu::stream_of(h), [=] {
     const float* ea = g.a;
@@ -322,9 +318,7 @@ void scale(CUstream_st* s, int64_t n, float alpha, float* x) {
 void softmax_xent(CUstream_st* s, int64_t n, int64_t k, const float* logits, const int32_t* labels,
                   float grad_scale, float* dlogits, double* row_loss, int32_t* row_correct) {
   if (n == 0) return;
-  TOWERS_CHECK(k > 0, "softmax_xent: k = {}, need at least one class", k);
-  TOWERS_CHECK(row_loss != nullptr && row_correct != nullptr,
-               "softmax_xent: row_loss and row_correct are required");
+  check_softmax_xent_args(k, row_loss, row_correct);
   submit(s, [=] {
     for (int64_t b = 0; b < n; ++b)
       softmax_xent_row(k, logits, labels, grad_scale, dlogits, row_loss, row_correct, b);
