@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of fuzz/ (clang, AddressSanitizer and UndefinedBehaviorSanitizer)
-# into build-fuzz/ and runs each, one after another, on its seed corpus fuzz/corpus/<reader>/:
+# Builds the libFuzzer targets of tests/fuzz/ (clang, AddressSanitizer and UndefinedBehaviorSanitizer)
+# into build-fuzz/ and runs each, one after another, on its seed corpus tests/fuzz/corpus/<reader>/:
 #   scripts/fuzz.sh ci               20000 executions per target; exits non-zero on any crash,
 #                                    sanitizer report, leak, timeout or allocation over the bound
 #   scripts/fuzz.sh campaign [RUNS]  RUNS executions per target (default 1000000); inputs that
 #                                    reach new code go to $FUZZ_SCRATCH/<reader>/ (default
-#                                    build-fuzz/campaign), never to fuzz/corpus/; prints a table
-#   scripts/fuzz.sh seeds            rewrites fuzz/corpus/ with fuzz_make_seeds
+#                                    build-fuzz/campaign), never to tests/fuzz/corpus/; prints a table
+#   scripts/fuzz.sh seeds            rewrites tests/fuzz/corpus/ with fuzz_make_seeds
 # The memory bound, whatever sizes an input claims: no single allocation over 64 MiB
 # (-malloc_limit_mb) and at most 256 MiB resident (-rss_limit_mb), sanitizer memory included;
 # ASan's quarantine of freed memory is 16 MiB so that it does not crowd the readers out.
 # A failing input is kept as build-fuzz/artifacts/<reader>-crash-<sha1> (or -oom-, -leak-,
-# -timeout-); `build-fuzz/fuzz/fuzz_<reader> <that file>` replays it.
+# -timeout-); `build-fuzz/tests/fuzz/fuzz_<reader> <that file>` replays it.
 # JOBS (default: all cores) sets the parallelism of the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,7 @@ esac
 
 readers=(idx cifar10 safetensors checkpoint)
 declare -A max_len=([idx]=4096 [cifar10]=9220 [safetensors]=4096 [checkpoint]=4096)
-declare -A dict=([safetensors]=fuzz/safetensors.dict [checkpoint]=fuzz/safetensors.dict)
+declare -A dict=([safetensors]=tests/fuzz/safetensors.dict [checkpoint]=tests/fuzz/safetensors.dict)
 malloc_limit_mb=64
 rss_limit_mb=256
 
@@ -39,8 +39,8 @@ CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang \
   -DTOWERS_BUILD_BENCH=OFF -DTOWERS_CUDA=OFF -DTOWERS_NATIVE=OFF >/dev/null
 if [ "$mode" = seeds ]; then
   cmake --build "$build" -j "${JOBS:-$(nproc)}" --target fuzz_make_seeds
-  "$build/fuzz/fuzz_make_seeds" fuzz/corpus
-  echo "fuzz.sh: wrote fuzz/corpus/"
+  "$build/tests/fuzz/fuzz_make_seeds" tests/fuzz/corpus
+  echo "fuzz.sh: wrote tests/fuzz/corpus/"
   exit 0
 fi
 cmake --build "$build" -j "${JOBS:-$(nproc)}" --target "${readers[@]/#/fuzz_}"
@@ -66,10 +66,10 @@ for r in "${readers[@]}"; do
         -rss_limit_mb=$rss_limit_mb -timeout=10 -print_final_stats=1
         -artifact_prefix="$artifacts/$r-")
   if [ -n "${dict[$r]:-}" ]; then args+=(-dict="${dict[$r]}"); fi
-  echo "fuzz.sh: $build/fuzz/fuzz_$r ${args[*]} $scratch/$r fuzz/corpus/$r"
+  echo "fuzz.sh: $build/tests/fuzz/fuzz_$r ${args[*]} $scratch/$r tests/fuzz/corpus/$r"
   start=$(date +%s.%N)
   # New inputs go to the first corpus directory only: the scratch one.
-  "$build/fuzz/fuzz_$r" "${args[@]}" "$scratch/$r" "fuzz/corpus/$r" >"$log" 2>&1 &
+  "$build/tests/fuzz/fuzz_$r" "${args[@]}" "$scratch/$r" "tests/fuzz/corpus/$r" >"$log" 2>&1 &
   pid=$!
   rc=0
   wait $pid || rc=$?
