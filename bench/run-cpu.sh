@@ -1,26 +1,71 @@
 #!/usr/bin/env bash
-# One-tower CPU throughput of the cifar10 net (batch 128), towers and the PyTorch peer in the
-# same run on the same machine, plus the sgemm limit. Writes bench/results/<date>-cpu/.
+# One-tower CPU throughput of the cifar10 net (batch 128): towers and its peers in the same run
+# on the same machine, alternating, ROUNDS rounds (default 3), then the medians next to the
+# sgemm-rate bound (OpenBLAS's sgemm rate over the net's FLOPs per image). Writes
+# bench/results/<date>-cpu/.
 #   bench/run-cpu.sh [BUILD_DIR]
-# The PyTorch peer needs `pip install torch` (the PyPI wheel; it runs on the CPU).
+# Peers, each where installed:
+#   TensorFlow (`pip install tensorflow-cpu`): bench/peers/tf_cifar10.py, one tf.function step,
+#     and the same under MirroredStrategy over 2 logical CPU devices of one thread each;
+#   PyTorch (`pip install torch`): bench/peers/torch_cifar10.py, eager.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
+rounds=${ROUNDS:-3}
+seconds=${SECONDS_PER_PEER:-20}
 out=bench/results/$(date +%Y-%m-%d)-cpu
 mkdir -p "$out"
+have() { python3 -c "import $1" 2>/dev/null; }
 {
   echo "date: $(date -Iseconds)"
   echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
+  echo "flags: $(grep -o -w 'avx512f\|avx2\|fma' /proc/cpuinfo | sort -u | tr '\n' ' ')"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "openblas: $(dpkg-query -W -f='${Version}' libopenblas0-pthread 2>/dev/null || echo ?)"
+  python3 -c "import tensorflow as t; print('tensorflow:', t.__version__)" 2>/dev/null || echo "tensorflow: not installed"
   python3 -c "import torch; print('torch:', torch.__version__)" 2>/dev/null || echo "torch: not installed"
 } > "$out/machine.txt"
 cat "$out/machine.txt"
-"$build/bench/towers_bench" --benchmark_filter='TowerStep|Sgemm' --benchmark_repetitions=3 \
-  --benchmark_report_aggregates_only=true --benchmark_out="$out/towers_bench.json" \
-  --benchmark_out_format=json | tee "$out/towers_bench.txt"
-if python3 -c "import torch" 2>/dev/null; then
-  python3 bench/peers/torch_cifar10.py --seconds 20 | tee "$out/pytorch_eager.jsonl"
-  python3 bench/peers/torch_cifar10.py --seconds 20 --compile | tee "$out/pytorch_compile.jsonl" ||
-    echo "torch.compile failed on this machine" | tee "$out/pytorch_compile.jsonl"
-fi
+
+"$build/bench/towers_bench" --benchmark_filter='Sgemm' --benchmark_format=json \
+  > "$out/sgemm.json"
+for r in $(seq 1 "$rounds"); do
+  echo "round $r of $rounds"
+  "$build/bench/towers_bench" --benchmark_filter='TowerStep/cifar10/batch:128/threads:2' \
+    --benchmark_min_time=$((seconds / 2)) --benchmark_format=json > "$out/round$r-towers.json"
+  if have tensorflow; then
+    python3 bench/peers/tf_cifar10.py --seconds "$seconds" > "$out/round$r-tensorflow.jsonl"
+    python3 bench/peers/tf_cifar10.py --seconds "$seconds" --towers 2 --threads 1 \
+      > "$out/round$r-tensorflow-mirrored.jsonl"
+  fi
+  if have torch; then
+    python3 bench/peers/torch_cifar10.py --seconds "$seconds" > "$out/round$r-pytorch.jsonl"
+  fi
+done
+
+python3 - "$out" "$rounds" <<'EOF' | tee "$out/summary.md"
+import glob, json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def towers(r):
+    b = json.load(open(f"{out}/round{r}-towers.json"))["benchmarks"][0]
+    return b["images_per_sec"], b["GFLOP_per_sec"] * 1e9 / b["images_per_sec"]
+rates = {"towers (1 tower, 2 threads)": [towers(r)[0] for r in range(1, rounds + 1)]}
+flop_per_image = towers(1)[1]
+for name, pat in (("TensorFlow tf.function (2 threads)", "tensorflow"),
+                  ("TensorFlow MirroredStrategy, 2 logical CPUs x 1 thread", "tensorflow-mirrored"),
+                  ("PyTorch eager", "pytorch")):
+    files = sorted(glob.glob(f"{out}/round*-{pat}.jsonl"))
+    if files:
+        rates[name] = [json.loads(open(f).read().strip().splitlines()[-1])["images_per_sec"] for f in files]
+sgemm = max(b["GFLOP_per_sec"] for b in json.load(open(f"{out}/sgemm.json"))["benchmarks"]
+            if "threads:2" in b["name"]) * 1e9
+bound = sgemm / flop_per_image
+base = statistics.median(rates["towers (1 tower, 2 threads)"])
+print(f"cifar10, batch 128, {rounds} alternating rounds; {flop_per_image / 1e6:.0f} MFLOP per image (forward + backward)\n")
+print("| run | images/s, median | rounds | towers / it |")
+print("| --- | --- | --- | --- |")
+for name, xs in rates.items():
+    m = statistics.median(xs)
+    print(f"| {name} | {m:,.0f} | {', '.join(f'{x:,.0f}' for x in xs)} | {base / m:.2f} |")
+print(f"| sgemm-rate bound (OpenBLAS sgemm {sgemm / 1e9:.1f} GFLOP/s, 2 threads) | {bound:,.0f} | | {base / bound:.2f} |")
+EOF
