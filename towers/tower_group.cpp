@@ -32,8 +32,6 @@ std::optional<Reduce> reduce_named(const std::string& s) {
   return std::nullopt;
 }
 
-std::string reduce_name(Reduce r) { return r == Reduce::Host ? "host" : "nccl"; }
-
 UpdateAccess store_access(const EngineConfig& cfg) {
   const int k = cfg.replicas_to_aggregate == 0 ? cfg.towers : cfg.replicas_to_aggregate;
   return cfg.mode == Mode::Sync && k == cfg.towers ? UpdateAccess::Exclusive
@@ -49,7 +47,6 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
   TOWERS_CHECK(store_.access() == store_access(cfg_),
                "the parameter store's update access does not suit mode {}", mode_name(cfg_.mode));
   if (cfg_.replicas_to_aggregate == 0) cfg_.replicas_to_aggregate = cfg_.towers;
-  policy_ = make_policy(cfg_);
   const bool cuda = cfg_.device == DeviceKind::Cuda;
   TOWERS_CHECK(!cuda || cfg_.gpus >= 1, "a CUDA tower group needs at least one GPU");
   for (int i = 0; i < cfg_.towers; ++i) {
@@ -81,10 +78,6 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
 
 TowerGroup::~TowerGroup() = default;
 
-int64_t TowerGroup::examples_per_update() const {
-  return policy_->examples_per_update(batch_, cfg_.towers);
-}
-
 namespace {
 // The L2 norm of x, in double, over fixed chunks summed in chunk order: the same bits for any
 // number of threads.
@@ -102,27 +95,26 @@ double l2_norm(const float* x, int64_t n) {
 }
 }  // namespace
 
-Pushed TowerGroup::guarded_push(const float* grads, float lr, int tower, double loss) {
-  Pushed out;
+void TowerGroup::guarded_push(const float* grads, int tower, UpdateRecord& rec) {
   CpuDevice& host = towers_[tower]->host();
   const int64_t total = graph_.layout().total();
-  bool finite = std::isfinite(loss);
+  bool finite = std::isfinite(rec.loss);
   if (finite && (cfg_.clip_grad_norm > 0.0 || cfg_.check_grad_norm)) {
-    out.grad_norm = host.execute([&] { return l2_norm(grads, total); });
-    finite = std::isfinite(out.grad_norm);
+    rec.grad_norm = host.execute([&] { return l2_norm(grads, total); });
+    finite = std::isfinite(rec.grad_norm);
   }
   if (!finite) {
-    out.skipped = true;
-    out.version = store_.skip();
-    return out;
+    rec.skipped = true;
+    rec.version = store_.skip();
+    return;
   }
-  if (cfg_.clip_grad_norm > 0.0 && out.grad_norm > cfg_.clip_grad_norm) {
+  if (cfg_.clip_grad_norm > 0.0 && rec.grad_norm > cfg_.clip_grad_norm) {
     // Scaled to the bound, into a buffer of the pushing tower: the gradient buffer belongs to
     // a tower or to the sum. Towers push one update at a time each.
     HostBuffer& buf = clipped_[tower];
     if (buf.size() != total) buf = HostBuffer(total);
     float* dst = buf.data();
-    const float scale = static_cast<float>(cfg_.clip_grad_norm / out.grad_norm);
+    const float scale = static_cast<float>(cfg_.clip_grad_norm / rec.grad_norm);
     host.execute([&] {
       for_chunks(total, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
         for (int64_t j = b; j < e; ++j) dst[j] = grads[j] * scale;
@@ -130,9 +122,8 @@ Pushed TowerGroup::guarded_push(const float* grads, float lr, int tower, double 
     });
     grads = dst;
   }
-  out.version = store_.push(grads, lr, host);
-  store_.wait(out.version);
-  return out;
+  rec.version = store_.push(grads, rec.lr, host);
+  store_.wait(rec.version);
 }
 
 void TowerGroup::straggle(int tower) const {
@@ -145,8 +136,8 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
                      int64_t first_batch, RunHooks hooks) {
   store_.restore_version(start_version);
   store_.reset_clocks(cfg_.towers);
-  policy_ = make_policy(cfg_);  // fresh bookkeeping for every run
-  ModePolicy& policy = *policy_;
+  const std::unique_ptr<ModePolicy> made = make_policy(cfg_);  // fresh bookkeeping every run
+  ModePolicy& policy = *made;
   const int n = cfg_.towers;
   // N towers of T threads each may want more threads than the default pool has.
   const int want = n * cfg_.threads_per_tower + 1;
@@ -177,9 +168,7 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
   std::vector<bool> parked(n, false);
   ModeContext ctx{cfg_, store_, towers_, stats_, grad_sum_, nccl_.get(), batch_, end_version, mu,
                   hooks.lr_at,
-                  [&](const float* g, float lr, int tower, double loss) {
-                    return guarded_push(g, lr, tower, loss);
-                  },
+                  [&](const float* g, int tower, UpdateRecord& rec) { guarded_push(g, tower, rec); },
                   [&](const UpdateRecord& r) {
                     stats_.update(r.staleness);
                     return hooks.on_update(r);
@@ -199,24 +188,21 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
       stop.store(true);
       return;
     }
-    const float* images = nullptr;
-    const int32_t* labels = nullptr;
-    {
-      std::lock_guard<std::mutex> l(mu);
-      if (!policy.may_start(i, ctx)) {
-        parked[i] = true;
-        return;
-      }
-    }
     Submitted out;
     try {
-      if (lockstep) {
+      {
         std::lock_guard<std::mutex> l(mu);
-        if (global_version != store_.version()) {
+        if (!policy.may_start(i, ctx)) {
+          parked[i] = true;
+          return;
+        }
+        if (lockstep && global_version != store_.version()) {
           global = pipes[0]->next();  // each version's batch once, in order
           global_version = store_.version();
         }
       }
+      const float* images = nullptr;
+      const int32_t* labels = nullptr;
       data::Batch own;
       if (lockstep) {
         images = global.images.data() + i * batch_ * per;

@@ -23,7 +23,6 @@
 namespace towers {
 
 std::optional<Reduce> reduce_named(const std::string& s);
-std::string reduce_name(Reduce r);
 
 struct RunHooks {
   std::function<float(int64_t version)> lr_at;  // the schedule's lr for the next update
@@ -57,7 +56,6 @@ class TowerGroup {
   ~TowerGroup();
 
   const EngineConfig& config() const { return cfg_; }
-  int64_t examples_per_update() const;
   // The towers step until the version reaches end_version (or stop is requested). Data:
   // lockstep modes (sync) read batches of N x B at steps start_version..; the others give
   // tower i the batches (of B) first_batch + i, first_batch + i + N, ... of the same stream.
@@ -72,11 +70,10 @@ class TowerGroup {
   void straggle(int tower) const;
   // ModeContext::push: the gradient guard (EngineConfig::clip_grad_norm, check_grad_norm)
   // around the store's push and wait, on the pushing tower's host threads.
-  Pushed guarded_push(const float* grads, float lr, int tower, double loss);
+  void guarded_push(const float* grads, int tower, UpdateRecord& rec);
 
   const Graph& graph_;
   EngineConfig cfg_;
-  std::unique_ptr<ModePolicy> policy_;  // of the current run()
   int64_t batch_;
   ParameterStore& store_;
   std::vector<std::unique_ptr<Tower>> towers_;

@@ -321,12 +321,10 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
   n_train_ = data_.train.size();
   ec_ = engine_config(c_, threads_, placement_);
 
-  // One step = one applied update; the schedule counts the examples behind the updates.
-  const int aggregated = ec_.mode == Mode::Sync
-                             ? (c_.replicas_to_aggregate > 0 ? c_.replicas_to_aggregate : c_.towers)
-                             : 1;
-  per_update_ = c_.batch * aggregated;
-  if (c_.lr_scaling == "linear") c_.schedule.lr *= static_cast<float>(aggregated);
+  // One step = one applied update; the schedule counts the examples behind the updates, as
+  // the mode's policy says.
+  per_update_ = make_policy(ec_)->examples_per_update(c_.batch, c_.towers);
+  if (c_.lr_scaling == "linear") c_.schedule.lr *= static_cast<float>(per_update_ / c_.batch);
   total_steps_ = c_.steps > 0 ? c_.steps
                               : static_cast<int64_t>(std::ceil(c_.epochs * static_cast<double>(n_train_) /
                                                                per_update_));
@@ -343,9 +341,6 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
     TOWERS_BAD_INPUT("--batch {} x --towers {}: not enough memory for the activations of model {}",
                      c_.batch, c_.towers, c_.model);
   }
-  TOWERS_CHECK(group_->examples_per_update() == per_update_,
-               "the mode's policy counts {} examples per update, the schedule {}",
-               group_->examples_per_update(), per_update_);
 }
 
 // --resume: the latest checkpoint of the folder, if there is one, after checking it continues

@@ -42,7 +42,7 @@ class BackupTowers final : public ModePolicy {
     rec_.loss += s.stats.loss_sum, rec_.correct += s.stats.correct, rec_.examples += ctx.batch;
     if (count_ < k_) return {};
 
-    const float lr = ctx.lr_at(s.version_read);
+    rec_.lr = ctx.lr_at(s.version_read);
     const float scale = 1.0f / static_cast<float>(k_);
     t.host().execute([&] {
       for_chunks(ctx.total(), 1 << 15, [&](int64_t, int64_t b0, int64_t b1) {
@@ -50,13 +50,9 @@ class BackupTowers final : public ModePolicy {
       });
     });
     rec_.loss /= static_cast<double>(rec_.examples);
-    const Pushed p = ctx.push(sum, lr, s.tower, rec_.loss);
-    rec_.version = p.version;
-    rec_.skipped = p.skipped;
-    rec_.grad_norm = p.grad_norm;
     rec_.tower = -1;
     rec_.contributors = k_;
-    rec_.lr = lr;
+    ctx.push(sum, s.tower, rec_);
     count_ = 0;
     return {ctx.record(rec_), true, false};
   }

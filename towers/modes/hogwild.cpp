@@ -20,27 +20,21 @@ Submitted Hogwild::submit(const TowerStep& s, ModeContext& ctx) {
   // Tickets keep the number of updates at exactly end_version - start, whoever races.
   const int64_t ticket = tickets_.fetch_add(1);
   if (ticket >= ctx.end_version) return {false, false, true};
-  float lr = ctx.lr_at(ticket);
-  const int64_t staleness = ctx.store.version() - s.version_read;
-  if (ctx.cfg.staleness_aware_lr) lr /= static_cast<float>(std::max<int64_t>(1, staleness));
-  Tower& t = *ctx.towers[s.tower];
-  const double loss = s.stats.loss_sum / static_cast<double>(ctx.batch);
-  const Pushed p = ctx.push(t.grads(), lr, s.tower, loss);
+  UpdateRecord rec;
+  rec.tower = s.tower;
+  rec.staleness = ctx.store.version() - s.version_read;
+  rec.loss = s.stats.loss_sum / static_cast<double>(ctx.batch);
+  rec.correct = s.stats.correct;
+  rec.examples = ctx.batch;
+  rec.lr = ctx.lr_at(ticket);
+  if (ctx.cfg.staleness_aware_lr)
+    rec.lr /= static_cast<float>(std::max<int64_t>(1, rec.staleness));
+  ctx.push(ctx.towers[s.tower]->grads(), s.tower, rec);
 
   std::lock_guard<std::mutex> l(ctx.mu);
   ctx.stats.tower_step(s.tower, s.seconds, ctx.batch);
   ctx.stats.contributed(s.tower);
   ctx.store.tick(s.tower);
-  UpdateRecord rec;
-  rec.version = p.version;
-  rec.skipped = p.skipped;
-  rec.grad_norm = p.grad_norm;
-  rec.tower = s.tower;
-  rec.staleness = staleness;
-  rec.loss = loss;
-  rec.correct = s.stats.correct;
-  rec.examples = ctx.batch;
-  rec.lr = lr;
   return {ctx.record(rec), recheck_after_push(), false};
 }
 

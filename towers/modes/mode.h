@@ -75,13 +75,6 @@ struct UpdateRecord {
   double grad_norm = -1.0;  // the gradient's L2 norm before clipping (-1: not computed)
 };
 
-// What a push did.
-struct Pushed {
-  int64_t version = 0;  // the version it produced
-  bool skipped = false;
-  double grad_norm = -1.0;
-};
-
 // A tower's finished step, as the driver hands it to the policy.
 struct TowerStep {
   int tower = 0;
@@ -114,9 +107,9 @@ struct ModeContext {
   // The schedule's lr for the update that makes version v + 1.
   std::function<float(int64_t v)> lr_at;
   // Pushes one update through the gradient guard (clipping, non-finite skips) and waits for
-  // it: loss is the mean loss behind it, tower the pushing tower. Policies push only through
-  // this.
-  std::function<Pushed(const float* grads, float lr, int tower, double loss)> push;
+  // it: reads rec.lr and rec.loss, fills in rec.version, rec.skipped and rec.grad_norm; tower
+  // is the pushing tower. Policies push only through this.
+  std::function<void(const float* grads, int tower, UpdateRecord& rec)> push;
   // Counts the update in the statistics and reports it to the run (metrics, evaluation and
   // checkpoint triggers); returns true when side work is due.
   std::function<bool(const UpdateRecord&)> record;

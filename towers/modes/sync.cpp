@@ -55,10 +55,7 @@ class SyncTree final : public ModePolicy {
     }
     rec.loss /= static_cast<double>(rec.examples);
     rec.lr = ctx.lr_at(ctx.store.version());
-    const Pushed p = ctx.push(grads, rec.lr, 0, rec.loss);
-    rec.version = p.version;
-    rec.skipped = p.skipped;
-    rec.grad_norm = p.grad_norm;
+    ctx.push(grads, 0, rec);
 
     std::lock_guard<std::mutex> l(ctx.mu);
     for (int i = 0; i < n; ++i) {
