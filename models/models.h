@@ -1,7 +1,10 @@
-// models.h — model builders by name. An unknown name throws an error that lists the known ones.
+// models.h — models by name or by file. A built-in name is one of the model files of models/
+// (compiled into the library: models/builtin_models.h); a value that ends in ".json" or
+// contains a '/' is the path of a user's model file (models/model_file.h has the format).
 //   cifar10  the TF CIFAR-10 tutorial net on 24x24x3 crops (1,068,298 parameters)
 //   fashion  the same net on 28x28x1 (Fashion-MNIST); local3 is 3136 -> 384
 //   mlp      784 -> 128 -> 10 on 28x28x1, for fast tests
+// An unknown name throws an error that lists the known ones.
 #pragma once
 
 #include <memory>
@@ -12,7 +15,10 @@
 
 namespace towers {
 
-std::unique_ptr<Graph> build_model(const std::string& name);
+std::unique_ptr<Graph> build_model(const std::string& name_or_path);
+// The built-in names, from the compiled-in model files.
 std::vector<std::string> model_names();
+// Whether --model's value names a file rather than a built-in model.
+bool is_model_path(const std::string& name_or_path);
 
 }  // namespace towers

@@ -1,0 +1,64 @@
+// model_file.h — a model as a small JSON file: its input shape, classes, and layers with their
+// shapes, initialisers and weight decay (README, "Model files", has the format).
+//   ModelSpec spec = read_model_file("nets/small.json");   every field checked, shapes inferred
+//   std::unique_ptr<Graph> g = build_graph(spec);
+// A file with an error gives one towers::Error that names the file, the line and column, the
+// layer (index and name) and the field:
+//   nets/small.json:12:17: layers[3] 'conv2' (conv2d): field 'kernel': a 9x9 kernel does not
+//   fit the 6x6 input with padding "valid"
+// Models are chains today: each layer takes the previous layer's output. The optional per-layer
+// field "inputs" is where other graphs (residual nets) will name their inputs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "graph/graph.h"
+#include "kernels/conv.h"
+#include "kernels/lrn.h"
+#include "layers/conv2d.h"
+#include "layers/dense.h"
+
+namespace towers {
+
+struct MaxPoolConfig {
+  int64_t kernel = 0, stride = 0;
+  kernels::Padding padding = kernels::Padding::Same;
+};
+
+// One layer of a model file, checked, with its output shape (per example).
+struct LayerSpec {
+  std::string name;
+  std::variant<Conv2DConfig, MaxPoolConfig, kernels::LrnParams, DenseConfig> config;
+  Shape out;
+};
+
+struct ModelSpec {
+  std::string name, description;
+  Shape input;  // (C, H, W)
+  int classes = 0;
+  std::vector<LayerSpec> layers;
+  int64_t parameters = 0;
+};
+
+// Limits a model file is held to, so that a file cannot ask for more memory than a small CNN
+// trainer has: its size, its parameters, and the floats per example of one layer's output or
+// of a convolution's im2col matrix.
+inline constexpr int64_t kMaxModelFileBytes = int64_t{1} << 20;
+inline constexpr int64_t kMaxModelParameters = int64_t{1} << 28;
+inline constexpr int64_t kMaxLayerFloats = int64_t{1} << 28;
+
+// Checks a model file's text; `file` is the name errors give it.
+ModelSpec parse_model(std::string_view text, const std::string& file);
+// Reads the file at path (at most kMaxModelFileBytes) and parses it.
+ModelSpec read_model_file(const std::string& path);
+// The graph of a checked model.
+std::unique_ptr<Graph> build_graph(const ModelSpec& spec);
+// The layer types a model file may use ("conv2d", ...).
+std::vector<std::string> layer_types();
+
+}  // namespace towers
