@@ -38,6 +38,8 @@ std::vector<ParamSpec> Conv2D::params() const {
           {name() + "/bias", {cfg_.out_channels}, Init::constant(cfg_.bias_init), 0.0f}};
 }
 
+int64_t Conv2D::batch_chunk() const { return kChunk; }
+
 int64_t Conv2D::flops_per_example() const {
   return 2 * cfg_.out_channels * geo_.patch() * geo_.out_pixels();
 }

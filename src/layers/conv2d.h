@@ -22,6 +22,7 @@ class Conv2D : public Layer {
   std::string kind() const override { return "conv2d"; }
   std::vector<ParamSpec> params() const override;
   int64_t flops_per_example() const override;
+  int64_t batch_chunk() const override;
   void forward(const ForwardArgs& a) const override;
   void backward(const BackwardArgs& a) const override;
 #if TOWERS_HAVE_CUDA

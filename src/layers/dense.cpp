@@ -33,6 +33,9 @@ std::vector<ParamSpec> Dense::params() const {
           {name() + "/bias", {cfg_.out}, Init::constant(cfg_.bias_init), 0.0f}};
 }
 
+// The gradient partials' rows; the forward and dx blocks (kRows) divide them.
+int64_t Dense::batch_chunk() const { return kGradRows; }
+
 void Dense::forward(const ForwardArgs& a) const {
   const int64_t o = cfg_.out;
   for_chunks(a.n, kRows, [&](int64_t, int64_t r0, int64_t r1) {

@@ -19,6 +19,7 @@ class Dense : public Layer {
   std::string kind() const override { return "dense"; }
   std::vector<ParamSpec> params() const override;
   int64_t flops_per_example() const override { return 2 * in_ * cfg_.out; }
+  int64_t batch_chunk() const override;
   void forward(const ForwardArgs& a) const override;
   void backward(const BackwardArgs& a) const override;
 #if TOWERS_HAVE_CUDA

@@ -70,6 +70,12 @@ class Layer {
   virtual std::vector<ParamSpec> params() const { return {}; }
   virtual int64_t saved_per_example() const { return 0; }
   virtual int64_t flops_per_example() const { return 0; }  // forward multiply-adds x 2
+  // Examples the CPU path computes as one block: its weight gradient is the tree sum
+  // (kernels/reduce.h) of one partial per batch_chunk() examples, and its per-example results
+  // are computed in blocks that divide it. A batch cut into pieces of a power-of-two number of
+  // such blocks, their gradients tree-summed in order, gives this layer's gradient of the
+  // whole batch bit for bit (micro-batches, towers/placed_tower.h). 0: no batch-summed gradient.
+  virtual int64_t batch_chunk() const { return 0; }
 
   virtual void forward(const ForwardArgs& a) const = 0;
   virtual void backward(const BackwardArgs& a) const = 0;

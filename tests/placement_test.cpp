@@ -1,0 +1,421 @@
+// Model parallelism (towers/placement.h, towers/placed_tower.h): a placement is parsed and
+// checked with errors that name the problem; a tower placed over CPU parts computes bitwise the
+// gradients, loss and hits of the same tower on one device; M micro-batches give bitwise the
+// update of one batch; N placed towers in sync mode give bitwise the parameters of N whole
+// towers and of one tower of N times the batch, in process and through `towers train`.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <oneapi/tbb/global_control.h>
+
+#include "cli_util.h"
+#include "core/check.h"
+#include "core/rng.h"
+#include "data/augment.h"
+#include "data/synthetic.h"
+#include "io/checkpoint.h"
+#include "models/models.h"
+#include "optim/optimizer.h"
+#include "towers/parameter_store.h"
+#include "towers/placed_tower.h"
+#include "towers/placement.h"
+#include "towers/tower_group.h"
+
+namespace towers {
+namespace {
+
+using testutil::metrics_events;
+using testutil::run_towers;
+using testutil::test_path;
+
+// The placement of the tutorial net (its convolutional half, then its dense half); the
+// order of the layers inside a part is free.
+const std::string kTwoParts =
+    "conv1,norm1,pool1,conv2,norm2,pool2@cpu:0;local3,local4,softmax_linear@cpu:1";
+
+// The message of the towers::Error that fn throws ("" if it throws none).
+template <class F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_placement_error(const Graph& g, const std::string& text,
+                            const std::vector<std::string>& needles) {
+  const std::string msg = error_of([&] { parse_placement(text, g); });
+  ASSERT_FALSE(msg.empty()) << "no error for placement '" << text << "'";
+  EXPECT_NE(msg.find("--placement"), std::string::npos) << msg;
+  for (const std::string& n : needles)
+    EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+}
+
+TEST(PlacementParse, ReadsPartsDevicesThreadsAndRanges) {
+  auto g = build_model("cifar10");
+  const Placement p = parse_placement(kTwoParts, *g);
+  ASSERT_EQ(p.parts.size(), 2u);
+  EXPECT_EQ(p.parts[0].first, 0u);
+  EXPECT_EQ(p.parts[0].last, 6u);
+  EXPECT_EQ(p.parts[1].first, 6u);
+  EXPECT_EQ(p.parts[1].last, 9u);
+  EXPECT_EQ(p.parts[0].device_name(), "cpu:0");
+  EXPECT_EQ(p.parts[1].device_name(), "cpu:1");
+  EXPECT_EQ(p.parts[0].threads, 0);
+  EXPECT_EQ(p.parts[0].layer_names(*g), "conv1..pool2");
+
+  const Placement r = parse_placement(
+      " conv1..norm1 @ cpu ; conv2 , norm2..local3@cpu:3x2;"
+      "local4..softmax_linear@cpu:1",
+      *g);
+  ASSERT_EQ(r.parts.size(), 3u);
+  EXPECT_EQ(r.parts[0].last, 3u);
+  EXPECT_EQ(r.parts[0].device_name(), "cpu:0");
+  EXPECT_EQ(r.parts[1].first, 3u);
+  EXPECT_EQ(r.parts[1].last, 7u);
+  EXPECT_EQ(r.parts[1].index, 3);
+  EXPECT_EQ(r.parts[1].threads, 2);
+  EXPECT_EQ(r.parts[2].layer_names(*g), "local4..softmax_linear");
+  // The threads of parts without a count: the tower's, shared out, at least one each.
+  EXPECT_EQ(PlacedTower::part_threads(r, 4), (std::vector<int>{1, 2, 1}));
+  EXPECT_EQ(PlacedTower::part_threads(r, 9), (std::vector<int>{3, 2, 3}));
+
+  const Placement one = parse_placement("hidden,softmax_linear@cpu", *build_model("mlp"));
+  ASSERT_EQ(one.parts.size(), 1u);
+  EXPECT_EQ(one.parts[0].last, 2u);
+}
+
+TEST(PlacementParse, ErrorsNameTheLayerDeviceOrPart) {
+  auto g = build_model("cifar10");
+  const std::string convs = "conv1..pool2@cpu:0;";
+  expect_placement_error(*g, convs + "local3,local5,softmax_linear@cpu:1",
+                         {"unknown layer 'local5'", "part 2", "local4"});
+  expect_placement_error(*g, convs + "local3..softmax_linear@gpu:1",
+                         {"unknown device 'gpu:1'", "cpu:N"});
+  expect_placement_error(*g, convs + "local3..softmax_linear@cpu:one",
+                         {"unknown device 'cpu:one'"});
+  expect_placement_error(*g, convs + "local3..softmax_linear@cpu:1x0", {"cpu:1x0", "thread count"});
+  expect_placement_error(*g, convs + "local3..softmax_linear@cuda:0",
+                         {"cuda:0", "GPU parts are not built yet"});
+  expect_placement_error(*g, convs + "local3..softmax_linear@cpu:0",
+                         {"device cpu:0 holds part 1 and part 2"});
+  expect_placement_error(*g, convs + "local3..softmax_linear", {"part 2", "names no device"});
+  expect_placement_error(*g, convs + "@cpu:1", {"part 2", "names no layers"});
+  expect_placement_error(*g, "  ", {"empty placement"});
+  // Not covering the graph, or covering a layer twice.
+  expect_placement_error(*g, convs + "local3,local4@cpu:1", {"softmax_linear is in no part"});
+  expect_placement_error(*g, "conv1..conv2@cpu:0",
+                         {"norm2, pool2, local3, local4, softmax_linear are in no part"});
+  expect_placement_error(*g, convs + "pool2..softmax_linear@cpu:1",
+                         {"layer 'pool2' is placed twice (part 1 and part 2)"});
+  // Out of order: parts that do not follow the model, a part that is not a run, a range that
+  // runs backwards.
+  expect_placement_error(
+      *g, "local3..softmax_linear@cpu:1;conv1..pool2@cpu:0",
+      {"parts out of order", "part 2 (conv1..pool2)", "softmax_linear ends model cifar10"});
+  expect_placement_error(*g, "conv1..norm1@cpu:0;local3..softmax_linear@cpu:1;conv2..pool2@cpu:2",
+                         {"parts out of order", "norm1 is followed by conv2"});
+  expect_placement_error(*g, "conv1,conv2@cpu:0;pool1,norm1,norm2..softmax_linear@cpu:1",
+                         {"part 1 holds conv1 and conv2 but not pool1, norm1 between them"});
+  expect_placement_error(*g, "pool2..conv1@cpu:0;local3..softmax_linear@cpu:1",
+                         {"range 'pool2..conv1'", "runs backwards"});
+}
+
+TEST(PlacementParse, MicroBatchesMustReproduceTheWholeBatch) {
+  auto g = build_model("cifar10");
+  // Accepted: one micro-batch whatever the batch; otherwise micro-batches of a power-of-two
+  // number of every layer's blocks (conv: 4 images, dense: 64 rows).
+  EXPECT_NO_THROW(check_micro_batches(*g, 100, 1));
+  EXPECT_NO_THROW(check_micro_batches(*g, 128, 2));
+  EXPECT_NO_THROW(check_micro_batches(*g, 256, 4));
+  EXPECT_NO_THROW(check_micro_batches(*g, 512, 8));
+  EXPECT_NO_THROW(check_micro_batches(*g, 192, 3));  // 3 x 64: the tree over 3 continues
+  auto expect_error = [&](int64_t batch, int m, const std::vector<std::string>& needles) {
+    const std::string msg = error_of([&] { check_micro_batches(*g, batch, m); });
+    ASSERT_FALSE(msg.empty()) << "no error for batch " << batch << ", " << m << " micro-batches";
+    EXPECT_NE(msg.find("--micro-batches"), std::string::npos) << msg;
+    for (const std::string& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  };
+  expect_error(128, 0, {"at least 1"});
+  expect_error(128, -2, {"at least 1"});
+  expect_error(128, 3, {"does not split into 3"});
+  expect_error(128, 4, {"micro-batches of 32 examples", "local3", "blocks of 64"});
+  expect_error(384, 2, {"micro-batches of 192", "conv1", "blocks of 4"});  // 48 blocks
+}
+
+// Random parameters (seed 3) and a batch of random images and labels of the model's shape.
+struct Inputs {
+  std::vector<float> params, images;
+  std::vector<int32_t> labels;
+};
+
+Inputs make_inputs(const Graph& g, int64_t n, uint64_t seed) {
+  Inputs in;
+  in.params.resize(g.layout().total());
+  g.layout().initialize(in.params.data(), seed);
+  const int64_t per = numel(g.input_shape());
+  in.images.resize(n * per);
+  in.labels.resize(n);
+  Rng rng(seed, 11);
+  for (float& x : in.images) x = rng.uniform(-1.0f, 1.0f);
+  for (int32_t& l : in.labels) l = static_cast<int32_t>(rng.below(g.num_classes()));
+  return in;
+}
+
+struct Gradients {
+  std::vector<float> grads;
+  StepStats stats;
+};
+
+Gradients step(Tower& t, const Inputs& in, int64_t n) {
+  t.load_params(in.params.data());
+  Gradients r;
+  r.stats =
+      t.compute_gradients(in.images.data(), in.labels.data(), n, 1.0f / static_cast<float>(n));
+  r.grads.assign(t.grads(), t.grads() + t.graph().layout().total());
+  return r;
+}
+
+void expect_bitwise(const Gradients& a, const Gradients& b, const std::string& what) {
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  size_t differ = 0, first = a.grads.size();
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    if (std::memcmp(&a.grads[i], &b.grads[i], sizeof(float)) != 0) {
+      ++differ;
+      first = std::min(first, i);
+    }
+  EXPECT_EQ(differ, 0u) << what << ": " << differ << " gradient elements differ, the first at "
+                        << first;
+  EXPECT_EQ(a.stats.loss_sum, b.stats.loss_sum) << what;
+  EXPECT_EQ(a.stats.correct, b.stats.correct) << what;
+  EXPECT_EQ(a.stats.examples, b.stats.examples) << what;
+}
+
+// Every variable's gradient is non-zero somewhere: the comparison is not of zeros.
+void expect_every_variable_has_a_gradient(const Graph& g, const Gradients& r) {
+  for (const Variable& v : g.layout().variables()) {
+    bool any = false;
+    for (int64_t i = 0; i < v.size && !any; ++i) any = r.grads[v.offset + i] != 0.0f;
+    EXPECT_TRUE(any) << v.spec.name << " has an all-zero gradient";
+  }
+}
+
+TEST(PlacedTower, TwoCpuPartsGiveBitwiseTheGradientsOfOneDevice) {
+  auto g = build_model("cifar10");
+  const int64_t n = 64;
+  const Inputs in = make_inputs(*g, n, 3);
+  CpuTower one(*g, n, 2);
+  PlacedTower placed(*g, n, parse_placement(kTwoParts, *g), 1, 2);
+  EXPECT_EQ(placed.parts(), 2);
+  EXPECT_EQ(placed.threads(), 2);
+  const Gradients a = step(one, in, n);
+  expect_every_variable_has_a_gradient(*g, a);
+  expect_bitwise(a, step(placed, in, n), "2 CPU parts, 1 micro-batch");
+  // A second step on the same tower (its buffers reused) gives the same bits again.
+  expect_bitwise(a, step(placed, in, n), "2 CPU parts, second step");
+  // A short batch, and evaluation.
+  expect_bitwise(step(one, in, 24), step(placed, in, 24), "2 CPU parts, batch of 24");
+  const StepStats ea = one.evaluate(in.images.data(), in.labels.data(), n);
+  const StepStats eb = placed.evaluate(in.images.data(), in.labels.data(), n);
+  EXPECT_EQ(ea.loss_sum, eb.loss_sum);
+  EXPECT_EQ(ea.correct, eb.correct);
+}
+
+TEST(PlacedTower, FourMicroBatchesGiveBitwiseTheUpdateOfOne) {
+  auto g = build_model("cifar10");
+  const int64_t n = 256;  // 4 micro-batches of 64: one dense block, 16 conv blocks each
+  const Inputs in = make_inputs(*g, n, 5);
+  const Placement two = parse_placement(kTwoParts, *g);
+  PlacedTower m1(*g, n, two, 1, 2);
+  PlacedTower m4(*g, n, two, 4, 2);
+  const Gradients a = step(m1, in, n);
+  expect_every_variable_has_a_gradient(*g, a);
+  expect_bitwise(a, step(m4, in, n), "M = 4 against M = 1");
+  // And against one device, with three parts of 1, 2 and 1 threads (4 threads: in a run the
+  // step driver sizes oneTBB's pool so).
+  oneapi::tbb::global_control threads(oneapi::tbb::global_control::max_allowed_parallelism, 4);
+  CpuTower one(*g, n, 2);
+  expect_bitwise(a, step(one, in, n), "M = 1 against one device");
+  PlacedTower three(*g, n,
+                    parse_placement("conv1..norm1@cpu:0;conv2..pool2@cpu:1x2;"
+                                    "local3..softmax_linear@cpu:2",
+                                    *g),
+                    4, 2);
+  expect_bitwise(a, step(three, in, n), "3 parts, M = 4");
+  // Evaluation through the micro-batched pipeline: the same loss sum and hits.
+  const StepStats ea = one.evaluate(in.images.data(), in.labels.data(), n);
+  const StepStats eb = m4.evaluate(in.images.data(), in.labels.data(), n);
+  EXPECT_EQ(ea.loss_sum, eb.loss_sum);
+  EXPECT_EQ(ea.correct, eb.correct);
+}
+
+TEST(PlacedTower, MicroBatchesOfAnySizeGiveTheSameSumToRounding) {
+  // Outside check_micro_batches' rule (here 5 micro-batches of 51 or 52 rows on a dense net)
+  // the GEMM blocks and the tree differ from one batch's, so the logits and the gradient are
+  // equal only to float rounding.
+  auto g = build_model("mlp");
+  const int64_t n = 256;
+  const Inputs in = make_inputs(*g, n, 7);
+  const Placement p = parse_placement("hidden@cpu:0;softmax_linear@cpu:1", *g);
+  PlacedTower m1(*g, n, p, 1, 2);
+  PlacedTower m5(*g, n, p, 5, 2);
+  const Gradients a = step(m1, in, n), b = step(m5, in, n);
+  expect_every_variable_has_a_gradient(*g, a);
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    ASSERT_NEAR(a.grads[i], b.grads[i], 1e-6 + 1e-4 * std::fabs(a.grads[i])) << "element " << i;
+  EXPECT_NEAR(a.stats.loss_sum, b.stats.loss_sum, 1e-6 * a.stats.loss_sum);
+  EXPECT_NEAR(a.stats.correct, b.stats.correct, 1);  // a near-tie of two logits may flip
+}
+
+TEST(PlacedTower, RecordsEveryPartsBusyAndIdleTime) {
+  auto g = build_model("mlp");
+  const int64_t n = 128;
+  const Inputs in = make_inputs(*g, n, 9);
+  PlacedTower t(*g, n, parse_placement("hidden@cpu:0;softmax_linear@cpu:1", *g), 2, 2);
+  for (int s = 0; s < 3; ++s) step(t, in, n);
+  const PipelineStats& ps = t.pipeline_stats();
+  EXPECT_EQ(ps.steps, 3);
+  EXPECT_EQ(ps.micro_batches, 2);
+  ASSERT_EQ(ps.parts.size(), 2u);
+  EXPECT_EQ(ps.parts[0].device, "cpu:0");
+  EXPECT_EQ(ps.parts[1].layers, "softmax_linear");
+  const nlohmann::json j = ps.to_json();
+  for (int p = 0; p < 2; ++p) {
+    // A part's jobs run within the steps: busy is positive and at most the steps' wall time.
+    EXPECT_GT(ps.parts[p].busy_seconds, 0.0);
+    EXPECT_LE(ps.parts[p].busy_seconds, ps.step_seconds);
+    EXPECT_GE(j["parts"][p]["idle_seconds"].get<double>(), 0.0);
+    EXPECT_DOUBLE_EQ(j["parts"][p]["idle_seconds"].get<double>() + ps.parts[p].busy_seconds,
+                     ps.step_seconds);
+  }
+}
+
+// Sync runs through the engine: `updates` momentum updates of the mlp on synthetic data, with
+// the towers `make` gives; returns the parameters.
+std::vector<float> run_sync(int towers, int64_t batch, int64_t updates,
+                            const TowerGroup::TowerFactory& make) {
+  auto g = build_model("mlp");
+  const data::DataSplit d = data::make_synthetic(1, 28, 28, 10, 2048, 64, 5);
+  const data::AugmentConfig aug = data::tutorial_eval_config(28);
+  std::vector<float> params(g->layout().total());
+  g->layout().initialize(params.data(), 1);
+  OptimizerConfig oc;
+  oc.name = "momentum";
+  Optimizer opt(g->layout(), oc);
+  EngineConfig ec;
+  ec.mode = Mode::Sync;
+  ec.towers = towers;
+  ec.threads_per_tower = 2;
+  LocalParameterStore store(params.data(), opt, store_access(ec), store_locking(ec), false);
+  TowerGroup group(*g, ec, batch, store, make);
+  RunHooks hooks;
+  hooks.lr_at = [](int64_t) { return 0.05f; };
+  hooks.on_update = [](const UpdateRecord&) { return false; };
+  hooks.side_work = [](int64_t) {};
+  hooks.stop_requested = [] { return false; };
+  group.run(d.train, aug, 7, 0, updates, 0, hooks);
+  EXPECT_EQ(group.version(), updates);
+  return params;
+}
+
+TEST(PlacedTower, TwoPlacedSyncTowersEqualWholeTowersBitwise) {
+  auto g = build_model("mlp");
+  const Placement p = parse_placement("hidden@cpu:0;softmax_linear@cpu:1", *g);
+  auto placed = [&](int m) -> TowerGroup::TowerFactory {
+    return [&p, m](const Graph& graph, int64_t b, const TowerPlacement&) -> std::unique_ptr<Tower> {
+      return std::make_unique<PlacedTower>(graph, b, p, m, 2);
+    };
+  };
+  const std::vector<float> whole = run_sync(2, 128, 6, make_tower);
+  const std::vector<float> one = run_sync(1, 256, 6, make_tower);
+  const std::vector<float> two_placed = run_sync(2, 128, 6, placed(2));
+  const std::vector<float> one_placed = run_sync(1, 256, 6, placed(4));
+  std::vector<float> init(g->layout().total());
+  g->layout().initialize(init.data(), 1);
+  EXPECT_NE(std::memcmp(whole.data(), init.data(), sizeof(float) * init.size()), 0)
+      << "the parameters did not move";
+  const size_t bytes = sizeof(float) * whole.size();
+  EXPECT_EQ(std::memcmp(whole.data(), one.data(), bytes), 0) << "2 x 128 against 1 x 256";
+  EXPECT_EQ(std::memcmp(whole.data(), two_placed.data(), bytes), 0)
+      << "2 placed towers (2 micro-batches) against 2 whole towers";
+  EXPECT_EQ(std::memcmp(whole.data(), one_placed.data(), bytes), 0)
+      << "1 placed tower of 256 (4 micro-batches) against 2 whole towers";
+}
+
+// Through `towers train`: the flags, the pipeline record, and a placed sync run's checkpoint
+// equal to the unplaced run's.
+const std::string kMlpRun =
+    "train --model mlp --dataset synthetic --synthetic-size 2000 --optimizer momentum --lr 0.05 "
+    "--quiet --seed 3 --steps 8 --towers 2 --batch 128 --mode sync --threads-per-tower 2 ";
+
+TEST(PlacementCli, PlacedSyncRunEqualsTheUnplacedRunAndReportsItsBubble) {
+  const std::string ck1 = test_path("ck1"), ck2 = test_path("ck2"), m2 = test_path("m2.jsonl");
+  ASSERT_EQ(run_towers(kMlpRun + "--checkpoint-dir " + ck1), 0);
+  std::string out;
+  ASSERT_EQ(run_towers(kMlpRun + "--checkpoint-dir " + ck2 + " --metrics " + m2 +
+                           " --placement 'hidden@cpu:0;softmax_linear@cpu:1' --micro-batches 2",
+                       &out),
+            0)
+      << out;
+  auto g = build_model("mlp");
+  auto a = io::load_checkpoint(ck1 + "/ckpt-000000008.safetensors", g->layout(), {"momentum"});
+  auto b = io::load_checkpoint(ck2 + "/ckpt-000000008.safetensors", g->layout(), {"momentum"});
+  EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), sizeof(float) * g->layout().total()), 0);
+  const auto config = metrics_events(m2, "config");
+  ASSERT_EQ(config.size(), 1u);
+  EXPECT_EQ(config[0]["config"]["micro_batches"], 2);
+  const auto summary = metrics_events(m2, "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  const auto& pipe = summary[0]["pipeline"];
+  EXPECT_EQ(pipe["micro_batches"], 2);
+  ASSERT_EQ(pipe["towers"].size(), 2u);
+  for (const auto& t : pipe["towers"]) {
+    EXPECT_EQ(t["steps"], 8);
+    ASSERT_EQ(t["parts"].size(), 2u);
+    EXPECT_EQ(t["parts"][0]["device"], "cpu:0");
+    EXPECT_EQ(t["parts"][1]["layers"], "softmax_linear");
+    EXPECT_EQ(t["parts"][0]["threads"], 1);  // --threads-per-tower 2, shared by 2 parts
+    for (const auto& p : t["parts"]) {
+      EXPECT_GT(p["busy_seconds"].get<double>(), 0.0);
+      EXPECT_GE(p["idle_seconds"].get<double>(), 0.0);
+    }
+  }
+}
+
+TEST(PlacementCli, BadPlacementFlagsAreClearErrors) {
+  const std::string m = " --metrics " + test_path("never.jsonl");
+  auto expect_error = [&](const std::string& flags, const std::vector<std::string>& needles) {
+    std::string out;
+    EXPECT_EQ(run_towers(kMlpRun + flags + m, &out), 1) << flags << "\n" << out;
+    for (const std::string& n : needles)
+      EXPECT_NE(out.find(n), std::string::npos) << "'" << n << "' not in: " << out;
+    EXPECT_EQ(out.find("internal error"), std::string::npos) << out;
+  };
+  expect_error("--placement 'hidden@cpu:0;logits@cpu:1'",
+               {"--placement", "unknown layer 'logits'"});
+  expect_error("--placement 'hidden@cpu:0;softmax_linear@tpu:1'",
+               {"--placement", "unknown device 'tpu:1'"});
+  expect_error("--placement 'hidden@cpu:0;softmax_linear@cuda:0'",
+               {"--placement", "GPU parts are not built yet"});
+  expect_error("--placement 'softmax_linear@cpu:0;hidden@cpu:1'", {"--placement", "out of order"});
+  expect_error("--placement 'hidden@cpu:0'", {"--placement", "softmax_linear is in no part"});
+  expect_error("--micro-batches 2", {"--micro-batches needs --placement"});
+  expect_error("--placement 'hidden@cpu:0;softmax_linear@cpu:1' --micro-batches 4",
+               {"--micro-batches 4", "32 examples", "blocks of 64"});
+  expect_error("--placement 'hidden@cpu:0;softmax_linear@cpu:1' --micro-batches 0",
+               {"--micro-batches must be at least 1"});
+  expect_error("--placement 'hidden@cpu:0;softmax_linear@cpu:1' --device cuda",
+               {"--placement", "GPU parts are not built yet"});
+  EXPECT_FALSE(std::filesystem::exists(test_path("never.jsonl")));
+}
+
+}  // namespace
+}  // namespace towers

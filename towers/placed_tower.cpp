@@ -1,0 +1,327 @@
+#include "towers/placed_tower.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <mutex>
+
+#include <oneapi/tbb/task_group.h>
+
+#include "core/check.h"
+#include "core/clock.h"
+#include "core/parallel.h"
+#include "core/relaxed.h"
+#include "kernels/reduce.h"
+
+namespace towers {
+
+// One part: its layers, device, parameters, activations and gradient buffers. The buffers are
+// declared after the device, so they go back to it before it goes.
+struct PlacedTower::Part {
+  PlacedPart spec;
+  int pos = 0;             // index in the placement
+  int64_t lo = 0, hi = 0;  // the span [lo, hi) of the flat layout its variables cover
+  std::unique_ptr<CpuDevice> device;
+  DeviceBuffer params;                   // [lo, hi) of the flat array
+  std::vector<DeviceBuffer> act, saved;  // per layer of the part, max_batch examples
+  // The error at the part's output, from the next part's backward, max_batch examples (not in
+  // the last part); errors between the part's own layers, one micro-batch.
+  DeviceBuffer err, dact[2];
+  std::vector<DeviceBuffer> micro_grads;  // [lo, hi) for micro-batches 1..M-1 (0: grads_)
+  double busy = 0.0;                      // seconds in this step's jobs
+};
+
+nlohmann::json PipelineStats::to_json() const {
+  nlohmann::json ps = nlohmann::json::array();
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const double idle = std::max(step_seconds - parts[p].busy_seconds, 0.0);
+    ps.push_back({{"part", p},
+                  {"device", parts[p].device},
+                  {"layers", parts[p].layers},
+                  {"threads", parts[p].threads},
+                  {"busy_seconds", parts[p].busy_seconds},
+                  {"idle_seconds", idle},
+                  {"idle_fraction", step_seconds > 0.0 ? idle / step_seconds : 0.0}});
+  }
+  return {{"micro_batches", micro_batches},
+          {"steps", steps},
+          {"step_seconds", step_seconds},
+          {"parts", ps}};
+}
+
+std::vector<int> PlacedTower::part_threads(const Placement& placement, int threads) {
+  const int share =
+      std::max(1, threads / std::max<int>(1, static_cast<int>(placement.parts.size())));
+  std::vector<int> out;
+  for (const PlacedPart& p : placement.parts) out.push_back(p.threads > 0 ? p.threads : share);
+  return out;
+}
+
+namespace {
+int sum(const std::vector<int>& v) {
+  int s = 0;
+  for (int x : v) s += x;
+  return s;
+}
+}  // namespace
+
+PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement& placement,
+                         int micro_batches, int threads)
+    : Tower(graph, max_batch),
+      micro_batches_(micro_batches),
+      total_threads_(sum(part_threads(placement, threads))),
+      host_(total_threads_),
+      driver_(std::max<int>(1, static_cast<int>(placement.parts.size()))) {
+  TOWERS_CHECK(!placement.parts.empty(), "a placed tower needs at least one part");
+  TOWERS_CHECK(micro_batches >= 1, "a placed tower needs at least one micro-batch, got {}",
+               micro_batches);
+  const auto& layers = graph.layers();
+  grads_ = DeviceBuffer(host_, graph.layout().total());
+  row_loss_.assign(max_batch, 0.0);
+  row_correct_.assign(max_batch, 0);
+  const int64_t micro = ceil_div(max_batch, micro_batches);  // the largest micro-batch
+  const std::vector<int> th = part_threads(placement, threads);
+  size_t next_layer = 0;
+  int64_t prev_hi = 0;
+  part_of_.assign(layers.size(), nullptr);
+  for (size_t q = 0; q < placement.parts.size(); ++q) {
+    const PlacedPart& spec = placement.parts[q];
+    TOWERS_CHECK(spec.kind == DeviceKind::Cpu, "part {} is not on a CPU device", q);
+    TOWERS_CHECK(spec.first == next_layer && spec.last > spec.first && spec.last <= layers.size(),
+                 "part {} holds layers [{}, {}), expected a run from layer {}", q, spec.first,
+                 spec.last, next_layer);
+    next_layer = spec.last;
+    auto part = std::make_unique<Part>();
+    part->spec = spec;
+    part->pos = static_cast<int>(q);
+    part->device = std::make_unique<CpuDevice>(th[q]);
+    CpuDevice& dev = *part->device;
+    // The span of its variables; parts own disjoint, increasing spans (the layout follows the
+    // layers' order).
+    int64_t lo = graph.layout().total(), hi = 0, widest = 0;
+    for (size_t i = spec.first; i < spec.last; ++i) {
+      for (const Variable* v : vars_[i]) {
+        lo = std::min(lo, v->offset);
+        hi = std::max(hi, v->offset + v->size);
+      }
+      part->act.emplace_back(dev, max_batch * numel(layers[i]->out_shape()));
+      part->saved.emplace_back(dev, max_batch * layers[i]->saved_per_example());
+      widest = std::max(widest, numel(layers[i]->out_shape()));
+      part_of_[i] = part.get();
+    }
+    if (lo >= hi) lo = hi = prev_hi;  // no variables
+    TOWERS_CHECK(lo >= prev_hi, "part {}'s variables overlap the previous part's", q);
+    prev_hi = hi;
+    part->lo = lo;
+    part->hi = hi;
+    part->params = DeviceBuffer(dev, hi - lo);
+    if (q + 1 < placement.parts.size())
+      part->err = DeviceBuffer(dev, max_batch * numel(layers[spec.last - 1]->out_shape()));
+    for (auto& d : part->dact) d = DeviceBuffer(dev, micro * widest);
+    if (hi > lo)
+      for (int m = 1; m < micro_batches; ++m) part->micro_grads.emplace_back(dev, hi - lo);
+    stats_.parts.push_back({spec.device_name(), spec.layer_names(graph), th[q], 0.0});
+    parts_.push_back(std::move(part));
+  }
+  TOWERS_CHECK(next_layer == layers.size(), "the parts cover {} of {} layers", next_layer,
+               layers.size());
+  stats_.micro_batches = micro_batches;
+}
+
+PlacedTower::~PlacedTower() = default;
+
+void PlacedTower::load_params(const float* host) {
+  for (auto& p : parts_) p->device->copy_in(p->params.data(), host + p->lo, p->hi - p->lo);
+}
+
+void PlacedTower::load_params_shared(const float* host) {
+  for (auto& p : parts_) load_relaxed(host + p->lo, p->params.data(), p->hi - p->lo);
+}
+
+const float* PlacedTower::input(size_t i, int64_t b0, const float* images) const {
+  if (i == 0) return images + b0 * numel(graph().input_shape());
+  return output(i - 1, b0);
+}
+
+float* PlacedTower::output(size_t i, int64_t b0) const {
+  const Part& p = *part_of_[i];
+  return p.act[i - p.spec.first].data() + b0 * numel(graph().layers()[i]->out_shape());
+}
+
+void PlacedTower::forward(Part& part, int64_t b0, int64_t b1, const float* images, bool training) {
+  const auto& layers = graph().layers();
+  for (size_t i = part.spec.first; i < part.spec.last; ++i) {
+    ForwardArgs a;
+    a.n = b1 - b0;
+    a.x = input(i, b0, images);
+    a.y = output(i, b0);
+    for (size_t k = 0; k < vars_[i].size(); ++k) {
+      const Variable& v = *vars_[i][k];
+      float* p = part.params.data() + (v.offset - part.lo);
+      a.params[k] = p;
+      if (!v.spec.trainable) a.state[k] = p;
+    }
+    a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
+    a.training = training;
+    layers[i]->forward(a);
+  }
+}
+
+// The loss of examples [b0, b1), one example per call: each example's loss is then exactly
+// its term of the batch's sum, and run() adds them in example order, as the loss node does
+// over a whole batch.
+void PlacedTower::loss_rows(int64_t b0, int64_t b1, const int32_t* labels, float grad_scale,
+                            float* dlogits) {
+  const int64_t k = graph().num_classes();
+  const float* logits = output(graph().layers().size() - 1, 0);
+  for (int64_t e = b0; e < b1; ++e) {
+    LossArgs la;
+    la.n = 1;
+    la.classes = k;
+    la.logits = logits + e * k;
+    la.labels = labels + e;
+    la.grad_scale = grad_scale;
+    la.dlogits = dlogits != nullptr ? dlogits + (e - b0) * k : nullptr;
+    const LossSums r = graph().loss().forward(la);
+    row_loss_[e] = r.loss_sum;
+    row_correct_[e] = static_cast<int32_t>(r.correct);
+  }
+}
+
+void PlacedTower::backward(Part& part, int m, int64_t b0, int64_t b1, const float* images,
+                           const int32_t* labels, float grad_scale) {
+  const auto& layers = graph().layers();
+  const bool last_part = part.pos + 1 == parts();
+  // Micro-batch 0 writes the part's span of the tower's gradient, the others buffers of their
+  // own; the sum comes after the part's last backward.
+  float* g = part.hi == part.lo ? nullptr
+             : m == 0           ? grads_.data() + part.lo
+                                : part.micro_grads[m - 1].data();
+  const float* dy = nullptr;
+  int buf = 0;
+  if (last_part) {
+    loss_rows(b0, b1, labels, grad_scale, part.dact[0].data());
+    dy = part.dact[0].data();
+    buf = 1;
+  } else {
+    dy = part.err.data() + b0 * numel(layers[part.spec.last - 1]->out_shape());
+  }
+  for (size_t i = part.spec.last; i-- > part.spec.first;) {
+    BackwardArgs a;
+    a.n = b1 - b0;
+    a.x = input(i, b0, images);
+    a.y = output(i, b0);
+    a.dy = dy;
+    if (i > part.spec.first) {
+      a.dx = part.dact[buf].data();
+      buf = 1 - buf;
+    } else if (part.pos > 0) {
+      // The error crosses to the part before: its slice of that part's err buffer.
+      a.dx = parts_[part.pos - 1]->err.data() + b0 * numel(layers[i]->in_shape());
+    }
+    for (size_t k = 0; k < vars_[i].size(); ++k) {
+      const Variable& v = *vars_[i][k];
+      a.params[k] = part.params.data() + (v.offset - part.lo);
+      if (v.spec.trainable) a.grads[k] = g + (v.offset - part.lo);
+    }
+    a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
+    layers[i]->backward(a);
+    dy = a.dx;
+  }
+}
+
+StepStats PlacedTower::run(const float* images, const int32_t* labels, int64_t n, float grad_scale,
+                           bool training) {
+  check_batch(n);
+  const int mbs = static_cast<int>(std::min<int64_t>(micro_batches_, n));
+  std::vector<int64_t> at(mbs + 1);  // micro-batch m is examples [at[m], at[m + 1])
+  for (int m = 0; m <= mbs; ++m) at[m] = m * n / mbs;
+  const int P = parts();
+  // Part q's jobs in order: the forwards of micro-batches 0..mbs-1, then (training) the
+  // backwards of mbs-1..0. Job j of part q waits for job j of part q-1 (a forward) or of part
+  // q+1 (a backward): the same index, since every part runs the same schedule.
+  const int jobs = training ? 2 * mbs : mbs;
+  std::mutex mu;
+  std::vector<int> done(P, 0);  // jobs finished, per part
+  std::vector<char> running(P, 0);
+  auto ready = [&](int q) {  // under mu
+    const int j = done[q];
+    if (running[q] || j == jobs) return false;
+    if (j < mbs) return q == 0 || done[q - 1] > j;
+    return q + 1 == P || done[q + 1] > j;
+  };
+  for (auto& p : parts_) p->busy = 0.0;
+
+  oneapi::tbb::task_group tasks;
+  std::function<void(int, int)> job;
+  auto start_ready = [&](int from, int to) {  // parts [from, to], clamped
+    std::vector<std::pair<int, int>> go;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (int q = std::max(from, 0); q <= std::min(to, P - 1); ++q)
+        if (ready(q)) {
+          running[q] = 1;
+          go.emplace_back(q, done[q]);
+        }
+    }
+    for (const auto& [q, j] : go) tasks.run([&job, q = q, j = j] { job(q, j); });
+  };
+  job = [&](int q, int j) {
+    Part& part = *parts_[q];
+    part.device->execute([&] {
+      const auto t0 = Clock::now();
+      if (j < mbs) {
+        forward(part, at[j], at[j + 1], images, training);
+        if (!training && q + 1 == P) loss_rows(at[j], at[j + 1], labels, 0.0f, nullptr);
+      } else {
+        const int m = jobs - 1 - j;
+        backward(part, m, at[m], at[m + 1], images, labels, grad_scale);
+        if (m == 0 && mbs > 1 && part.hi > part.lo) {
+          // The part's gradient: its micro-batches' tree sum, in micro-batch order.
+          std::vector<float*> blocks{grads_.data() + part.lo};
+          for (int k = 1; k < mbs; ++k) blocks.push_back(part.micro_grads[k - 1].data());
+          for_chunks(part.hi - part.lo, 1 << 14, [&](int64_t, int64_t b, int64_t e) {
+            kernels::cpu::tree_sum(blocks.data(), mbs, b, e);
+          });
+        }
+      }
+      part.busy += seconds_since(t0);
+    });
+    {
+      std::lock_guard<std::mutex> l(mu);
+      running[q] = 0;
+      ++done[q];
+    }
+    start_ready(q - 1, q + 1);
+  };
+  driver_.execute([&] {
+    start_ready(0, P - 1);
+    tasks.wait();
+  });
+  TOWERS_CHECK(std::all_of(done.begin(), done.end(), [&](int d) { return d == jobs; }),
+               "a placed tower's step ended with jobs not run");
+
+  StepStats r;
+  r.examples = n;
+  for (int64_t e = 0; e < n; ++e) {
+    r.loss_sum += row_loss_[e];
+    r.correct += row_correct_[e];
+  }
+  return r;
+}
+
+StepStats PlacedTower::compute_gradients(const float* images, const int32_t* labels, int64_t n,
+                                         float grad_scale) {
+  const auto t0 = Clock::now();
+  const StepStats r = run(images, labels, n, grad_scale, true);
+  stats_.steps += 1;
+  stats_.step_seconds += seconds_since(t0);
+  for (size_t p = 0; p < parts_.size(); ++p) stats_.parts[p].busy_seconds += parts_[p]->busy;
+  return r;
+}
+
+StepStats PlacedTower::evaluate(const float* images, const int32_t* labels, int64_t n) {
+  return run(images, labels, n, 0.0f, false);
+}
+
+}  // namespace towers
