@@ -3,6 +3,8 @@
 //                        H2D, forward, backward, gradients D2H (overlapped), the momentum
 //                        apply on the host parameters; CUDA graph replay vs plain launches,
 //                        FP32 vs TF32.
+//   BM_GpuMirroredStep   the same step with --params mirrored (parameters, momentum and the
+//                        update on the GPU, inside the step's graph), batch 128 and 512.
 //   BM_GpuComputeOnly    forward+backward alone (no host apply), graph vs plain launches: the
 //                        launch overhead a graph removes.
 //   BM_HostMomentumApply the momentum apply on the host parameters alone (the host's share).
@@ -30,6 +32,7 @@
 #include "models/models.h"
 #include "optim/optimizer.h"
 #include "towers/cuda_tower.h"
+#include "towers/mirrored_store.h"
 #include "towers/nccl_reduce.h"
 
 namespace {
@@ -108,6 +111,49 @@ void BM_GpuTowerStep(benchmark::State& state) {
       batch * 3.0 * g->flops_per_example() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_GpuTowerStep)->ArgNames({"graph", "tf32"})->Args({1, 0})->Args({0, 0})->Args({1, 1})
+    ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
+
+// --params mirrored: the same step with the parameters and momentum on the GPU, the update the
+// last kernels of the step's graph; nothing crosses PCIe but the batch and the losses.
+// Args: batch, tf32 (0/1).
+void BM_GpuMirroredStep(benchmark::State& state) {
+  if (skip_without_gpus(state)) return;
+  const int64_t batch = state.range(0);
+  auto g = build_model("cifar10");
+  const int64_t total = g->layout().total();
+  CudaTower tower(*g, batch, placement(true, state.range(1) != 0));
+  std::vector<float> params(total), init(total);
+  g->layout().initialize(params.data(), 1);
+  init = params;
+  Optimizer opt(g->layout(), {"momentum"});
+  MirroredParameterStore store(params.data(), opt, Reduce::Host, [](int64_t) { return 0.01f; });
+  store.attach({&tower});
+  Inputs in = random_inputs(*g, batch);
+  auto step = [&] {
+    store.pull(tower);
+    StepStats s = tower.compute_gradients(in.x.data(), in.y.data(), batch, 1.0f / batch);
+    store.push(nullptr, 0.01f, tower.host());
+    return s;
+  };
+  const StepStats first = step();
+  const float* now = store.host_params();
+  if (!std::isfinite(first.loss_sum) ||
+      std::fabs(first.loss_sum / batch - std::log(10.0)) > 0.5 ||
+      std::memcmp(now, init.data(), sizeof(float) * total) == 0) {
+    state.SkipWithError("step failed validation (loss, or no update applied)");
+    store.detach();
+    return;
+  }
+  for (int i = 0; i < 10; ++i) step();  // warm-up, capture
+  for (auto _ : state) benchmark::DoNotOptimize(step());
+  store.detach();
+  state.counters["images_per_sec"] =
+      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP_per_sec"] = benchmark::Counter(
+      batch * 3.0 * g->flops_per_example() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32"})->Args({128, 0})->Args({128, 1})
+    ->Args({512, 0})->Args({512, 1})
     ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
 
 // Forward + backward on the device only: the same step without the host's share.

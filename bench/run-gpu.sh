@@ -169,6 +169,14 @@ if [[ " $phases " == *" fashion "* ]]; then
     --optimizer momentum --lr 0.01 --lr-schedule cosine --eval-every 1 --quiet --metrics "$m" \
     > "$out/fashion_towers.txt" 2>&1
   note "towers fashion: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'wall', round(r['wall_seconds'],1), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
+  # The same recipe with the parameters and optimizer on the GPU (--params mirrored).
+  m="$out/fashion_towers_mirrored.jsonl"
+  rm -f "$m"
+  timeout "${FASHION_S:-200}" "$build/towers" train --device cuda --params mirrored \
+    --model fashion --dataset fashion-mnist --data "$fashion" --epochs 5 --batch 128 \
+    --optimizer momentum --lr 0.01 --lr-schedule cosine --eval-every 1 --quiet --metrics "$m" \
+    > "$out/fashion_towers_mirrored.txt" 2>&1
+  note "towers fashion mirrored: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'wall', round(r['wall_seconds'],1), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
   timeout "${FASHION_S:-200}" python3 bench/peers/torch_fashion.py --data "$fashion" \
     --device cuda --precision fp32 > "$out/fashion_pytorch.jsonl" 2> "$out/fashion_pytorch.err"
   note "pytorch fashion: $(tail -1 "$out/fashion_pytorch.jsonl" 2>/dev/null || echo failed)"

@@ -28,6 +28,13 @@ void optimizer_update(int64_t n, float* w, float* s0, float* s1, const float* g,
 namespace cuda {  // the same rules, one thread per element
 void optimizer_update(CUstream_st* s, int64_t n, float* w, float* s0, float* s1, const float* g,
                       const RuleArgs& a);
+// The same update as a step's last kernels, captured once in its CUDA graph and replayed every
+// step: the scalars are read from device memory (*args, its rule fixed at launch) when the
+// kernel runs, so each replay applies that step's learning rate, and nothing is written when
+// *skip is non-zero (the step's loss was not finite).
+void optimizer_update_at(CUstream_st* s, int64_t n, float* w, float* s0, float* s1,
+                         const float* g, OptRule rule, const RuleArgs* args,
+                         const int32_t* skip);
 }  // namespace cuda
 
 }  // namespace towers::kernels

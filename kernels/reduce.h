@@ -26,6 +26,9 @@ constexpr int kMaxTreeBlocks = 64;
 void tree_sum(CUstream_st* s, float* const* blocks, int64_t count, int64_t n);
 // x *= alpha (the 1/N of an average).
 void scale(CUstream_st* s, int64_t n, float alpha, float* x);
+// *flag = 1 if any of x[0..n) is not finite (NaN or infinite), else 0: a step's per-example
+// losses, checked on the device before its update.
+void any_nonfinite(CUstream_st* s, int64_t n, const double* x, int32_t* flag);
 }  // namespace cuda
 
 }  // namespace towers::kernels

@@ -1,8 +1,9 @@
 // End-to-end tests of the `towers` command: training runs that learn, exact resume, bitwise
-// reproducibility, `towers eval`, and every kind of bad input — each must exit non-zero with one
-// message naming the flag or file, and leave no output behind.
+// reproducibility, model files, `towers eval`, and every kind of bad input — each must exit
+// non-zero with one message naming the flag or file, and leave no output behind.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,7 @@
 
 #include "cli_util.h"
 #include "io/checkpoint.h"
+#include "models/builtin_models.h"
 #include "models/models.h"
 
 namespace towers {
@@ -153,6 +155,12 @@ TEST(CliBadInput, NonsenseFlags) {
   expect_error(run_towers(kQuick + "--steps 5 --towers 2 --replicas-to-aggregate 3" + m), {"--replicas-to-aggregate"});
   expect_error(run_towers(kQuick + "--steps 5 --towers 2 --slow-tower 2:10" + m), {"--slow-tower", "2:10"});
   expect_error(run_towers(kQuick + "--steps 5 --use-locking" + m), {"--use-locking"});
+  expect_error(run_towers(kQuick + "--steps 5 --params gpu" + m), {"--params", "gpu"});
+  expect_error(run_towers(kQuick + "--steps 5 --params mirrored" + m), {"--params mirrored", "--device cuda"});
+  const std::string gpu = kQuick + "--device cuda --params mirrored --steps 5 ";
+  expect_error(run_towers(gpu + "--towers 2 --mode async" + m), {"--params mirrored", "--mode async"});
+  expect_error(run_towers(gpu + "--towers 3 --replicas-to-aggregate 2" + m), {"--params mirrored", "--replicas-to-aggregate"});
+  expect_error(run_towers(gpu + "--clip-grad-norm 1" + m), {"--params mirrored", "--clip-grad-norm"});
   const std::string plain = "train --model mlp --dataset synthetic --synthetic-size 200 --quiet ";
   expect_error(run_towers(plain + "--steps 5 --lr -0.1" + m), {"--lr", "-0.1"});
   expect_error(run_towers(kQuick + "--steps 5 --batch 0" + m), {"--batch"});
@@ -281,6 +289,73 @@ TEST(CliBadInput, Checkpoints) {
   // Resuming a different model from this directory.
   expect_error(run_towers("train --model fashion --dataset synthetic --steps 5 --resume --quiet --checkpoint-dir " + dir),
                {"mlp", "fashion"});
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A safetensors file's JSON header (metadata included) and its data section.
+std::pair<nlohmann::json, std::string> split_safetensors(const std::string& bytes) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<uint8_t>(bytes.at(i));
+  return {nlohmann::json::parse(bytes.substr(8, n)), bytes.substr(8 + n)};
+}
+
+// `--model FILE` trains bit for bit like the built-in name whose file it is: the checkpoints
+// have the same bytes of parameters and momentum, and the same metadata but for the model,
+// which records what --model said.
+TEST(CliModelFile, TrainsBitwiseLikeTheBuiltInName) {
+  const std::string dir = temp_dir();
+  const std::string file = dir + "/cifar10.json";
+  for (const BuiltinModel& m : builtin_models())
+    if (m.name == "cifar10") std::ofstream(file) << m.text;
+  const std::string run =
+      "train --dataset synthetic --synthetic-size 64 --batch 16 --steps 3 --optimizer momentum "
+      "--lr 0.05 --quiet --checkpoint-dir ";
+  auto a = run_towers(run + dir + "/a --model cifar10");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = run_towers(run + dir + "/b --model " + file);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  auto [head_a, data_a] = split_safetensors(file_bytes(dir + "/a/ckpt-000000003.safetensors"));
+  auto [head_b, data_b] = split_safetensors(file_bytes(dir + "/b/ckpt-000000003.safetensors"));
+  ASSERT_EQ(data_a.size(), sizeof(float) * 2 * 1068298) << "parameters and momentum";
+  EXPECT_TRUE(data_a == data_b) << "the parameters or the optimizer's slots differ";
+  EXPECT_EQ(head_b["__metadata__"]["model"], file);
+  for (nlohmann::json* h : {&head_a, &head_b}) {
+    nlohmann::json& meta = (*h)["__metadata__"];
+    nlohmann::json config = nlohmann::json::parse(meta["config"].get<std::string>());
+    config["model"] = meta["model"] = "(--model)";
+    meta["config"] = config.dump();
+  }
+  EXPECT_EQ(head_a, head_b);
+  // The checkpoint names the file, and eval builds the model from it.
+  auto e = run_towers("eval --checkpoint " + dir + "/b/ckpt-000000003.safetensors");
+  EXPECT_EQ(e.exit_code, 0) << e.output;
+}
+
+TEST(CliBadInput, ModelFile) {
+  const std::string dir = temp_dir();
+  const std::string m = " --metrics " + dir + "/m.jsonl";
+  const std::string file = dir + "/net.json";
+  write_bytes_plain(file, R"({"name": "net", "input": [1, 28, 28], "classes": 10, "layers": [
+  {"name": "hidden", "type": "dense", "units": 64, "weight_init": {"stddev": 0.1}},
+  {"name": "out", "type": "dense", "unit": 10, "weight_init": {"stddev": 0.1}}]})");
+  auto r = run_towers("train --dataset synthetic --steps 2 --model " + file + m);
+  expect_error(r, {file + ":3:36: ", "layers[1] 'out' (dense)", "unknown field 'unit'",
+                   "did you mean 'units'?"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
+  expect_error(run_towers("train --dataset synthetic --steps 2 --model " + dir + "/none.json" + m),
+               {"model file '" + dir + "/none.json'", "no such file"});
+  // A valid file with fewer outputs than the data has labels.
+  const std::string three = dir + "/three.json";
+  write_bytes_plain(three, R"({"name": "three", "input": [1, 28, 28], "classes": 3, "layers": [
+  {"name": "out", "type": "dense", "units": 3, "relu": false, "weight_init": {"stddev": 0.1}}]})");
+  expect_error(run_towers("train --dataset synthetic --steps 2 --model " + three + m),
+               {"--model " + three + " has 3 classes", "--dataset synthetic has 10"});
+  EXPECT_FALSE(fs::exists(dir + "/m.jsonl")) << "a failed run left its metrics file";
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // A step on the tower's two streams:
 //   copy stream     params H2D (load_params) -> batch H2D -> [grads of layer L D2H] ... [layer 1]
 //   compute stream            wait(batch) -> forward -> loss -> backward L ... backward 1 -> join
+//                             [-> the store's update, with parameters on the device]
 // Each layer's gradient slice is copied to the pinned landing buffer as soon as its backward
 // is done, so the copies overlap the backward of the layers below. Forward, loss, backward and
 // those copies are captured as a CUDA graph and replayed (TowerPlacement::cuda_graphs): the
@@ -11,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -43,6 +45,14 @@ class CudaTower final : public Tower {
   // For an all-reduce among GPUs: with grads_to_host off, compute_gradients leaves the
   // gradients on the device only.
   void set_grads_to_host(bool on) { grads_to_host_ = on; }
+  // Work a training step ends with, on the compute stream after the backward, inside the
+  // step's CUDA graph: the update of a device-mirrored store. It is given the stream and the
+  // step's per-example losses on the device. Setting it drops the captured graph.
+  using StepEpilogue = std::function<void(cudaStream_t, const double* row_loss, int64_t n)>;
+  void set_step_epilogue(StepEpilogue f) {
+    epilogue_ = std::move(f);
+    drop_graph();
+  }
   float* device_grads() { return grads_d_.data(); }
   float* device_params() { return params_d_.data(); }
   int64_t graph_captures() const { return captures_; }
@@ -66,6 +76,7 @@ class CudaTower final : public Tower {
   cudaEvent_t inputs_ready_ = nullptr, copies_done_ = nullptr;
   std::vector<cudaEvent_t> layer_done_;  // per layer with variables: its gradients are final
   bool grads_to_host_ = true;
+  StepEpilogue epilogue_;
   // The captured step and what it was captured for.
   cudaGraphExec_t graph_ = nullptr;
   int64_t graph_n_ = -1;

@@ -121,6 +121,7 @@ void CudaTower::enqueue_step(int64_t n, float grad_scale) {
                                  sizeof(float) * (hi - lo), cudaMemcpyDeviceToHost, k));
     }
   }
+  if (epilogue_) epilogue_(c, reinterpret_cast<const double*>(row_loss_d_.data()), n);
   CUDA_CHECK(cudaMemcpyAsync(row_loss_h_.as<double>(), row_loss_d_.data(), sizeof(double) * n,
                              cudaMemcpyDeviceToHost, c));
   CUDA_CHECK(cudaMemcpyAsync(row_correct_h_.as<int32_t>(), row_correct_d_.data(),

@@ -53,7 +53,7 @@ NcclReducer::~NcclReducer() {
     if (c) ncclCommDestroy(c);
 }
 
-void NcclReducer::sum_to_host(float* host_dst) {
+void NcclReducer::all_reduce() {
   auto& ts = impl_->towers;
   const size_t count = static_cast<size_t>(impl_->count);
   NCCL_CHECK(ncclGroupStart());
@@ -63,6 +63,12 @@ void NcclReducer::sum_to_host(float* host_dst) {
                              ncclSum, impl_->comms[i], ts[i]->device().compute()));
   }
   NCCL_CHECK(ncclGroupEnd());
+}
+
+void NcclReducer::sum_to_host(float* host_dst) {
+  auto& ts = impl_->towers;
+  const size_t count = static_cast<size_t>(impl_->count);
+  all_reduce();
   CudaDevice& d0 = ts[0]->device();
   d0.activate();
   CUDA_CHECK(cudaMemcpyAsync(host_dst, ts[0]->device_grads(), sizeof(float) * count,
@@ -84,6 +90,7 @@ NcclReducer::NcclReducer(const std::vector<Tower*>&) {
 }
 NcclReducer::~NcclReducer() = default;
 void NcclReducer::sum_to_host(float*) {}
+void NcclReducer::all_reduce() {}
 }  // namespace towers
 
 #endif

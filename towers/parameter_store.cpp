@@ -21,8 +21,12 @@ LocalParameterStore::LocalParameterStore(float* params, Optimizer& opt, UpdateAc
                "slower\n", why);
 }
 
+int64_t InProcessStore::min_clock() const {
+  return clocks_.empty() ? 0 : *std::min_element(clocks_.begin(), clocks_.end());
+}
+
 int64_t LocalParameterStore::pull(Tower& tower) {
-  const int64_t v = version_.load();
+  const int64_t v = version();
   if (access_ == UpdateAccess::Exclusive)
     tower.load_params(params_);
   else
@@ -37,11 +41,7 @@ int64_t LocalParameterStore::push(const float* grads, float lr, CpuDevice& host)
     else
       opt_.apply_shared(params_, grads, lr, use_locking_);
   });
-  return version_.fetch_add(1) + 1;
-}
-
-int64_t LocalParameterStore::min_clock() const {
-  return clocks_.empty() ? 0 : *std::min_element(clocks_.begin(), clocks_.end());
+  return advance();
 }
 
 }  // namespace towers

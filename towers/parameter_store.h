@@ -16,11 +16,9 @@
 // A sync round is a version: every tower of a round pulls the same version and the round's
 // one push makes the next, so sync needs nothing beyond the version from the store.
 // The local host store (this file) applies at once, on the calling tower's host threads, so
-// its wait returns at once. The stores to come plug in behind the same three calls:
-//   - device-mirrored (TF's MirroredStrategy): a copy of the parameters and slots on each
-//     GPU; push runs the CUDA optimizer on every copy (after an NCCL all-reduce in sync mode),
-//     pull is a no-op for a tower on its own GPU, and host_params() copies one replica back for
-//     evaluation and checkpoints;
+// its wait returns at once. The device-mirrored store (towers/mirrored_store.h, TF's
+// MirroredStrategy) keeps a copy of the parameters and slots on each GPU tower and runs the
+// CUDA optimizer there. The store to come plugs in behind the same calls:
 //   - remote sharded (parameter-server tasks over gRPC): push sends each shard's byte range of
 //     the gradient, the ticket is the round, wait blocks on the shards' acknowledgements, pull
 //     fetches the ranges into a pinned host buffer and then loads the tower from it.
@@ -50,12 +48,21 @@ class ParameterStore {
   virtual UpdateAccess access() const = 0;
   // Sets the version a run starts from (a resumed checkpoint's step).
   virtual void restore_version(int64_t v) = 0;
+  // Where a push finds its gradient. false: the grads argument, a host array in layout order
+  // (every tower copies its gradient out). true: every tower leaves its gradient on its own
+  // device, and push(nullptr, ...) averages the towers' gradients there itself (sync mode).
+  virtual bool gradients_on_towers() const { return false; }
+  // A tower group's towers, from their making to their end: a store that keeps state on their
+  // devices makes it in attach and gives it back (after refreshing its host copy) in detach.
+  virtual void attach(const std::vector<Tower*>& /*towers*/) {}
+  virtual void detach() {}
   virtual int64_t pull(Tower& tower) = 0;
   virtual int64_t push(const float* grads, float lr, CpuDevice& host) = 0;
   // Advances the version without an update (a skipped step); returns it like push.
   virtual int64_t skip() = 0;
   virtual void wait(int64_t ticket) = 0;
-  // The parameters at the current version, in host memory (evaluation, checkpoints).
+  // The parameters at the current version, in host memory (evaluation, checkpoints); the
+  // optimizer's host slots are current too once it returns.
   virtual const float* host_params() = 0;
   // Per-tower clocks, all 0 after reset_clocks(towers).
   virtual void reset_clocks(int towers) = 0;
@@ -64,35 +71,46 @@ class ParameterStore {
   virtual int64_t min_clock() const = 0;
 };
 
+// What the stores of one process share: the version, and the towers' clocks in memory. Their
+// updates are visible when push returns, so wait returns at once.
+class InProcessStore : public ParameterStore {
+ public:
+  int64_t version() const override { return version_.load(); }
+  void restore_version(int64_t v) override { version_.store(v); }
+  int64_t skip() override { return advance(); }
+  void wait(int64_t) override {}
+  void reset_clocks(int towers) override { clocks_.assign(towers, 0); }
+  int64_t tick(int tower) override { return ++clocks_.at(tower); }
+  int64_t clock(int tower) const override { return clocks_.at(tower); }
+  int64_t min_clock() const override;
+
+ protected:
+  int64_t advance() { return version_.fetch_add(1) + 1; }  // returns the new version
+
+ private:
+  std::atomic<int64_t> version_{0};
+  std::vector<int64_t> clocks_;
+};
+
 // The parameters in host memory, as in the TF tutorial: towers copy them in (GPU towers from
 // page-locked memory, one DMA each) and updates are applied by the host.
-class LocalParameterStore final : public ParameterStore {
+class LocalParameterStore final : public InProcessStore {
  public:
   // params: layout.total() floats, owned by the caller and outliving the store; opt owns the
   // slots. pin: page-lock params for GPU towers (best effort; a warning if it fails).
   LocalParameterStore(float* params, Optimizer& opt, UpdateAccess access, bool use_locking,
                       bool pin);
-  int64_t version() const override { return version_.load(); }
   UpdateAccess access() const override { return access_; }
-  void restore_version(int64_t v) override { version_.store(v); }
   int64_t pull(Tower& tower) override;
   int64_t push(const float* grads, float lr, CpuDevice& host) override;
-  int64_t skip() override { return version_.fetch_add(1) + 1; }
-  void wait(int64_t) override {}
   const float* host_params() override { return params_; }
-  void reset_clocks(int towers) override { clocks_.assign(towers, 0); }
-  int64_t tick(int tower) override { return ++clocks_.at(tower); }
-  int64_t clock(int tower) const override { return clocks_.at(tower); }
-  int64_t min_clock() const override;
 
  private:
   float* params_;
   Optimizer& opt_;
   UpdateAccess access_;
   bool use_locking_;
-  std::atomic<int64_t> version_{0};
   std::shared_ptr<void> pinned_;
-  std::vector<int64_t> clocks_;
 };
 
 }  // namespace towers

@@ -13,18 +13,12 @@
 #include <oneapi/tbb/task_group.h>
 
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/parallel.h"
 #include "core/gpu.h"
 #include "towers/nccl_reduce.h"
 
 namespace towers {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-}  // namespace
 
 std::optional<Reduce> reduce_named(const std::string& s) {
   if (s == "host") return Reduce::Host;
@@ -60,6 +54,18 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
   }
   const int64_t total = graph.layout().total();
   clipped_.resize(cfg_.towers);
+  std::vector<Tower*> ts;
+  for (auto& t : towers_) ts.push_back(t.get());
+  if (store_.gradients_on_towers()) {
+    // The store averages on the towers' devices and applies there: no host sum, no guard
+    // that reads the gradient.
+    TOWERS_CHECK(cfg_.mode == Mode::Sync && cfg_.replicas_to_aggregate == cfg_.towers,
+                 "a store that averages on the towers is for sync mode without backup towers");
+    TOWERS_CHECK(cfg_.clip_grad_norm == 0.0 && !cfg_.check_grad_norm,
+                 "a store that averages on the towers has no host gradient to clip or check");
+    store_.attach(ts);
+    return;
+  }
   if (cfg_.towers > 1) grad_sum_.resize(total);
   if (cuda && cfg_.towers > 1)
     pinned_sum_ = pin_host_memory(grad_sum_.data(), sizeof(float) * total);
@@ -68,15 +74,13 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
     TOWERS_CHECK(cfg_.mode == Mode::Sync && cfg_.replicas_to_aggregate == cfg_.towers,
                  "an NCCL reduction is for sync mode without backup towers (it averages every "
                  "tower's gradient at once)");
-    if (cfg_.towers > 1) {
-      std::vector<Tower*> ts;
-      for (auto& t : towers_) ts.push_back(t.get());
-      nccl_ = std::make_unique<NcclReducer>(ts);
-    }
+    if (cfg_.towers > 1) nccl_ = std::make_unique<NcclReducer>(ts);
   }
+  store_.attach(ts);
 }
 
-TowerGroup::~TowerGroup() = default;
+// The store gives back what it keeps on the towers' devices while they still exist.
+TowerGroup::~TowerGroup() { store_.detach(); }
 
 namespace {
 // The L2 norm of x, in double, over fixed chunks summed in chunk order: the same bits for any
@@ -99,6 +103,7 @@ void TowerGroup::guarded_push(const float* grads, int tower, UpdateRecord& rec) 
   CpuDevice& host = towers_[tower]->host();
   const int64_t total = graph_.layout().total();
   bool finite = std::isfinite(rec.loss);
+  // grads is null when the store averages the towers' gradients itself (then neither is set).
   if (finite && (cfg_.clip_grad_norm > 0.0 || cfg_.check_grad_norm)) {
     rec.grad_norm = host.execute([&] { return l2_norm(grads, total); });
     finite = std::isfinite(rec.grad_norm);

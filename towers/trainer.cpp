@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/device.h"
 #include "core/gpu.h"
 #include "core/parallel.h"
@@ -23,6 +24,9 @@
 #include "io/checkpoint.h"
 #include "metrics/metrics.h"
 #include "models/models.h"
+#include "towers/mirrored_store.h"
+#include "towers/placed_tower.h"
+#include "towers/placement.h"
 #include "towers/tower.h"
 #include "towers/tower_group.h"
 
@@ -31,12 +35,6 @@ namespace towers {
 std::atomic<bool> g_stop_requested{false};
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 struct EvalResult {
   double accuracy = 0.0, loss = 0.0;
@@ -122,6 +120,21 @@ void validate(const TrainConfig& c) {
                      (mode == Mode::Sync &&
                       (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate == c.towers)),
                  "--reduce nccl is for --mode sync without backup towers (--replicas-to-aggregate below --towers)");
+  TOWERS_REQUIRE(c.params == "host" || c.params == "mirrored",
+                 "--params: unknown home '{}' (known: host, mirrored)", c.params);
+  if (c.params == "mirrored") {
+    TOWERS_REQUIRE(c.device == "cuda",
+                   "--params mirrored keeps a copy of the parameters on each GPU: it needs "
+                   "--device cuda");
+    TOWERS_REQUIRE(mode == Mode::Sync &&
+                       (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate == c.towers),
+                   "--params mirrored is built for --mode sync with every tower's gradient in "
+                   "each update; for {} use --params host",
+                   c.replicas_to_aggregate > 0 ? "--replicas-to-aggregate" : "--mode " + c.mode);
+    TOWERS_REQUIRE(c.clip_grad_norm == 0.0 && c.on_divergence == "stop",
+                   "--params mirrored checks each step's loss on the GPU but not its gradient "
+                   "norm: --clip-grad-norm and --on-divergence skip-step need --params host");
+  }
   TOWERS_REQUIRE(c.on_divergence == "stop" || c.on_divergence == "skip-step",
                  "--on-divergence: unknown policy '{}' (known: stop, skip-step)", c.on_divergence);
   TOWERS_REQUIRE(c.clip_grad_norm >= 0.0 && std::isfinite(c.clip_grad_norm),
@@ -153,6 +166,17 @@ void validate(const TrainConfig& c) {
                  "--momentum must be in [0, 1), got {}", o.momentum.value_or(0.0f));
   validate(c.schedule);
   build_model(c.model);  // throws for an unknown model
+  if (!c.placement.empty() || c.micro_batches != 1) {
+    TOWERS_REQUIRE(!c.placement.empty(),
+                   "--micro-batches needs --placement (micro-batches flow through the parts of a "
+                   "placed tower)");
+    TOWERS_REQUIRE(c.device == "cpu",
+                   "--placement with --device {}: GPU parts are not built yet; placed towers run "
+                   "on CPU devices (--device cpu)", c.device);
+    const std::unique_ptr<Graph> g = build_model(c.model);
+    parse_placement(c.placement, *g);
+    check_micro_batches(*g, c.batch, c.micro_batches);
+  }
   TOWERS_REQUIRE(find_optimizer(o.name), "--optimizer: unknown optimizer '{}' (known: {})",
                  o.name, fmt::join(optimizer_names(), ", "));
 }
@@ -168,9 +192,12 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"batch", c.batch},
           {"towers", c.towers},
           {"threads_per_tower", c.threads_per_tower},
+          {"placement", c.placement},
+          {"micro_batches", c.micro_batches},
           {"device", c.device},
           {"gpus", c.gpus},
           {"reduce", c.reduce},
+          {"params", c.params},
           {"tf32", c.tf32},
           {"cuda_graphs", c.cuda_graphs},
           {"mode", c.mode},
@@ -231,6 +258,10 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,
                  "--reduce nccl: {} towers on {} GPU(s); NCCL needs one tower per GPU (use "
                  "--reduce host to share GPUs)", c.towers, ec.gpus);
+  TOWERS_REQUIRE(c.params != "mirrored" || c.towers == 1 || ec.gpus == 1 ||
+                     ec.reduce == Reduce::Nccl,
+                 "--params mirrored with {} towers on {} GPUs averages with NCCL: add --reduce "
+                 "nccl (one tower per GPU), or use --gpus 1", c.towers, ec.gpus);
   const std::string sharing =
       c.towers > ec.gpus ? fmt::format(",{} {} towers share {} GPU",
                                        c.towers % ec.gpus == 0 ? "" : " up to",
@@ -240,6 +271,15 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   placement = fmt::format("on {} GPU(s) ({}){}{}", ec.gpus, found.gpus[0].name, sharing,
                           c.tf32 ? ", TF32" : "");
   return ec;
+}
+
+// A model needs a logit for every class its data has (a model file may say fewer).
+void check_classes(const Graph& g, const data::DataSplit& d, const std::string& model,
+                   const std::string& dataset) {
+  const int have = std::max(d.train.num_classes, d.test.num_classes);
+  TOWERS_REQUIRE(have <= g.num_classes(),
+                 "--model {} has {} classes but --dataset {} has {}: the model needs at least as "
+                 "many outputs as the data has labels", model, g.num_classes(), dataset, have);
 }
 
 // A writable checkpoint folder; a fresh run refuses one that holds another run's files.
@@ -282,6 +322,10 @@ class Run {
   // The hooks of the step driver.
   bool on_update(const UpdateRecord& r);
   void side_work(int64_t step);
+  // --placement: the parts, their threads (threads_ becomes their sum), and placed towers.
+  void place_towers();
+  TowerGroup::TowerFactory tower_factory() const;
+  nlohmann::json pipeline_summary();
 
   TrainConfig c_;
   Clock::time_point t_start_ = Clock::now(), t_train_;
@@ -292,12 +336,16 @@ class Run {
   int64_t n_train_ = 0;
   EngineConfig ec_;
   std::string placement_;
+  std::optional<Placement> placed_;  // --placement
   int64_t per_update_ = 0, total_steps_ = 0, end_step_ = 0;
   std::vector<float> params_;
   std::unique_ptr<Optimizer> opt_;
   int64_t start_step_ = 0, start_examples_ = 0;
   std::optional<std::string> resume_from_;
-  std::unique_ptr<LocalParameterStore> store_;
+  // The schedule's learning rate for the update that makes version step + 1.
+  float lr_at(int64_t step) const { return learning_rate(c_.schedule, epoch_at(step)); }
+
+  std::unique_ptr<ParameterStore> store_;
   std::unique_ptr<TowerGroup> group_;
   std::unique_ptr<Tower> eval_tower_;  // made on first use: every core, or the first GPU
 
@@ -317,9 +365,11 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
   // Everything that can be wrong with the input is found before anything is written.
   data_ = data::load_dataset(dataset_request(c_.dataset, c_.data_dir, graph_->input_shape(),
                                              c_.synthetic_size, c_.seed));
+  check_classes(*graph_, data_, c_.model, c_.dataset);
   tf_ = data::transforms_for(c_.augment, c_.dataset, graph_->input_shape(), data_.train, c_.model);
   n_train_ = data_.train.size();
   ec_ = engine_config(c_, threads_, placement_);
+  if (!c_.placement.empty()) place_towers();
 
   // One step = one applied update; the schedule counts the examples behind the updates, as
   // the mode's policy says.
@@ -333,14 +383,46 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
 
   check_checkpoint_dir(c_);
   restore_or_initialize();
-  store_ = std::make_unique<LocalParameterStore>(params_.data(), *opt_, store_access(ec_),
-                                                 store_locking(ec_), ec_.device == DeviceKind::Cuda);
+  if (c_.params == "mirrored")
+    store_ = std::make_unique<MirroredParameterStore>(params_.data(), *opt_, ec_.reduce,
+                                                      [this](int64_t v) { return lr_at(v); });
+  else
+    store_ = std::make_unique<LocalParameterStore>(params_.data(), *opt_, store_access(ec_),
+                                                   store_locking(ec_),
+                                                   ec_.device == DeviceKind::Cuda);
   try {
-    group_ = std::make_unique<TowerGroup>(*graph_, ec_, c_.batch, *store_);
+    group_ = std::make_unique<TowerGroup>(*graph_, ec_, c_.batch, *store_, tower_factory());
   } catch (const std::bad_alloc&) {
     TOWERS_BAD_INPUT("--batch {} x --towers {}: not enough memory for the activations of model {}",
                      c_.batch, c_.towers, c_.model);
   }
+}
+
+void Run::place_towers() {
+  placed_ = parse_placement(c_.placement, *graph_);  // validate() has checked it
+  const std::vector<int> threads = PlacedTower::part_threads(*placed_, threads_);
+  std::vector<std::string> parts;
+  threads_ = 0;
+  for (size_t p = 0; p < threads.size(); ++p) {
+    placed_->parts[p].threads = threads[p];  // every count explicit from here on
+    threads_ += threads[p];
+    parts.push_back(fmt::format("{}@{}x{}", placed_->parts[p].layer_names(*graph_),
+                                placed_->parts[p].device_name(), threads[p]));
+  }
+  // The step driver sizes oneTBB's pool by the towers' threads: every part's.
+  ec_.threads_per_tower = threads_;
+  placement_ = fmt::format("placed on {} CPU parts ({}), {} micro-batch{}", parts.size(),
+                           fmt::join(parts, "; "), c_.micro_batches,
+                           c_.micro_batches > 1 ? "es" : "");
+}
+
+TowerGroup::TowerFactory Run::tower_factory() const {
+  if (!placed_) return make_tower;
+  return [this](const Graph& g, int64_t max_batch,
+                const TowerPlacement&) -> std::unique_ptr<Tower> {
+    return std::make_unique<PlacedTower>(g, max_batch, *placed_, c_.micro_batches,
+                                         ec_.threads_per_tower);
+  };
 }
 
 // --resume: the latest checkpoint of the folder, if there is one, after checking it continues
@@ -512,7 +594,7 @@ void Run::side_work(int64_t step) {
 
 void Run::loop() {
   RunHooks hooks;
-  hooks.lr_at = [&](int64_t step) { return learning_rate(c_.schedule, epoch_at(step)); };
+  hooks.lr_at = [&](int64_t step) { return lr_at(step); };
   hooks.stop_requested = [&] { return g_stop_requested.load() || target_reached_.load(); };
   hooks.on_update = [&](const UpdateRecord& r) { return on_update(r); };
   hooks.side_work = [&](int64_t step) { side_work(step); };
@@ -569,6 +651,7 @@ TrainSummary Run::summary() {
                          {"time_to_target", or_null(sum_.time_to_target >= 0, sum_.time_to_target)},
                          {"wall_to_target", or_null(sum_.wall_to_target >= 0, sum_.wall_to_target)}};
   line.update(sum_.tower_stats);
+  if (placed_) line["pipeline"] = sum_.pipeline = pipeline_summary();
   metrics_->write(line);
   if (!sum_.interrupted)
     say(fmt::format("done: {} steps ({:.2f} epochs) in {}, {:.0f} images/s; test accuracy {:.2f}% "
@@ -585,7 +668,40 @@ TrainSummary Run::summary() {
                                  t["step_ms_p50"].get<double>(), t["step_ms_p99"].get<double>());
     say(towers_line);
   }
+  if (placed_ && !c_.quiet) {
+    // Per part over every tower: its busy and idle time per step (idle: the pipeline bubble).
+    std::string pipe = fmt::format("pipeline, {} micro-batch{}:", c_.micro_batches,
+                                   c_.micro_batches > 1 ? "es" : "");
+    const auto& towers = sum_.pipeline["towers"];
+    for (size_t p = 0; p < placed_->parts.size(); ++p) {
+      double busy = 0.0, idle = 0.0, step = 0.0;
+      int64_t steps = 0;
+      for (const auto& t : towers) {
+        busy += t["parts"][p]["busy_seconds"].get<double>();
+        idle += t["parts"][p]["idle_seconds"].get<double>();
+        step += t["step_seconds"].get<double>();
+        steps += t["steps"].get<int64_t>();
+      }
+      pipe += fmt::format(" [part {} {} on {}: busy {:.0f} ms, idle {:.0f} ms per step ({:.0f}%)]",
+                          p, placed_->parts[p].layer_names(*graph_),
+                          placed_->parts[p].device_name(),
+                          1e3 * busy / std::max<int64_t>(steps, 1),
+                          1e3 * idle / std::max<int64_t>(steps, 1),
+                          100.0 * idle / std::max(step, 1e-12));
+    }
+    say(pipe);
+  }
   return sum_;
+}
+
+nlohmann::json Run::pipeline_summary() {
+  nlohmann::json towers = nlohmann::json::array();
+  for (int i = 0; i < c_.towers; ++i) {
+    nlohmann::json t = static_cast<PlacedTower&>(group_->tower(i)).pipeline_stats().to_json();
+    t["tower"] = i;
+    towers.push_back(std::move(t));
+  }
+  return {{"placement", c_.placement}, {"micro_batches", c_.micro_batches}, {"towers", towers}};
 }
 
 }  // namespace
@@ -628,6 +744,7 @@ EvalSummary evaluate_checkpoint(const std::string& path, const std::string& data
   data::DataSplit data = data::load_dataset(dataset_request(
       ds, dir, graph->input_shape(), recorded("synthetic_size", int64_t{10000}),
       recorded("seed", uint64_t{1})));
+  check_classes(*graph, data, meta.model, ds);
   data::Transforms tf = data::transforms_for("none", ds, graph->input_shape(), data.test, meta.model);
   TowerPlacement p;
   p.kind = device == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;

@@ -27,9 +27,12 @@ struct TrainConfig {
   int64_t batch = 128;              // per tower
   int towers = 1;
   int threads_per_tower = 0;        // 0: cores / towers (at least 1)
+  std::string placement;            // model parallelism (towers/placement.h); empty: whole towers
+  int micro_batches = 1;            // with a placement: micro-batches per step (GPipe)
   std::string device = "cpu";       // cpu | cuda
   int gpus = 0;                     // cuda: GPUs to use (0: all); tower i on GPU i % gpus
   std::string reduce = "host";      // sync on GPUs: host | nccl
+  std::string params = "host";      // where the parameters live: host | mirrored (on each GPU)
   bool tf32 = false;                // cuda: TF32 tensor-core GEMMs
   bool cuda_graphs = true;          // cuda: replay each step as a CUDA graph
   std::string mode = "sync";        // sync | async | ssp
@@ -66,6 +69,7 @@ struct TrainSummary {
   bool interrupted = false;
   std::string last_checkpoint;
   nlohmann::json tower_stats;  // staleness histogram, per-tower steps and times, dropped
+  nlohmann::json pipeline;     // placed towers: per tower, each part's busy and idle time
   int64_t skipped_steps = 0;        // --on-divergence skip-step: updates not applied
   double time_to_target = -1.0;     // training seconds to --target-accuracy (-1: not reached)
   double wall_to_target = -1.0;

@@ -22,6 +22,15 @@ __global__ void scale_kernel(int64_t n, float alpha, float* __restrict__ x) {
   TOWERS_GRID_STRIDE(i, n) { x[i] *= alpha; }
 }
 
+// One block: each thread ORs its strided elements, then the block ORs the threads.
+__global__ void any_nonfinite_kernel(int64_t n, const double* __restrict__ x,
+                                     int32_t* __restrict__ flag) {
+  int bad = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) bad |= !isfinite(x[i]);
+  bad = __syncthreads_or(bad);
+  if (threadIdx.x == 0) *flag = bad ? 1 : 0;
+}
+
 void tree_sum(CUstream_st* s, float* const* blocks, int64_t count, int64_t n) {
   TOWERS_CHECK(count >= 0 && count <= kMaxTreeBlocks, "tree_sum: count {} not in [0, {}]", count,
                kMaxTreeBlocks);
@@ -35,6 +44,11 @@ void tree_sum(CUstream_st* s, float* const* blocks, int64_t count, int64_t n) {
 void scale(CUstream_st* s, int64_t n, float alpha, float* x) {
   if (n == 0) return;
   scale_kernel<<<grid_for(n), kBlock, 0, s>>>(n, alpha, x);
+  CUDA_CHECK_LAUNCH();
+}
+
+void any_nonfinite(CUstream_st* s, int64_t n, const double* x, int32_t* flag) {
+  any_nonfinite_kernel<<<1, kBlock, 0, s>>>(n, x, flag);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -66,7 +66,11 @@ void on_interrupt(int) {
 
 // Flags of a training run; `towers scale` takes them too, less the ones it sweeps or forbids.
 void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
-  app.add_option("--model", c.model, "model: cifar10, fashion, mlp")->capture_default_str();
+  std::string model_help = "model: a built-in one (";
+  for (const std::string& m : towers::model_names())
+    model_help += (model_help.back() == '(' ? "" : ", ") + m;
+  model_help += "), or a model file: a path that ends in .json or contains '/' (see the README)";
+  app.add_option("--model", c.model, model_help)->capture_default_str();
   app.add_option("--dataset", c.dataset, "dataset: fashion-mnist, cifar10, synthetic")
       ->capture_default_str();
   app.add_option("--data", c.data_dir,
@@ -85,11 +89,23 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_option("--threads-per-tower,--threads", c.threads_per_tower,
                  "compute threads of each tower (0: cores / towers); on GPUs, the threads of "
                  "each tower's host-side work")->capture_default_str();
+  app.add_option("--placement", c.placement,
+                 "model parallelism: each tower's layers on devices, parts LAYERS@DEVICE joined "
+                 "by ';', e.g. 'conv1..pool2@cpu:0;local3..softmax_linear@cpu:1' (cpu:NxT: T "
+                 "threads; otherwise the tower's threads are shared out)");
+  app.add_option("--micro-batches", c.micro_batches,
+                 "with --placement: micro-batches per step, flowing through the parts at once "
+                 "(GPipe); the update equals one of the whole batch bit for bit")
+      ->capture_default_str();
   app.add_option("--device", c.device, "cpu or cuda")->capture_default_str();
   app.add_option("--gpus", c.gpus, "cuda: GPUs to use (0: all); tower i runs on GPU i % gpus")
       ->capture_default_str();
   app.add_option("--reduce", c.reduce,
                  "sync on GPUs: average gradients on the host (host) or by NCCL all-reduce (nccl)")
+      ->capture_default_str();
+  app.add_option("--params", c.params,
+                 "where the parameters live: host (one copy in host memory, the optimizer on the "
+                 "host) or mirrored (cuda, sync: a copy and the optimizer on each GPU)")
       ->capture_default_str();
   app.add_flag("--tf32", c.tf32, "cuda: TF32 tensor-core GEMMs (faster, about 1e-3 relative error)");
   app.add_flag("!--no-cuda-graphs", c.cuda_graphs,

@@ -65,6 +65,14 @@ class Optimizer {
   // variable (TF's use_locking=True); readers still never lock.
   void apply_shared(float* params, const float* grads, float lr, bool use_locking);
 
+  // For a store that runs the rule itself (on a device, kernels::cuda::optimizer_update): the
+  // scalars of the next update (number updates() + 1) at lr, with weight decay 0 (the caller
+  // sets each variable's), and, once that update is applied, its count.
+  kernels::RuleArgs next_rule_args(float lr) const {
+    return def_->args(cfg_, lr, updates_.load() + 1);
+  }
+  void count_update() { ++updates_; }
+
   const std::vector<std::string>& slot_names() const { return slot_names_; }
   std::vector<std::pair<std::string, const float*>> slots() const;
   float* slot(const std::string& name);

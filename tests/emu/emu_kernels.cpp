@@ -263,6 +263,20 @@ void optimizer_update(CUstream_st* s, int64_t n, float* w, float* s0, float* s1,
   });
 }
 
+void optimizer_update_at(CUstream_st* s, int64_t n, float* w, float* s0, float* s1,
+                         const float* g, OptRule rule, const RuleArgs* args,
+                         const int32_t* skip) {
+  if (n == 0) return;
+  // The scalars and the flag are read when the work runs (at replay, for a captured step).
+  submit(s, [=] {
+    if (*skip != 0) return;
+    const RuleArgs a = *args;
+    with_rule(rule, [&](auto r) {
+      for (int64_t i = 0; i < n; ++i) decltype(r)::at(i, w, s0, s1, g, a);
+    });
+  });
+}
+
 // ---- pool.cu -------------------------------------------------------------------------------
 
 void maxpool_forward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
@@ -310,6 +324,14 @@ void scale(CUstream_st* s, int64_t n, float alpha, float* x) {
   if (n == 0) return;
   submit(s, [=] {
     for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+  });
+}
+
+void any_nonfinite(CUstream_st* s, int64_t n, const double* x, int32_t* flag) {
+  submit(s, [=] {
+    int32_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
+    *flag = bad;
   });
 }
 

@@ -32,19 +32,7 @@ class SyncTree final : public ModePolicy {
       if (++arrived_ < n) return {};
     }
     // The last tower of the version: every other one is parked, so it owns the gradients.
-    const float* grads = ctx.towers[0]->grads();
-    if (n > 1 && ctx.nccl) {
-      ctx.nccl->sum_to_host(ctx.grad_sum.data());
-      grads = ctx.grad_sum.data();
-    } else if (n > 1) {
-      // A tree sum over the towers in tower order, into tower 0's buffer. Each gradient is
-      // already scaled by 1 / (N B), so the sum is the mean over the global batch.
-      std::vector<float*> blocks(n);
-      for (int i = 0; i < n; ++i) blocks[i] = ctx.towers[i]->mutable_grads();
-      for_chunks(ctx.total(), 1 << 15, [&](int64_t, int64_t b0, int64_t b1) {
-        kernels::cpu::tree_sum(blocks.data(), n, b0, b1);
-      });
-    }
+    const float* grads = average(ctx);
     UpdateRecord rec;
     rec.tower = n == 1 ? 0 : -1;
     rec.contributors = n;
@@ -68,6 +56,26 @@ class SyncTree final : public ModePolicy {
   }
 
  private:
+  // The mean gradient of the version in host memory (each tower's is already scaled by
+  // 1 / (N B), so the mean is the sum), or null when the store averages on the towers' devices.
+  static const float* average(ModeContext& ctx) {
+    const int n = ctx.n();
+    if (ctx.store.gradients_on_towers()) return nullptr;
+    if (n > 1 && ctx.nccl) {
+      ctx.nccl->sum_to_host(ctx.grad_sum.data());
+      return ctx.grad_sum.data();
+    }
+    if (n > 1) {
+      // A tree sum over the towers in tower order, into tower 0's buffer.
+      std::vector<float*> blocks(n);
+      for (int i = 0; i < n; ++i) blocks[i] = ctx.towers[i]->mutable_grads();
+      for_chunks(ctx.total(), 1 << 15, [&](int64_t, int64_t b0, int64_t b1) {
+        kernels::cpu::tree_sum(blocks.data(), n, b0, b1);
+      });
+    }
+    return ctx.towers[0]->grads();
+  }
+
   std::vector<bool> given_;
   std::vector<StepStats> stats_;
   std::vector<double> seconds_;
