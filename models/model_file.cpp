@@ -19,6 +19,7 @@
 #include "io/json_source.h"
 #include "layers/lrn.h"
 #include "layers/maxpool.h"
+#include "towers/placement.h"
 
 namespace towers {
 
@@ -45,6 +46,7 @@ const Fields kModelFields = {
     {"input", "the input shape, [C, H, W]"},
     {"classes", "the number of classes, as many as the last layer's outputs"},
     {"layers", "the layers, in order"},
+    {"placement", "the layers' devices, parts LAYERS@DEVICE joined by ';' (as --placement)"},
 };
 const Fields kLayerFields = {
     {"name", "the layer's name, unique in the model"},
@@ -172,6 +174,7 @@ class Reader {
   float weight_init(const Node& layer) const;
   Shape input(const Node& top) const;
   void inputs(const Node& n, const Chain& c) const;
+  void placement(const Node& top, ModelSpec& spec) const;
 
   LayerSpec layer(size_t i, Chain& c, Node* node) const;
   // The layer's input, which must be an image (C, H, W).
@@ -583,7 +586,21 @@ ModelSpec Reader::read() const {
   if (c.parameters == 0)
     fail_field(top, "layers", "no layer has parameters (conv2d, dense): there is nothing to train");
   spec.parameters = static_cast<int64_t>(c.parameters);
+  if (find(top, "placement") != nullptr) placement(top, spec);
   return spec;
+}
+
+// Checked as --placement is, once the layers are known; its errors start at its value.
+void Reader::placement(const Node& top, ModelSpec& spec) const {
+  const std::string s = text(top, "placement");
+  const auto control = [](char ch) { return std::iscntrl(static_cast<unsigned char>(ch)) != 0; };
+  if (std::any_of(s.begin(), s.end(), control))
+    fail_field(top, "placement", "a placement is one line of text: no control characters");
+  spec.placement_origin =
+      fmt::format("{}: field 'placement'",
+                  doc_.where(doc_.value_pos(JsonSource::child(top.pointer, "placement"))));
+  parse_placement(s, *build_graph(spec), spec.placement_origin);
+  spec.placement = s;
 }
 
 }  // namespace

@@ -7,11 +7,15 @@
 //   nets/small.json:12:17: layers[3] 'conv2' (conv2d): field 'kernel': a 9x9 kernel does not
 //   fit the 6x6 input with padding "valid"
 // Models are chains today: each layer takes the previous layer's output. The optional per-layer
-// field "inputs" is where other graphs (residual nets) will name their inputs.
+// field "inputs" is where other graphs (residual nets) will name their inputs. The optional
+// top-level field "placement" puts each tower's layers on devices, in --placement's syntax
+// (towers/placement.h); it is checked against the layers as --placement is, and a run uses it
+// unless --placement says otherwise.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -43,6 +47,10 @@ struct ModelSpec {
   int classes = 0;
   std::vector<LayerSpec> layers;
   int64_t parameters = 0;
+  // "placement", checked (none in the built-in models), and how an error about it begins:
+  // "<file>:<line>:<column>: field 'placement'", the place of its value.
+  std::optional<std::string> placement;
+  std::string placement_origin;
 };
 
 // Limits a model file is held to, so that a file cannot ask for more memory than a small CNN

@@ -20,9 +20,13 @@ bool is_model_path(const std::string& name_or_path) {
 }
 
 std::unique_ptr<Graph> build_model(const std::string& name_or_path) {
-  if (is_model_path(name_or_path)) return build_graph(read_model_file(name_or_path));
+  return build_graph(read_model(name_or_path));
+}
+
+ModelSpec read_model(const std::string& name_or_path) {
+  if (is_model_path(name_or_path)) return read_model_file(name_or_path);
   for (const BuiltinModel& m : builtin_models())
-    if (m.name == name_or_path) return build_graph(parse_model(m.text, std::string(m.file)));
+    if (m.name == name_or_path) return parse_model(m.text, std::string(m.file));
   TOWERS_BAD_INPUT("unknown model '{}' (known: {}; or a model file: a path ending in .json)",
                    name_or_path, fmt::join(model_names(), ", "));
 }

@@ -12,10 +12,14 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "models/model_file.h"
 
 namespace towers {
 
 std::unique_ptr<Graph> build_model(const std::string& name_or_path);
+// The checked model file behind a name or path, with what a graph does not hold (its
+// "placement"); build_graph(read_model(m)) is build_model(m).
+ModelSpec read_model(const std::string& name_or_path);
 // The built-in names, from the compiled-in model files.
 std::vector<std::string> model_names();
 // Whether --model's value names a file rather than a built-in model.

@@ -222,7 +222,9 @@ TEST(ModelFile, BuiltInsAreTheModelsOfModelsFolder) {
   EXPECT_EQ(model_names(), (std::vector<std::string>{"cifar10", "fashion", "mlp"}));
   for (const BuiltinModel& m : builtin_models()) {
     EXPECT_EQ(m.file, "models/" + std::string(m.name) + ".json");
-    EXPECT_EQ(parse_model(m.text, std::string(m.file)).name, m.name) << "the file's \"name\"";
+    const ModelSpec spec = parse_model(m.text, std::string(m.file));
+    EXPECT_EQ(spec.name, m.name) << "the file's \"name\"";
+    EXPECT_FALSE(spec.placement) << m.name << ": a built-in model keeps no placement";
   }
 }
 
@@ -383,6 +385,11 @@ std::string net(const std::string& conv = R"("filters": 4, "kernel": 3)",
 })";
 }
 
+// net()'s layers, to give it a top-level field.
+const std::string kConv = R"("filters": 4, "kernel": 3)";
+const std::string kPool = R"("kernel": 2, "stride": 2)";
+const std::string kOut = R"("units": 10)";
+
 const std::vector<BadModel>& bad_models() {
   static const std::vector<BadModel> cases = {
       {"unknown_type",
@@ -512,6 +519,48 @@ const std::vector<BadModel>& bad_models() {
        "1000, \"relu\"",
        {"layers[2] 'out' (dense): field 'units'", "more than the 268435456"}},
       {"not_an_object", "[1, 2]", "[", {"a model file holds one object", "an array"}},
+      // "placement": checked against the layers as --placement is, at its value.
+      {"placement_unknown_layer",
+       net(kConv, kPool, kOut, R"( "placement": "c1,p1@cpu:0;logits@cpu:1",)"),
+       "\"c1,p1@cpu:0;logits",
+       {"field 'placement': unknown layer 'logits' in part 2", "model small has: c1, p1, out"}},
+      {"placement_unknown_device",
+       net(kConv, kPool, kOut, R"( "placement": "c1..p1@cpu:0;out@tpu:1",)"),
+       "\"c1..p1@cpu:0;out@tpu",
+       {"field 'placement': unknown device 'tpu:1' in part 2", "cpu:NxT"}},
+      {"placement_gpu",
+       net(kConv, kPool, kOut, R"( "placement": "c1..p1@cpu:0;out@cuda:0",)"),
+       "\"c1..p1@cpu:0;out@cuda",
+       {"field 'placement': part 2 is placed on cuda:0", "GPU parts are not built yet"}},
+      {"placement_missing_layer",
+       net(kConv, kPool, kOut, R"( "placement": "c1..p1@cpu:0",)"),
+       "\"c1..p1@cpu:0\"",
+       {"field 'placement': layer out is in no part"}},
+      {"placement_out_of_order",
+       net(kConv, kPool, kOut, R"( "placement": "out@cpu:1;c1..p1@cpu:0",)"),
+       "\"out@cpu:1",
+       {"field 'placement': parts out of order"}},
+      {"placement_empty",
+       net(kConv, kPool, kOut, R"( "placement": "",)"),
+       "\"\",",
+       {"field 'placement': empty placement", "c1..out@cpu:0"}},
+      {"placement_not_a_string",
+       net(kConv, kPool, kOut, R"( "placement": ["c1..out@cpu"],)"),
+       "[\"c1..out@cpu\"]",
+       {"field 'placement': expected a string, got [\"c1..out@cpu\"] (an array)"}},
+      {"placement_control_character",
+       net(kConv, kPool, kOut, R"( "placement": "c1..p1@cpu:0;\nout@cpu:1",)"),
+       "\"c1..p1@cpu:0;",
+       {"field 'placement': a placement is one line of text"}},
+      {"placement_misspelt",
+       net(kConv, kPool, kOut, R"( "placment": "c1..out@cpu",)"),
+       "\"placment\"",
+       {"unknown field 'placment'", "did you mean 'placement'?"}},
+      // Micro-batches depend on --batch: a flag, not a field of the model.
+      {"micro_batches_is_a_flag",
+       net(kConv, kPool, kOut, R"( "micro_batches": 2,)"),
+       "\"micro_batches\"",
+       {"unknown field 'micro_batches'", "placement"}},
   };
   return cases;
 }
@@ -527,6 +576,25 @@ TEST(ModelFileErrors, EachNamesTheFileLineColumnLayerAndField) {
       EXPECT_NE(message.find(s), std::string::npos) << "missing '" << s << "' in: " << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
   }
+}
+
+// A placement in a file is kept with the place of its value, for the trainer's messages; the
+// graph is the same as without it.
+TEST(ModelFile, APlacementIsReadWithWhereItIs) {
+  const std::string text =
+      net(kConv, kPool, kOut, R"( "placement": "c1, p1 @ cpu:0;out@cpu:1x2",)");
+  const std::string path = testutil::test_path("placed.json");
+  std::ofstream(path) << text;
+  const ModelSpec spec = read_model(path);
+  ASSERT_TRUE(spec.placement);
+  EXPECT_EQ(*spec.placement, "c1, p1 @ cpu:0;out@cpu:1x2");
+  const auto [line, column] = position_of(text, "\"c1, p1");
+  EXPECT_EQ(spec.placement_origin, fmt::format("{}:{}:{}: field 'placement'", path, line, column));
+  const std::unique_ptr<Graph> placed = build_model(path);
+  const std::unique_ptr<Graph> plain = build_graph(parse_model(net(), "plain.json"));
+  EXPECT_EQ(placed->layout().total(), plain->layout().total());
+  EXPECT_EQ(placed->layers().size(), plain->layers().size());
+  EXPECT_FALSE(parse_model(net(), "plain.json").placement);
 }
 
 TEST(ModelFileErrors, NestingTooDeepIsRefusedWhereItStarts) {

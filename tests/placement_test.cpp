@@ -2,10 +2,13 @@
 // checked with errors that name the problem; a tower placed over CPU parts computes bitwise the
 // gradients, loss and hits of the same tower on one device; M micro-batches give bitwise the
 // update of one batch; N placed towers in sync mode give bitwise the parameters of N whole
-// towers and of one tower of N times the batch, in process and through `towers train`.
+// towers and of one tower of N times the batch, in process and through `towers train`; a model
+// file's "placement" trains like the same --placement, which overrides it.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "data/augment.h"
 #include "data/synthetic.h"
 #include "io/checkpoint.h"
+#include "models/builtin_models.h"
 #include "models/models.h"
 #include "optim/optimizer.h"
 #include "towers/parameter_store.h"
@@ -414,6 +418,144 @@ TEST(PlacementCli, BadPlacementFlagsAreClearErrors) {
                {"--micro-batches must be at least 1"});
   expect_error("--placement 'hidden@cpu:0;softmax_linear@cpu:1' --device cuda",
                {"--placement", "GPU parts are not built yet"});
+  EXPECT_FALSE(std::filesystem::exists(test_path("never.jsonl")));
+}
+
+// ---- a placement in a model file ---------------------------------------------------------
+
+const std::string kTwoMlpParts = "hidden@cpu:0;softmax_linear@cpu:1";
+
+// The built-in mlp's model file with "placement": placement_json on its second line, written to
+// <test dir>/name; returns its path. *text gets the file's text.
+std::string mlp_file(const std::string& placement_json, const std::string& name,
+                     std::string* text = nullptr) {
+  std::string t;
+  for (const BuiltinModel& m : builtin_models())
+    if (m.name == "mlp") t = m.text;
+  EXPECT_EQ(t.rfind("{\n", 0), 0u) << t;
+  t.insert(2, "  \"placement\": " + placement_json + ",\n");
+  const std::string path = test_path(name);
+  std::ofstream(path) << t;
+  if (text != nullptr) *text = t;
+  return path;
+}
+
+// kMlpRun with --model FILE.
+std::string mlp_run_of(const std::string& model) {
+  std::string run = kMlpRun;
+  run.replace(run.find("--model mlp"), 11, "--model " + model);
+  return run;
+}
+
+// A file's placement is the run's when --placement is not given: the same parts and
+// micro-batches, the same checkpoint bit for bit as the flag's run, and the config records it.
+TEST(PlacementCli, ModelFilePlacementTrainsLikeTheSameFlag) {
+  const std::string file = mlp_file("\"" + kTwoMlpParts + "\"", "placed.json");
+  const std::string ck1 = test_path("ck1"), ck2 = test_path("ck2");
+  const std::string m1 = test_path("m1.jsonl"), m2 = test_path("m2.jsonl");
+  std::string out;
+  ASSERT_EQ(run_towers(kMlpRun + "--checkpoint-dir " + ck1 + " --metrics " + m1 + " --placement '" +
+                           kTwoMlpParts + "' --micro-batches 2",
+                       &out),
+            0)
+      << out;
+  // --micro-batches needs a placement: the file's.
+  ASSERT_EQ(run_towers(mlp_run_of(file) + "--checkpoint-dir " + ck2 + " --metrics " + m2 +
+                           " --micro-batches 2",
+                       &out),
+            0)
+      << out;
+  auto g = build_model("mlp");
+  const size_t n = g->layout().total();
+  auto a = io::load_checkpoint(ck1 + "/ckpt-000000008.safetensors", g->layout(), {"momentum"});
+  auto b = io::load_checkpoint(ck2 + "/ckpt-000000008.safetensors", g->layout(), {"momentum"});
+  EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), sizeof(float) * n), 0) << "parameters";
+  ASSERT_EQ(a.slots.size(), 1u);
+  ASSERT_EQ(b.slots.size(), 1u);
+  EXPECT_EQ(std::memcmp(a.slots[0].second.data(), b.slots[0].second.data(), sizeof(float) * n), 0)
+      << "momentum";
+  std::vector<float> init(n);
+  g->layout().initialize(init.data(), 3);
+  EXPECT_NE(std::memcmp(init.data(), b.params.data(), sizeof(float) * n), 0)
+      << "the parameters did not move";
+  for (const std::string& m : {m1, m2}) {
+    SCOPED_TRACE(m);
+    const auto config = metrics_events(m, "config");
+    ASSERT_EQ(config.size(), 1u);
+    EXPECT_EQ(config[0]["config"]["placement"], kTwoMlpParts);
+    const auto summary = metrics_events(m, "summary");
+    ASSERT_EQ(summary.size(), 1u);
+    const auto& pipe = summary[0]["pipeline"];
+    EXPECT_EQ(pipe["placement"], kTwoMlpParts);
+    EXPECT_EQ(pipe["micro_batches"], 2);
+    ASSERT_EQ(pipe["towers"].size(), 2u);
+    for (const auto& t : pipe["towers"]) {
+      ASSERT_EQ(t["parts"].size(), 2u);
+      EXPECT_EQ(t["parts"][0]["layers"], "hidden");
+      EXPECT_EQ(t["parts"][1]["device"], "cpu:1");
+    }
+  }
+}
+
+// --placement overrides the file's: another placement, or none for whole towers.
+TEST(PlacementCli, FlagOverridesTheModelFilesPlacement) {
+  const std::string file = mlp_file("\"" + kTwoMlpParts + "\"", "placed.json");
+  const std::string m1 = test_path("m1.jsonl"), m2 = test_path("m2.jsonl");
+  std::string out;
+  ASSERT_EQ(run_towers(
+                mlp_run_of(file) + "--metrics " + m1 + " --placement 'hidden,softmax_linear@cpu:2'",
+                &out),
+            0)
+      << out;
+  auto summary = metrics_events(m1, "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_EQ(metrics_events(m1, "config")[0]["config"]["placement"], "hidden,softmax_linear@cpu:2");
+  for (const auto& t : summary[0]["pipeline"]["towers"]) {
+    ASSERT_EQ(t["parts"].size(), 1u);
+    EXPECT_EQ(t["parts"][0]["device"], "cpu:2");
+    EXPECT_EQ(t["parts"][0]["layers"], "hidden..softmax_linear");
+  }
+  ASSERT_EQ(run_towers(mlp_run_of(file) + "--metrics " + m2 + " --placement none", &out), 0) << out;
+  summary = metrics_events(m2, "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_FALSE(summary[0].contains("pipeline")) << "whole towers have no pipeline";
+  EXPECT_EQ(metrics_events(m2, "config")[0]["config"]["placement"], "");
+  // Without a placement micro-batches have nothing to flow through.
+  EXPECT_EQ(run_towers(mlp_run_of(file) + "--placement none --micro-batches 2", &out), 1);
+  EXPECT_NE(out.find("--micro-batches needs --placement"), std::string::npos) << out;
+}
+
+// A bad placement in a file is an error at its place in the file, as the file's other errors
+// are, whatever --placement says; the run's checks of a placement name the file too.
+TEST(PlacementCli, BadPlacementInAModelFileNamesTheFileLineAndColumn) {
+  const std::string m = " --metrics " + test_path("never.jsonl");
+  auto expect_error = [&](const std::string& placement_json, const std::string& flags,
+                          const std::vector<std::string>& needles) {
+    std::string text;
+    const std::string file = mlp_file(placement_json, "net.json", &text);
+    const size_t at = text.find(placement_json);  // on line 2
+    const std::string where = fmt::format("{}:2:{}: field 'placement'", file, at - text.find('\n'));
+    std::string out;
+    EXPECT_EQ(run_towers(mlp_run_of(file) + flags + m, &out), 1) << flags << "\n" << out;
+    EXPECT_NE(out.find("towers: error: " + where), std::string::npos)
+        << "'" << where << "' not in: " << out;
+    for (const std::string& n : needles)
+      EXPECT_NE(out.find(n), std::string::npos) << "'" << n << "' not in: " << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "one line: " << out;
+  };
+  expect_error("\"hidden@cpu:0;logits@cpu:1\"", "",
+               {"unknown layer 'logits' in part 2", "model mlp has: hidden, softmax_linear"});
+  expect_error("\"hidden@cpu:0;softmax_linear@tpu:1\"", "", {"unknown device 'tpu:1'"});
+  expect_error("\"softmax_linear@cpu:0;hidden@cpu:1\"", "", {"parts out of order"});
+  expect_error("\"hidden@cpu:0;logits@cpu:1\"", "--placement '" + kTwoMlpParts + "'",
+               {"unknown layer 'logits'"});
+  expect_error("\"" + kTwoMlpParts + "\"", "--device cuda",
+               {"with --device cuda: GPU parts are not built yet", "--placement none"});
+  // Micro-batches are a flag: its errors name the flag, with the file's placement.
+  std::string out;
+  const std::string file = mlp_file("\"" + kTwoMlpParts + "\"", "placed.json");
+  EXPECT_EQ(run_towers(mlp_run_of(file) + "--micro-batches 4" + m, &out), 1) << out;
+  EXPECT_NE(out.find("--micro-batches 4: micro-batches of 32 examples"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(test_path("never.jsonl")));
 }
 

@@ -87,6 +87,20 @@ std::vector<std::pair<int, int>> parse_slow_towers(const std::vector<std::string
   return out;
 }
 
+// The placement a run uses, and how errors about it begin: --placement when given ("none":
+// whole towers), else the model file's "placement"; text is empty for whole towers.
+struct RunPlacement {
+  std::string text, origin;
+  bool from_file = false;
+};
+
+RunPlacement run_placement(const TrainConfig& c, const ModelSpec& spec) {
+  if (c.placement == "none") return {};
+  if (!c.placement.empty()) return {c.placement, "--placement", false};
+  if (spec.placement) return {*spec.placement, spec.placement_origin, true};
+  return {};
+}
+
 }  // namespace
 
 void validate(const TrainConfig& c) {
@@ -165,16 +179,18 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(!o.momentum || (*o.momentum >= 0.0f && *o.momentum < 1.0f),
                  "--momentum must be in [0, 1), got {}", o.momentum.value_or(0.0f));
   validate(c.schedule);
-  build_model(c.model);  // throws for an unknown model
-  if (!c.placement.empty() || c.micro_batches != 1) {
-    TOWERS_REQUIRE(!c.placement.empty(),
-                   "--micro-batches needs --placement (micro-batches flow through the parts of a "
-                   "placed tower)");
+  const ModelSpec spec = read_model(c.model);  // throws for an unknown model or a bad file
+  const RunPlacement placement = run_placement(c, spec);
+  if (!placement.text.empty() || c.micro_batches != 1) {
+    TOWERS_REQUIRE(!placement.text.empty(),
+                   "--micro-batches needs --placement, or a model file with a \"placement\" "
+                   "(micro-batches flow through the parts of a placed tower)");
     TOWERS_REQUIRE(c.device == "cpu",
-                   "--placement with --device {}: GPU parts are not built yet; placed towers run "
-                   "on CPU devices (--device cpu)", c.device);
-    const std::unique_ptr<Graph> g = build_model(c.model);
-    parse_placement(c.placement, *g);
+                   "{} with --device {}: GPU parts are not built yet; placed towers run on CPU "
+                   "devices (--device cpu{})", placement.origin, c.device,
+                   placement.from_file ? ", or --placement none for whole towers" : "");
+    const std::unique_ptr<Graph> g = build_graph(spec);
+    parse_placement(placement.text, *g, placement.origin);
     check_micro_batches(*g, c.batch, c.micro_batches);
   }
   TOWERS_REQUIRE(find_optimizer(o.name), "--optimizer: unknown optimizer '{}' (known: {})",
@@ -322,7 +338,8 @@ class Run {
   // The hooks of the step driver.
   bool on_update(const UpdateRecord& r);
   void side_work(int64_t step);
-  // --placement: the parts, their threads (threads_ becomes their sum), and placed towers.
+  // A placement (--placement or the model file's): the parts, their threads (threads_ becomes
+  // their sum), and placed towers.
   void place_towers();
   TowerGroup::TowerFactory tower_factory() const;
   nlohmann::json pipeline_summary();
@@ -336,7 +353,8 @@ class Run {
   int64_t n_train_ = 0;
   EngineConfig ec_;
   std::string placement_;
-  std::optional<Placement> placed_;  // --placement
+  std::string placement_origin_;  // "--placement", or where the model file gives it
+  std::optional<Placement> placed_;
   int64_t per_update_ = 0, total_steps_ = 0, end_step_ = 0;
   std::vector<float> params_;
   std::unique_ptr<Optimizer> opt_;
@@ -361,7 +379,13 @@ class Run {
 Run::Run(const TrainConfig& c_in) : c_(c_in) {
   validate(c_);
   threads_ = c_.threads_per_tower > 0 ? c_.threads_per_tower : std::max(1, cores_ / c_.towers);
-  graph_ = build_model(c_.model);
+  const ModelSpec spec = read_model(c_.model);
+  graph_ = build_graph(spec);
+  // From here on c_.placement is the placement the run uses (its config records it): the
+  // flag's, or the model file's when the flag is not given; empty for whole towers.
+  const RunPlacement placement = run_placement(c_, spec);
+  c_.placement = placement.text;
+  placement_origin_ = placement.origin;
   // Everything that can be wrong with the input is found before anything is written.
   data_ = data::load_dataset(dataset_request(c_.dataset, c_.data_dir, graph_->input_shape(),
                                              c_.synthetic_size, c_.seed));
@@ -399,7 +423,7 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
 }
 
 void Run::place_towers() {
-  placed_ = parse_placement(c_.placement, *graph_);  // validate() has checked it
+  placed_ = parse_placement(c_.placement, *graph_, placement_origin_);  // validate() checked it
   const std::vector<int> threads = PlacedTower::part_threads(*placed_, threads_);
   std::vector<std::string> parts;
   threads_ = 0;

@@ -27,7 +27,9 @@ struct TrainConfig {
   int64_t batch = 128;              // per tower
   int towers = 1;
   int threads_per_tower = 0;        // 0: cores / towers (at least 1)
-  std::string placement;            // model parallelism (towers/placement.h); empty: whole towers
+  std::string placement;            // model parallelism (towers/placement.h); empty: the model
+                                    // file's "placement" if it has one, else whole towers;
+                                    // "none": whole towers whatever the file says
   int micro_batches = 1;            // with a placement: micro-batches per step (GPipe)
   std::string device = "cpu";       // cpu | cuda
   int gpus = 0;                     // cuda: GPUs to use (0: all); tower i on GPU i % gpus

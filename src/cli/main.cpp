@@ -92,10 +92,13 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_option("--placement", c.placement,
                  "model parallelism: each tower's layers on devices, parts LAYERS@DEVICE joined "
                  "by ';', e.g. 'conv1..pool2@cpu:0;local3..softmax_linear@cpu:1' (cpu:NxT: T "
-                 "threads; otherwise the tower's threads are shared out)");
+                 "threads; otherwise the tower's threads are shared out); overrides the "
+                 "\"placement\" of a model file, and none trains whole towers whatever the file "
+                 "says");
   app.add_option("--micro-batches", c.micro_batches,
-                 "with --placement: micro-batches per step, flowing through the parts at once "
-                 "(GPipe); the update equals one of the whole batch bit for bit")
+                 "with a placement (--placement or the model file's): micro-batches per step, "
+                 "flowing through the parts at once (GPipe); the update equals one of the whole "
+                 "batch bit for bit")
       ->capture_default_str();
   app.add_option("--device", c.device, "cpu or cuda")->capture_default_str();
   app.add_option("--gpus", c.gpus, "cuda: GPUs to use (0: all); tower i runs on GPU i % gpus")
