@@ -37,13 +37,17 @@ run() {  # name, timeout seconds, command...
   if [ "$rc" -ne 0 ] || [ "$n" -ne 0 ]; then fail=1; fi
 }
 # The engine tests, less the Fashion-MNIST one (minutes under TSan; its 3 sync runs below).
-run tests 3600 build-tsan/tests/towers_tests --gtest_filter='Engine.*:EngineApi.*:Cli.*:-Engine.TwoSync*'
+run tests 3600 build-tsan/tests/towers_tests --gtest_filter='Engine.*:EngineApi.*:Cli.*:PlacedTower.*:PlacementCli.*:-Engine.TwoSync*'
 T="build-tsan/towers train --model mlp --dataset synthetic --synthetic-size 2000 --batch 16 --towers 3 --steps 60 --quiet"
 run async        600 $T --mode async
 run ssp          600 $T --mode ssp --staleness 1
 run sync         600 $T --mode sync
 run sync-backup  600 $T --mode sync --replicas-to-aggregate 2 --slow-tower 2:20
 run async-locked 600 $T --mode async --use-locking
+# A placed tower's pipeline: micro-batch jobs handed between the arenas of its parts.
+run placed       600 build-tsan/towers train --model cifar10 --dataset synthetic --synthetic-size 512 \
+  --batch 256 --steps 3 --quiet --towers 2 --placement 'conv1..norm1@cpu:0;conv2..softmax_linear@cpu:1' \
+  --micro-batches 4
 # The canary: a deliberate race inside a parallel_for, built the same way, must be reported;
 # otherwise "clean" above would prove nothing.
 cat > build-tsan/canary.cpp <<'CPP'
