@@ -48,9 +48,12 @@ class CudaTower final : public Tower {
   // Work a training step ends with, on the compute stream after the backward, inside the
   // step's CUDA graph: the update of a device-mirrored store. It is given the stream and the
   // step's per-example losses on the device. Setting it drops the captured graph.
+  // before runs on the host at the start of every training step, captured or replayed (the
+  // store checks there that the step's scalars are in place).
   using StepEpilogue = std::function<void(cudaStream_t, const double* row_loss, int64_t n)>;
-  void set_step_epilogue(StepEpilogue f) {
+  void set_step_epilogue(StepEpilogue f, std::function<void()> before = nullptr) {
     epilogue_ = std::move(f);
+    before_step_ = std::move(before);
     drop_graph();
   }
   float* device_grads() { return grads_d_.data(); }
@@ -77,6 +80,7 @@ class CudaTower final : public Tower {
   std::vector<cudaEvent_t> layer_done_;  // per layer with variables: its gradients are final
   bool grads_to_host_ = true;
   StepEpilogue epilogue_;
+  std::function<void()> before_step_;
   // The captured step and what it was captured for.
   cudaGraphExec_t graph_ = nullptr;
   int64_t graph_n_ = -1;

@@ -142,6 +142,7 @@ StepStats CudaTower::finish(int64_t n) {
 StepStats CudaTower::compute_gradients(const float* images, const int32_t* labels, int64_t n,
                                        float grad_scale) {
   check_batch(n);
+  if (before_step_) before_step_();
   dev_.activate();
   stage_inputs(images, labels, n);
   if (!placement_.cuda_graphs) {

@@ -4,6 +4,10 @@
 
 #if TOWERS_HAVE_CUDA
 #include <algorithm>
+#include <exception>
+#include <type_traits>
+
+#include <fmt/format.h>
 
 #include <cuda_runtime.h>
 
@@ -15,6 +19,9 @@
 #include "towers/nccl_reduce.h"
 
 namespace towers {
+
+// The scalars travel as bytes, host to device.
+static_assert(std::is_trivially_copyable_v<kernels::RuleArgs>);
 
 struct MirroredParameterStore::Impl {
   struct Replica {
@@ -37,7 +44,10 @@ struct MirroredParameterStore::Impl {
   bool in_step = false;
   PinnedBuffer args_h, flag_h;
   DeviceBuffer args_d, flag_d;
+  // The order a one-tower step must keep: pull (prepared), the step (stepped), push or skip.
+  // A step outside it would apply an update the host never counts.
   bool prepared = false;  // args_h holds the scalars of the version's update
+  bool stepped = false;   // the step that applies them has run
   float prepared_lr = 0.0f;
 
   // Several towers: an NCCL all-reduce (one per GPU), or the tree on their one GPU.
@@ -108,8 +118,10 @@ struct MirroredParameterStore::Impl {
     summed = nullptr;
     args_d = DeviceBuffer();
     flag_d = DeviceBuffer();
+    args_h = PinnedBuffer();
+    flag_h = PinnedBuffer();
     reps.clear();
-    in_step = prepared = false;
+    in_step = prepared = stepped = false;
   }
 };
 
@@ -117,8 +129,9 @@ MirroredParameterStore::MirroredParameterStore(float* params, Optimizer& opt, Re
                                                std::function<float(int64_t)> lr_at)
     : impl_(std::make_unique<Impl>(params, opt, reduce, std::move(lr_at))) {}
 
+// A TowerGroup detaches before its towers (and their devices) go, so replicas remain here only
+// where the store goes first (a benchmark that attached towers itself): give them back.
 MirroredParameterStore::~MirroredParameterStore() {
-  // The group detaches before its towers (and their devices) go; this is the error path.
   if (impl_ && !impl_->reps.empty()) impl_->release();
 }
 
@@ -141,6 +154,11 @@ void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
     TOWERS_REQUIRE(!one_gpu || n <= kernels::cuda::kMaxTreeBlocks,
                    "{} towers share one GPU; with mirrored parameters at most {} can", n,
                    kernels::cuda::kMaxTreeBlocks);
+    for (const Variable& v : m.opt.layout().variables())
+      TOWERS_REQUIRE(v.spec.trainable,
+                     "--params mirrored: variable {} is layer state (running statistics), which "
+                     "mirrored parameters do not carry yet; use --params host",
+                     v.spec.name);
     const int64_t total = m.opt.layout().total();
     for (Impl::Replica& r : m.reps) {
       CudaDevice& d = r.tower->device();
@@ -162,6 +180,11 @@ void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
       m.reps[0].tower->set_step_epilogue(
           [&m](cudaStream_t s, const double* row_loss, int64_t rows) {
             m.enqueue_update(s, row_loss, rows);
+          },
+          [&m] {
+            TOWERS_CHECK(m.prepared && !m.stepped,
+                         "a step with mirrored parameters runs between a pull and a push");
+            m.stepped = true;
           });
     } else if (!one_gpu) {
       m.nccl = std::make_unique<NcclReducer>(towers);
@@ -175,13 +198,24 @@ void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
   }
 }
 
+// Called from ~TowerGroup: it must not throw. After a CUDA error (the reason a run is
+// unwinding) the device copy may be unreadable; the host copy then keeps the last version it
+// received, and the error that stopped the run is the one reported.
 void MirroredParameterStore::detach() {
-  impl_->to_host();
+  if (std::uncaught_exceptions() == 0) {
+    try {
+      impl_->to_host();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "towers: warning: the GPU parameters could not be copied back: {}\n",
+                 e.what());
+    }
+  }
   impl_->release();
 }
 
 int64_t MirroredParameterStore::pull(Tower&) {
   Impl& m = *impl_;
+  TOWERS_CHECK(!m.stepped, "a pull before the last step's update was pushed");
   if (m.in_step && !m.prepared) {
     // The scalars of the update this version's step will apply, read by the step itself.
     const float lr = m.lr_at(version());
@@ -203,12 +237,12 @@ int64_t MirroredParameterStore::push(const float* grads, float lr, CpuDevice&) {
   TOWERS_CHECK(!m.reps.empty(), "a mirrored store pushed to before attach");
   if (m.in_step) {
     // The step has applied it already; here the host's view and the device's must agree.
-    TOWERS_CHECK(m.prepared, "an update without the step that applies it");
+    TOWERS_CHECK(m.prepared && m.stepped, "an update without the step that applies it");
     TOWERS_CHECK(lr == m.prepared_lr, "the step applied learning rate {} but the update is at {}",
                  m.prepared_lr, lr);
     TOWERS_CHECK(*m.flag_h.as<int32_t>() == 0,
                  "the device skipped an update whose loss the host found finite");
-    m.prepared = false;
+    m.prepared = m.stepped = false;
   } else {
     const kernels::RuleArgs a = m.opt.next_rule_args(lr);
     if (m.nccl) {
@@ -242,9 +276,9 @@ int64_t MirroredParameterStore::push(const float* grads, float lr, CpuDevice&) {
 int64_t MirroredParameterStore::skip() {
   Impl& m = *impl_;
   if (m.in_step) {
-    TOWERS_CHECK(m.prepared && *m.flag_h.as<int32_t>() != 0,
+    TOWERS_CHECK(m.prepared && m.stepped && *m.flag_h.as<int32_t>() != 0,
                  "the device applied an update the host skipped");
-    m.prepared = false;
+    m.prepared = m.stepped = false;
   }
   return advance();
 }

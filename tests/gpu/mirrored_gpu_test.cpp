@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "cli_util.h"
+#include "core/check.h"
 #include "core/gpu.h"
 #include "data/augment.h"
 #include "data/synthetic.h"
@@ -116,9 +117,10 @@ void expect_bitwise_equal(const Trained& host, const Trained& mirrored) {
     EXPECT_EQ(host.updates[u].skipped, mirrored.updates[u].skipped) << "update " << u;
   }
   EXPECT_EQ(host.optimizer_updates, mirrored.optimizer_updates);
-  // Every replica holds the same parameters as the host copy.
+  // Every replica, read from its GPU before the store copied anything back, holds the host
+  // store's parameters.
   for (size_t i = 0; i < mirrored.replicas.size(); ++i)
-    EXPECT_TRUE(same_bits(mirrored.replicas[i], mirrored.params)) << "replica " << i;
+    EXPECT_TRUE(same_bits(mirrored.replicas[i], host.params)) << "replica " << i;
 }
 
 // The recipe with host parameters, then mirrored: the same bits, on every replica.
@@ -223,6 +225,35 @@ TEST(MirroredStore, AStepWhoseLossIsNotFiniteIsNotApplied) {
   EXPECT_EQ(mirrored.optimizer_updates, s.steps - skipped);
 }
 
+// With one tower the update is part of compute_gradients, so the store holds the caller to
+// pull, step, push: a step outside that order would apply an update the host never counts.
+TEST(MirroredStore, AStepOutsidePullAndPushIsRefused) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  auto g = build_model("mlp");
+  TowerPlacement p;
+  p.kind = DeviceKind::Cuda;
+  CudaTower tower(*g, 16, p);
+  std::vector<float> params(g->layout().total());
+  g->layout().initialize(params.data(), 1);
+  Optimizer opt(g->layout(), {"momentum"});
+  MirroredParameterStore store(params.data(), opt, Reduce::Host, [](int64_t) { return 0.01f; });
+  store.attach({&tower});
+  std::vector<float> x(16 * 28 * 28, 0.5f);
+  std::vector<int32_t> y(16, 3);
+  EXPECT_THROW(tower.compute_gradients(x.data(), y.data(), 16, 1.0f / 16), InternalError);
+  store.pull(tower);
+  tower.compute_gradients(x.data(), y.data(), 16, 1.0f / 16);
+  EXPECT_THROW(store.pull(tower), InternalError);
+  EXPECT_THROW(tower.compute_gradients(x.data(), y.data(), 16, 1.0f / 16), InternalError);
+  EXPECT_EQ(store.push(nullptr, 0.01f, tower.host()), 1);
+  EXPECT_EQ(opt.updates(), 1);
+  store.detach();
+  // The one update that was pushed came back to the host copy.
+  std::vector<float> init(params.size());
+  g->layout().initialize(init.data(), 1);
+  EXPECT_FALSE(same_bits(init, params));
+}
+
 // End to end: the flag, checkpoints (the slots come back from the GPU) and resume.
 const std::string kRun =
     "train --device cuda --model mlp --dataset synthetic --synthetic-size 2000 --batch 32 "
@@ -236,7 +267,9 @@ io::Checkpoint load(const std::string& dir) {
 }
 
 bool same_tensors(const io::Checkpoint& a, const io::Checkpoint& b) {
-  if (a.meta.step != b.meta.step || a.params.size() != b.params.size()) return false;
+  if (a.meta.step != b.meta.step || a.params.size() != b.params.size() ||
+      a.slots.size() != b.slots.size())
+    return false;
   if (std::memcmp(a.params.data(), b.params.data(), sizeof(float) * a.params.size()) != 0)
     return false;
   for (size_t k = 0; k < a.slots.size(); ++k)
