@@ -17,6 +17,8 @@
 
 #include "core/check.h"
 #include "io/json_source.h"
+#include "layers/gelu.h"
+#include "layers/global_avg_pool.h"
 #include "layers/lrn.h"
 #include "layers/maxpool.h"
 #include "towers/placement.h"
@@ -187,6 +189,8 @@ class Reader {
   void maxpool(const Node& n, Chain& c, LayerSpec& out) const;
   void lrn(const Node& n, Chain& c, LayerSpec& out) const;
   void dense(const Node& n, Chain& c, LayerSpec& out) const;
+  void gelu(const Node& n, Chain& c, LayerSpec& out) const;
+  void global_avg_pool(const Node& n, Chain& c, LayerSpec& out) const;
 
   const JsonSource& doc_;
 };
@@ -225,6 +229,8 @@ const std::vector<Reader::LayerType>& Reader::layer_types() {
         {"weight_decay", "the L2 factor on the weights"}},
        &Reader::dense,
        "units"},
+      {"gelu", {}, &Reader::gelu, ""},
+      {"global_avg_pool", {}, &Reader::global_avg_pool, ""},
   };
   return types;
 }
@@ -495,6 +501,18 @@ void Reader::dense(const Node& n, Chain& c, LayerSpec& out) const {
   out.config = cfg;
 }
 
+// Any input shape, kept.
+void Reader::gelu(const Node&, Chain& c, LayerSpec& out) const {
+  out.out = c.shape;
+  out.config = GeluConfig{};
+}
+
+void Reader::global_avg_pool(const Node& n, Chain& c, LayerSpec& out) const {
+  const Shape& in = image_input(n, c);
+  out.out = {in[0], 1, 1};
+  out.config = GlobalAvgPoolConfig{};
+}
+
 LayerSpec Reader::layer(size_t i, Chain& c, Node* node) const {
   const std::string pointer = JsonSource::child("/layers", i);
   const json& v = doc_.root()["layers"][i];
@@ -643,6 +661,10 @@ std::unique_ptr<Graph> build_graph(const ModelSpec& spec) {
       g->add<MaxPool>(l.name, pool->kernel, pool->stride, pool->padding);
     else if (const auto* lrn = std::get_if<kernels::LrnParams>(&l.config))
       g->add<Lrn>(l.name, *lrn);
+    else if (std::holds_alternative<GeluConfig>(l.config))
+      g->add<Gelu>(l.name);
+    else if (std::holds_alternative<GlobalAvgPoolConfig>(l.config))
+      g->add<GlobalAvgPool>(l.name);
     else
       g->add<Dense>(l.name, std::get<DenseConfig>(l.config));
     TOWERS_CHECK(g->layers().back()->out_shape() == l.out,

@@ -34,10 +34,16 @@ struct MaxPoolConfig {
   kernels::Padding padding = kernels::Padding::Same;
 };
 
+// The layers without fields besides name, type and inputs.
+struct GeluConfig {};
+struct GlobalAvgPoolConfig {};
+
 // One layer of a model file, checked, with its output shape (per example).
 struct LayerSpec {
   std::string name;
-  std::variant<Conv2DConfig, MaxPoolConfig, kernels::LrnParams, DenseConfig> config;
+  std::variant<Conv2DConfig, MaxPoolConfig, kernels::LrnParams, DenseConfig, GeluConfig,
+               GlobalAvgPoolConfig>
+      config;
   Shape out;
 };
 

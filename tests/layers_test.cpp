@@ -6,13 +6,17 @@
 
 #include <gtest/gtest.h>
 
+#include "core/check.h"
 #include "core/rng.h"
 #include "gradcheck.h"
+#include "kernels/activation_rules.h"
 #include "kernels/conv.h"
 #include "kernels/lrn.h"
 #include "kernels/pool.h"
 #include "layers/conv2d.h"
 #include "layers/dense.h"
+#include "layers/gelu.h"
+#include "layers/global_avg_pool.h"
 #include "layers/lrn.h"
 #include "layers/maxpool.h"
 
@@ -217,6 +221,73 @@ TEST(Lrn, GradientsMatchNumerical) {
   Lrn strong("norm", kernels::LrnParams{2, 1.0f, 0.5f, 0.6f});
   strong.bind({7, 2, 2});
   expect_gradients_ok(strong, 2, 42);
+}
+
+// PyTorch's gelu(x, approximate='tanh') at a few points (the tanh form in double).
+TEST(Gelu, ForwardMatchesTheTanhForm) {
+  Gelu g("act");
+  g.bind({2, 1, 4});
+  const std::vector<float> x = {-3.0f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 3.0f, 8.0f};
+  const std::vector<double> want = {
+      -0.0036373920817729943, -0.15880800939172324, -0.15428599017485606, 0.0,
+      0.34571400982514394,    0.8411919906082768,   2.996362607918227,    8.0};
+  std::vector<float> y(x.size());
+  ForwardArgs a;
+  a.n = 1, a.x = x.data(), a.y = y.data();
+  g.forward(a);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-6) << "x = " << x[i];
+}
+
+// The rule's derivative against central differences of the tanh form in double, over a range
+// wider than check_layer's [-1, 1] (the tails, where gelu' dips below 0 and rises past 1).
+TEST(Gelu, DerivativeMatchesCentralDifferencesInDouble) {
+  const auto f = [](double v) {
+    return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+  };
+  for (double v = -6.0; v <= 6.0; v += 0.125) {
+    const double h = 1e-5, numeric = (f(v + h) - f(v - h)) / (2 * h);
+    EXPECT_NEAR(kernels::gelu_backward_at(static_cast<float>(v), 1.0f), numeric, 1e-6) << v;
+    EXPECT_NEAR(kernels::gelu_backward_at(static_cast<float>(v), -0.5f), -0.5 * numeric, 1e-6) << v;
+  }
+}
+
+TEST(Gelu, GradientsMatchNumerical) {
+  Gelu image("act");
+  image.bind({3, 5, 4});
+  expect_gradients_ok(image, 4, 51);
+  Gelu flat("act");  // after a dense layer: (units)
+  flat.bind({37});
+  expect_gradients_ok(flat, 3, 52);
+}
+
+// Integer-valued inputs over a power-of-two plane: every mean is exact.
+TEST(GlobalAvgPool, ForwardIsThePlaneMean) {
+  GlobalAvgPool p("gap");
+  p.bind({3, 2, 4});
+  ASSERT_EQ(p.out_shape(), (Shape{3, 1, 1}));
+  const int64_t n = 2, c = 3, hw = 8;
+  std::vector<float> x(n * c * hw), y(n * c);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(static_cast<int>(i * 7 % 23) - 11);
+  ForwardArgs a;
+  a.n = n, a.x = x.data(), a.y = y.data();
+  p.forward(a);
+  for (int64_t k = 0; k < n * c; ++k) {
+    double s = 0;
+    for (int64_t i = 0; i < hw; ++i) s += x[k * hw + i];
+    EXPECT_EQ(y[k], static_cast<float>(s / hw)) << "plane " << k;
+  }
+  GlobalAvgPool flat("gap");
+  EXPECT_THROW(flat.bind({12}), InternalError);
+}
+
+TEST(GlobalAvgPool, GradientsMatchNumerical) {
+  GlobalAvgPool p("gap");
+  p.bind({5, 3, 7});
+  expect_gradients_ok(p, 4, 61);
+  GlobalAvgPool one("gap");  // a 1x1 plane: the identity
+  one.bind({6, 1, 1});
+  expect_gradients_ok(one, 2, 62);
 }
 
 }  // namespace

@@ -21,6 +21,8 @@
 #include "io/json_source.h"
 #include "layers/conv2d.h"
 #include "layers/dense.h"
+#include "layers/gelu.h"
+#include "layers/global_avg_pool.h"
 #include "layers/lrn.h"
 #include "layers/maxpool.h"
 #include "models/builtin_models.h"
@@ -334,6 +336,34 @@ TEST(ModelFile, AUsersFileIsReadFromItsPath) {
   EXPECT_FALSE(is_model_path("cifar10"));
 }
 
+// GELU keeps any shape (after a dense layer too); global average pooling turns (C, H, W) into
+// (C, 1, 1), which a dense layer reads as C inputs.
+TEST(ModelFile, GeluAndGlobalAvgPoolBuildFromAFile) {
+  const std::string path = testutil::test_path("gap.json");
+  std::ofstream(path) << R"({"name": "gap", "input": [3, 10, 10], "classes": 4, "layers": [
+    {"name": "c", "type": "conv2d", "filters": 8, "kernel": 3, "relu": false,
+     "weight_init": {"stddev": 0.1}},
+    {"name": "act", "type": "gelu"},
+    {"name": "gap", "type": "global_avg_pool", "inputs": ["act"]},
+    {"name": "h", "type": "dense", "units": 6, "relu": false, "weight_init": {"stddev": 0.1}},
+    {"name": "act2", "type": "gelu"},
+    {"name": "out", "type": "dense", "units": 4, "relu": false, "weight_init": {"stddev": 0.1}}]})";
+  auto g = build_model(path);
+  ASSERT_EQ(g->layers().size(), 6u);
+  EXPECT_EQ(g->layers()[1]->kind(), "gelu");
+  EXPECT_EQ(g->layers()[1]->out_shape(), (Shape{8, 10, 10}));
+  EXPECT_EQ(g->layers()[2]->kind(), "global_avg_pool");
+  EXPECT_EQ(g->layers()[2]->out_shape(), (Shape{8, 1, 1}));
+  EXPECT_EQ(g->layers()[4]->out_shape(), (Shape{6}));
+  EXPECT_EQ(g->layout().count(), 8 * 3 * 9 + 8 + 6 * 8 + 6 + 4 * 6 + 4);
+  const ModelSpec spec = read_model_file(path);
+  EXPECT_TRUE(std::holds_alternative<GeluConfig>(spec.layers[1].config));
+  EXPECT_TRUE(std::holds_alternative<GlobalAvgPoolConfig>(spec.layers[2].config));
+  const std::vector<std::string> types = layer_types();
+  EXPECT_NE(std::find(types.begin(), types.end(), "gelu"), types.end());
+  EXPECT_NE(std::find(types.begin(), types.end(), "global_avg_pool"), types.end());
+}
+
 // ---- errors in model files -------------------------------------------------------------------
 
 // (line, column) of the first occurrence of `at` in text.
@@ -397,7 +427,7 @@ const std::vector<BadModel>& bad_models() {
            .replace(net().find("\"maxpool\""), 9, "\"maxpol\""),
        "\"maxpol\"",
        {"layers[1] 'p1': field 'type'", "unknown layer type 'maxpol'", "did you mean 'maxpool'?",
-        "known: conv2d, maxpool, lrn, dense"}},
+        "known: conv2d, maxpool, lrn, dense, gelu, global_avg_pool"}},
       {"missing_field",
        net(R"("kernel": 3)"),
        "{\"name\": \"c1\"",
@@ -561,6 +591,35 @@ const std::vector<BadModel>& bad_models() {
        net(kConv, kPool, kOut, R"( "micro_batches": 2,)"),
        "\"micro_batches\"",
        {"unknown field 'micro_batches'", "placement"}},
+      {"gelu_has_no_fields",
+       R"({"name": "g", "input": [1, 8, 8], "classes": 10, "layers": [
+    {"name": "c1", "type": "conv2d", "filters": 4, "kernel": 3, "weight_init": {"stddev": 0.1}},
+    {"name": "act", "type": "gelu", "approximate": "tanh"},
+    {"name": "out", "type": "dense", "units": 10, "weight_init": {"stddev": 0.1}}]})",
+       "\"approximate\"",
+       {"layers[1] 'act' (gelu): unknown field 'approximate'", "known: name, type, inputs)"}},
+      {"global_avg_pool_has_no_fields",
+       R"({"name": "g", "input": [1, 8, 8], "classes": 10, "layers": [
+    {"name": "c1", "type": "conv2d", "filters": 4, "kernel": 3, "weight_init": {"stddev": 0.1}},
+    {"name": "gap", "type": "global_avg_pool", "kernel": 8},
+    {"name": "out", "type": "dense", "units": 10, "weight_init": {"stddev": 0.1}}]})",
+       "\"kernel\": 8",
+       {"layers[1] 'gap' (global_avg_pool): unknown field 'kernel'", "known: name, type, inputs)"}},
+      {"global_avg_pool_needs_an_image",
+       R"({"name": "g", "input": [1, 8, 8], "classes": 10, "layers": [
+    {"name": "h", "type": "dense", "units": 10, "weight_init": {"stddev": 0.1}},
+    {"name": "gap", "type": "global_avg_pool"}]})",
+       "\"global_avg_pool\"",
+       {"layers[1] 'gap' (global_avg_pool): field 'type'", "needs an image input (C, H, W)",
+        "layers[0] 'h' gives [10]"}},
+      {"gelu_keeps_the_shape_so_classes_must_match",
+       R"({"name": "g", "input": [1, 8, 8], "classes": 10, "layers": [
+    {"name": "c1", "type": "conv2d", "filters": 10, "kernel": 3, "weight_init": {"stddev": 0.1}},
+    {"name": "gap", "type": "global_avg_pool"},
+    {"name": "act", "type": "gelu", "inputs": ["gap"]},
+    {"name": "out", "type": "dense", "units": 9, "weight_init": {"stddev": 0.1}}]})",
+       "9,",
+       {"layers[3] 'out' (dense): field 'units'", "9 per example", "\"classes\" is 10"}},
   };
   return cases;
 }

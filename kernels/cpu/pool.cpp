@@ -1,5 +1,7 @@
 #include "kernels/pool.h"
 
+#include "kernels/global_pool_rules.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -46,6 +48,14 @@ void maxpool_backward(int64_t planes, int64_t h, int64_t w, const Window& rows,
     for (int64_t o = 0; o < out; ++o)
       dxp[static_cast<int64_t>(argmax[p * out + o])] += dy[p * out + o];
   }
+}
+
+void global_avg_pool_forward(int64_t planes, int64_t hw, const float* x, float* y) {
+  for (int64_t p = 0; p < planes; ++p) y[p] = global_avg_pool_at(hw, x, p);
+}
+
+void global_avg_pool_backward(int64_t planes, int64_t hw, const float* dy, float* dx) {
+  for (int64_t i = 0; i < planes * hw; ++i) dx[i] = global_avg_pool_backward_at(hw, dy, i);
 }
 
 }  // namespace towers::kernels::cpu

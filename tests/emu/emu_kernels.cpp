@@ -22,6 +22,7 @@
 #include "core/check.h"
 #include "emu_runtime.h"
 #include "kernels/activation.h"
+#include "kernels/activation_rules.h"
 #include "kernels/bias.h"
 #include "kernels/conv.h"
 #include "kernels/debug.h"
@@ -33,6 +34,7 @@
 #include "kernels/cuda/standardize_rules.h"
 #include "kernels/cuda/xent_rules.h"
 #include "kernels/gemm.h"
+#include "kernels/global_pool_rules.h"
 #include "kernels/lrn.h"
 #include "kernels/optimizer.h"
 #include "kernels/optimizer_rules.h"
@@ -85,6 +87,20 @@ void relu_backward(CUstream_st* stream, int64_t n, const float* y, const float* 
   if (n == 0) return;
   submit(stream, [=] {
     for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  });
+}
+
+void gelu_forward(CUstream_st* stream, int64_t n, const float* x, float* y) {
+  if (n == 0) return;
+  submit(stream, [=] {
+    for (int64_t i = 0; i < n; ++i) y[i] = gelu_at(x[i]);
+  });
+}
+
+void gelu_backward(CUstream_st* stream, int64_t n, const float* x, const float* dy, float* dx) {
+  if (n == 0) return;
+  submit(stream, [=] {
+    for (int64_t i = 0; i < n; ++i) dx[i] = gelu_backward_at(x[i], dy[i]);
   });
 }
 
@@ -302,6 +318,22 @@ void maxpool_backward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, cons
   const Window r = rows, c = cols;
   submit(s, [=] {
     for (int64_t i = 0; i < count; ++i) dx[i] = maxpool_backward_at(r, c, h, w, argmax, dy, i);
+  });
+}
+
+void global_avg_pool_forward(CUstream_st* s, int64_t planes, int64_t hw, const float* x, float* y) {
+  if (planes == 0) return;
+  submit(s, [=] {
+    for (int64_t p = 0; p < planes; ++p) y[p] = global_avg_pool_at(hw, x, p);
+  });
+}
+
+void global_avg_pool_backward(CUstream_st* s, int64_t planes, int64_t hw, const float* dy,
+                              float* dx) {
+  const int64_t count = planes * hw;
+  if (count == 0) return;
+  submit(s, [=] {
+    for (int64_t i = 0; i < count; ++i) dx[i] = global_avg_pool_backward_at(hw, dy, i);
   });
 }
 

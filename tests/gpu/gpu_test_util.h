@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include "core/cuda_check.h"
+#include "core/gpu.h"
+#include "layers/layer.h"
 #include "core/rng.h"
 #include "kernels/debug.h"
 
@@ -117,6 +119,35 @@ inline std::vector<float> random_floats(int64_t n, uint64_t seed, float lo = -1.
   for (auto& x : v) x = rng.uniform(lo, hi);
   return v;
 }
+
+// A layer without variables, bound to its input shape, run forward and backward on the CPU
+// and through its GPU twin on the same x (n examples) and dy.
+struct LayerTwins {
+  std::vector<float> y_cpu, dx_cpu, y_gpu, dx_gpu;
+};
+inline LayerTwins run_layer_twins(const Layer& layer, int64_t n, const std::vector<float>& x,
+                                  const std::vector<float>& dy, cudaStream_t s) {
+  const int64_t in = n * numel(layer.in_shape()), out = n * numel(layer.out_shape());
+  LayerTwins r;
+  r.y_cpu.resize(out), r.dx_cpu.resize(in);
+  ForwardArgs f;
+  f.n = n, f.x = x.data(), f.y = r.y_cpu.data();
+  layer.forward(f);
+  BackwardArgs b;
+  b.n = n, b.x = x.data(), b.y = r.y_cpu.data(), b.dy = dy.data(), b.dx = r.dx_cpu.data();
+  layer.backward(b);
+  DeviceArray<float> x_d(x), y_d(out), dy_d(dy), dx_d(in);
+  GpuExec e;
+  e.stream = s;
+  f.x = x_d.get(), f.y = y_d.get();
+  layer.forward_gpu(e, f);
+  b.x = x_d.get(), b.y = y_d.get(), b.dy = dy_d.get(), b.dx = dx_d.get();
+  layer.backward_gpu(e, b);
+  r.y_gpu = y_d.download();
+  r.dx_gpu = dx_d.download();
+  return r;
+}
+
 
 // Largest |got - want| / max(|want|, floor) over the arrays; floor keeps values near zero from
 // dominating (they are compared absolutely against floor * tolerance).
