@@ -26,8 +26,8 @@ case "$mode" in
     ;;
 esac
 
-readers=(idx cifar10 safetensors checkpoint)
-declare -A max_len=([idx]=4096 [cifar10]=9220 [safetensors]=4096 [checkpoint]=4096)
+readers=(idx cifar10 safetensors checkpoint json_source)
+declare -A max_len=([idx]=4096 [cifar10]=9220 [safetensors]=4096 [checkpoint]=4096 [json_source]=4096)
 declare -A dict=([safetensors]=tests/fuzz/safetensors.dict [checkpoint]=tests/fuzz/safetensors.dict)
 malloc_limit_mb=64
 rss_limit_mb=256

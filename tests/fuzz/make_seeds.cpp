@@ -177,6 +177,17 @@ void checkpoint_seeds(const fs::path& dir, const fs::path& scratch) {
 
 }  // namespace
 
+// Model files: the built-in models (read from models/ of the source tree, where fuzz.sh runs)
+// and a few shapes of JSON a model reader meets.
+void json_source_seeds(const fs::path& dir) {
+  for (const char* name : {"cifar10", "fashion", "mlp"})
+    put(dir, std::string(name) + ".json", slurp(fs::path("models") / (std::string(name) + ".json")));
+  put(dir, "escapes.json", R"({"a\u00e9/~": [1, -2.5e3, true, null, "x\n"], "a": {"b": []}})");
+  put(dir, "duplicate.json", "{\"k\": 1,\n \"k\": [2]}");
+  put(dir, "nested.json", "[[[[[[[[{}]]]]]]]]");
+  put(dir, "lines.json", "\n\n  {\n\t\"layers\": [\n    {\"name\": \"x\"}\n  ]\n}\n");
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
@@ -191,6 +202,7 @@ int main(int argc, char** argv) {
     cifar10_seeds(root / "cifar10");
     safetensors_seeds(root / "safetensors", scratch);
     checkpoint_seeds(root / "checkpoint", scratch);
+    json_source_seeds(root / "json_source");
   } catch (const towers::Error& e) {
     std::fprintf(stderr, "fuzz_make_seeds: %s\n", e.what());
     fs::remove_all(scratch);
