@@ -1,7 +1,6 @@
 #include "towers/placed_tower.h"
 
 #include <algorithm>
-#include <chrono>
 #include <functional>
 #include <mutex>
 
@@ -155,12 +154,7 @@ void PlacedTower::forward(Part& part, int64_t b0, int64_t b1, const float* image
     a.n = b1 - b0;
     a.x = input(i, b0, images);
     a.y = output(i, b0);
-    for (size_t k = 0; k < vars_[i].size(); ++k) {
-      const Variable& v = *vars_[i][k];
-      float* p = part.params.data() + (v.offset - part.lo);
-      a.params[k] = p;
-      if (!v.spec.trainable) a.state[k] = p;
-    }
+    bind_variables(i, part.params.data(), part.lo, a);
     a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
     a.training = training;
     layers[i]->forward(a);
@@ -219,11 +213,7 @@ void PlacedTower::backward(Part& part, int m, int64_t b0, int64_t b1, const floa
       // The error crosses to the part before: its slice of that part's err buffer.
       a.dx = parts_[part.pos - 1]->err.data() + b0 * numel(layers[i]->in_shape());
     }
-    for (size_t k = 0; k < vars_[i].size(); ++k) {
-      const Variable& v = *vars_[i][k];
-      a.params[k] = part.params.data() + (v.offset - part.lo);
-      if (v.spec.trainable) a.grads[k] = g + (v.offset - part.lo);
-    }
+    bind_variables(i, part.params.data(), g, part.lo, a);
     a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
     layers[i]->backward(a);
     dy = a.dx;

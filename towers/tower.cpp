@@ -53,15 +53,29 @@ ForwardArgs Tower::forward_args(size_t i, int64_t n, const float* x, const float
   a.n = n;
   a.x = x;
   a.y = act_[i].data();
-  for (size_t k = 0; k < vars_[i].size(); ++k) {
-    const Variable& v = *vars_[i][k];
-    a.params[k] = params + v.offset;
-    // State is written through the same pointer: the tower's own copy of the variables.
-    if (!v.spec.trainable) a.state[k] = const_cast<float*>(params) + v.offset;
-  }
+  bind_variables(i, const_cast<float*>(params), 0, a);
   a.saved = saved_[i].data();
   a.training = training;
   return a;
+}
+
+void Tower::bind_variables(size_t i, float* params, int64_t origin, ForwardArgs& a) const {
+  for (size_t k = 0; k < vars_[i].size(); ++k) {
+    const Variable& v = *vars_[i][k];
+    float* p = params + (v.offset - origin);
+    a.params[k] = p;
+    // State is written through the same pointer: the tower's own copy of the variables.
+    if (!v.spec.trainable) a.state[k] = p;
+  }
+}
+
+void Tower::bind_variables(size_t i, const float* params, float* grads, int64_t origin,
+                           BackwardArgs& a) const {
+  for (size_t k = 0; k < vars_[i].size(); ++k) {
+    const Variable& v = *vars_[i][k];
+    a.params[k] = params + (v.offset - origin);
+    if (v.spec.trainable) a.grads[k] = grads + (v.offset - origin);
+  }
 }
 
 BackwardArgs Tower::backward_args(size_t i, int64_t n, const float* images, int cur,
@@ -72,11 +86,7 @@ BackwardArgs Tower::backward_args(size_t i, int64_t n, const float* images, int 
   a.y = act_[i].data();
   a.dy = dact_[cur].data();
   a.dx = i == 0 ? nullptr : dact_[1 - cur].data();
-  for (size_t k = 0; k < vars_[i].size(); ++k) {
-    const Variable& v = *vars_[i][k];
-    a.params[k] = params + v.offset;
-    if (v.spec.trainable) a.grads[k] = grads + v.offset;
-  }
+  bind_variables(i, params, grads, 0, a);
   a.saved = saved_[i].data();
   return a;
 }

@@ -78,6 +78,13 @@ class Tower {
   BackwardArgs backward_args(size_t i, int64_t n, const float* images, int cur,
                              const float* params, float* grads);
 
+  // Layer i's variables as views into arrays that hold the layout from offset `origin` on (0:
+  // the whole flat layout; a placed tower's part holds only its span): a.params, the writable
+  // a.state among them and, for backward, the trainable ones' a.grads.
+  void bind_variables(size_t i, float* params, int64_t origin, ForwardArgs& a) const;
+  void bind_variables(size_t i, const float* params, float* grads, int64_t origin,
+                      BackwardArgs& a) const;
+
   // Per layer: its variables (params() order) as layout entries, and the span [lo, hi) of
   // the flat array its trainable ones cover (lo == hi: none).
   std::vector<std::vector<const Variable*>> vars_;
