@@ -48,13 +48,36 @@ run async-locked 600 $T --mode async --use-locking
 run placed       600 build-tsan/towers train --model cifar10 --dataset synthetic --synthetic-size 512 \
   --batch 256 --steps 3 --quiet --towers 2 --placement 'conv1..norm1@cpu:0;conv2..softmax_linear@cpu:1' \
   --micro-batches 4
-# The canary: a deliberate race inside a parallel_for, built the same way, must be reported;
-# otherwise "clean" above would prove nothing.
+# The canary: a deliberate race between two TBB tasks, built the same way, must be reported;
+# otherwise "clean" above would prove nothing. A parallel_for may run every iteration on one
+# thread (then there is no race to see), so the two tasks each write, then wait, bounded, until
+# the other has written: they run on two threads whenever the arena has two. The flags are
+# relaxed atomics, which give TSan no happens-before edge, so the plain writes stay a race.
 cat > build-tsan/canary.cpp <<'CPP'
-#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/parallel_invoke.h>
+#include <oneapi/tbb/task_arena.h>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
 int main() {
+  oneapi::tbb::global_control threads(oneapi::tbb::global_control::max_allowed_parallelism, 2);
+  oneapi::tbb::task_arena arena(2);
   long counter = 0;  // racy on purpose
-  oneapi::tbb::parallel_for(0, 1000, [&](int) { ++counter; });
+  std::atomic<int> written[2] = {0, 0};
+  std::atomic<std::thread::id> who[2];
+  auto task = [&](int me) {
+    ++counter;
+    who[me].store(std::this_thread::get_id(), std::memory_order_relaxed);
+    written[me].store(1, std::memory_order_relaxed);
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!written[1 - me].load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+  };
+  arena.execute([&] { oneapi::tbb::parallel_invoke([&] { task(0); }, [&] { task(1); }); });
+  bool two = who[0].load() != who[1].load();
+  std::printf("canary: the two writes ran on %s\n", two ? "two threads" : "one thread");
   return counter > 0 ? 0 : 1;
 }
 CPP
@@ -63,6 +86,7 @@ g++ -std=c++20 -fsanitize=thread -g -O1 -I"$tbb_root/include" build-tsan/canary.
   -L"$tbb_root/lib" -Wl,-rpath,"$tbb_root/lib" -ltbb -o build-tsan/canary || fail=1
 if build-tsan/canary >"$LOG/canary.log" 2>&1 || ! grep -q "WARNING: ThreadSanitizer: data race" "$LOG/canary.log"; then
   echo "tsan: the canary race was NOT reported: this TSan setup cannot be trusted"
+  cat "$LOG/canary.log"
   fail=1
 else
   echo "tsan: canary: the deliberate race was reported, as it must be"
