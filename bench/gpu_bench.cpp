@@ -132,7 +132,9 @@ void BM_GpuMirroredStep(benchmark::State& state) {
   auto step = [&] {
     store.pull(tower);
     StepStats s = tower.compute_gradients(in.x.data(), in.y.data(), batch, 1.0f / batch);
-    store.push(nullptr, 0.01f, tower.host());
+    UpdateRecord rec;
+    rec.lr = 0.01f;
+    store.push(nullptr, rec, tower.host());
     return s;
   };
   const StepStats first = step();

@@ -9,6 +9,7 @@ packages=(
   libtbb-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler  # remote tower groups
   dataset-fashion-mnist
   python3 python3-matplotlib
 )

@@ -231,7 +231,8 @@ int64_t MirroredParameterStore::pull(Tower&) {
   return version();
 }
 
-int64_t MirroredParameterStore::push(const float* grads, float lr, CpuDevice&) {
+int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuDevice&) {
+  const float lr = rec.lr;
   Impl& m = *impl_;
   TOWERS_CHECK(grads == nullptr, "a mirrored store averages the towers' own gradients");
   TOWERS_CHECK(!m.reps.empty(), "a mirrored store pushed to before attach");
@@ -273,7 +274,7 @@ int64_t MirroredParameterStore::push(const float* grads, float lr, CpuDevice&) {
   return advance();
 }
 
-int64_t MirroredParameterStore::skip() {
+int64_t MirroredParameterStore::skip(UpdateRecord&) {
   Impl& m = *impl_;
   if (m.in_step) {
     TOWERS_CHECK(m.prepared && m.stepped && *m.flag_h.as<int32_t>() != 0,
@@ -305,7 +306,7 @@ void MirroredParameterStore::attach(const std::vector<Tower*>&) {}
 void MirroredParameterStore::detach() {}
 int64_t MirroredParameterStore::pull(Tower&) { return version(); }
 int64_t MirroredParameterStore::push(const float*, float, CpuDevice&) { return advance(); }
-int64_t MirroredParameterStore::skip() { return advance(); }
+int64_t MirroredParameterStore::skip(UpdateRecord&) { return advance(); }
 const float* MirroredParameterStore::host_params() { return nullptr; }
 
 }  // namespace towers

@@ -46,8 +46,8 @@ class MirroredParameterStore final : public InProcessStore {
   // A tower's replica is always current: nothing is copied.
   int64_t pull(Tower& tower) override;
   // grads must be null: the towers' own gradients are averaged and applied.
-  int64_t push(const float* grads, float lr, CpuDevice& host) override;
-  int64_t skip() override;
+  int64_t push(const float* grads, UpdateRecord& rec, CpuDevice& host) override;
+  int64_t skip(UpdateRecord& rec) override;
   const float* host_params() override;
 
  private:

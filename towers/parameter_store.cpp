@@ -34,7 +34,8 @@ int64_t LocalParameterStore::pull(Tower& tower) {
   return v;
 }
 
-int64_t LocalParameterStore::push(const float* grads, float lr, CpuDevice& host) {
+int64_t LocalParameterStore::push(const float* grads, UpdateRecord& rec, CpuDevice& host) {
+  const float lr = rec.lr;
   host.execute([&] {
     if (access_ == UpdateAccess::Exclusive)
       opt_.apply(params_, grads, lr);

@@ -34,6 +34,19 @@
 
 namespace towers {
 
+// One applied update, as the run records it.
+struct UpdateRecord {
+  int64_t version = 0;    // the parameter version this update produced (= the step count)
+  int tower = -1;         // who applied it; -1 for an average over towers
+  int contributors = 1;   // towers whose gradients went into it
+  int64_t staleness = 0;  // version at apply - version the gradients were computed on
+  double loss = 0.0;      // mean cross-entropy of the examples behind the update
+  int64_t correct = 0, examples = 0;
+  float lr = 0.0f;
+  bool skipped = false;     // not applied: its loss or gradient was not finite
+  double grad_norm = -1.0;  // the gradient's L2 norm before clipping (-1: not computed)
+};
+
 // How updates meet readers: Exclusive when nothing reads or writes the parameters during an
 // update (plain sync: every tower has finished its step); Concurrent when towers may be
 // copying them at the same time (async, SSP, backup towers), as relaxed atomics; with
@@ -57,9 +70,13 @@ class ParameterStore {
   virtual void attach(const std::vector<Tower*>& /*towers*/) {}
   virtual void detach() {}
   virtual int64_t pull(Tower& tower) = 0;
-  virtual int64_t push(const float* grads, float lr, CpuDevice& host) = 0;
+  // rec: the update as the pushing process knows it; push reads rec.lr (and rec.tower, the
+  // pushing tower, -1 for an average). A store shared by several processes (remote) rewrites
+  // rec's loss, correct, examples and contributors with the whole round's, and rec.skipped
+  // when another process's loss was not finite.
+  virtual int64_t push(const float* grads, UpdateRecord& rec, CpuDevice& host) = 0;
   // Advances the version without an update (a skipped step); returns it like push.
-  virtual int64_t skip() = 0;
+  virtual int64_t skip(UpdateRecord& rec) = 0;
   virtual void wait(int64_t ticket) = 0;
   // The parameters at the current version, in host memory (evaluation, checkpoints); the
   // optimizer's host slots are current too once it returns.
@@ -77,7 +94,7 @@ class InProcessStore : public ParameterStore {
  public:
   int64_t version() const override { return version_.load(); }
   void restore_version(int64_t v) override { version_.store(v); }
-  int64_t skip() override { return advance(); }
+  int64_t skip(UpdateRecord&) override { return advance(); }
   void wait(int64_t) override {}
   void reset_clocks(int towers) override { clocks_.assign(towers, 0); }
   int64_t tick(int tower) override { return ++clocks_.at(tower); }
@@ -102,7 +119,7 @@ class LocalParameterStore final : public InProcessStore {
                       bool pin);
   UpdateAccess access() const override { return access_; }
   int64_t pull(Tower& tower) override;
-  int64_t push(const float* grads, float lr, CpuDevice& host) override;
+  int64_t push(const float* grads, UpdateRecord& rec, CpuDevice& host) override;
   const float* host_params() override { return params_; }
 
  private:

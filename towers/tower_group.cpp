@@ -110,7 +110,7 @@ void TowerGroup::guarded_push(const float* grads, int tower, UpdateRecord& rec) 
   }
   if (!finite) {
     rec.skipped = true;
-    rec.version = store_.skip();
+    rec.version = store_.skip(rec);
     return;
   }
   if (cfg_.clip_grad_norm > 0.0 && rec.grad_norm > cfg_.clip_grad_norm) {
@@ -127,7 +127,7 @@ void TowerGroup::guarded_push(const float* grads, int tower, UpdateRecord& rec) 
     });
     grads = dst;
   }
-  rec.version = store_.push(grads, rec.lr, host);
+  rec.version = store_.push(grads, rec, host);
   store_.wait(rec.version);
 }
 
@@ -155,17 +155,19 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
   // the batch of the version it pulls); free-running, tower i reads its own stream.
   const bool lockstep = policy.lockstep();
   const int64_t per = numel(graph_.input_shape());
+  // Over every process of a remote group: tower i here is global tower first + i of all.
+  const int first = cfg_.first_tower, all = cfg_.total_towers();
   std::vector<std::unique_ptr<data::BatchPipeline>> pipes;
   if (lockstep)
-    pipes.push_back(std::make_unique<data::BatchPipeline>(train, augment, batch_ * n, seed,
+    pipes.push_back(std::make_unique<data::BatchPipeline>(train, augment, batch_ * all, seed,
                                                           store_.version(), 2));
   else
     for (int i = 0; i < n; ++i)
       pipes.push_back(std::make_unique<data::BatchPipeline>(train, augment, batch_, seed,
-                                                            first_batch + i, 2, n));
+                                                            first_batch + first + i, 2, all));
   data::Batch global;               // lockstep: the batch of version global_version
   int64_t global_version = -1;
-  const float grad_scale = 1.0f / static_cast<float>(lockstep ? batch_ * n : batch_);
+  const float grad_scale = 1.0f / static_cast<float>(lockstep ? batch_ * all : batch_);
 
   std::mutex mu;           // records, statistics, parked towers, the policy's bookkeeping
   std::shared_mutex gate;  // steps hold it shared; side work holds it exclusively
@@ -210,8 +212,8 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
       const int32_t* labels = nullptr;
       data::Batch own;
       if (lockstep) {
-        images = global.images.data() + i * batch_ * per;
-        labels = global.labels.data() + i * batch_;
+        images = global.images.data() + (first + i) * batch_ * per;
+        labels = global.labels.data() + (first + i) * batch_;
       } else {
         own = pipes[i]->next();
         images = own.images.data();

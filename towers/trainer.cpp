@@ -25,6 +25,7 @@
 #include "metrics/metrics.h"
 #include "models/models.h"
 #include "towers/mirrored_store.h"
+#include "towers/remote/remote_store.h"
 #include "towers/placed_tower.h"
 #include "towers/placement.h"
 #include "towers/tower.h"
@@ -195,6 +196,26 @@ void validate(const TrainConfig& c) {
   }
   TOWERS_REQUIRE(find_optimizer(o.name), "--optimizer: unknown optimizer '{}' (known: {})",
                  o.name, fmt::join(optimizer_names(), ", "));
+  if (remote::cluster_requested(c.cluster)) {
+    const remote::ClusterTask ct = remote::read_cluster(c.cluster, c.task);
+    TOWERS_REQUIRE(ct.task_given, "{}: this process's task is not named: add --task worker:I "
+                   "(or a \"task\" to the cluster file)", ct.cluster.origin);
+    TOWERS_REQUIRE(ct.task.type != "ps", "--task {}: a parameter-server shard runs as `towers ps "
+                   "--cluster FILE --task {}`, not `towers train`", ct.task.name(), ct.task.name());
+    TOWERS_REQUIRE(c.params == "host", "--params {} with a cluster: the parameters live on the "
+                   "parameter-server shards (--params host)", c.params);
+    TOWERS_REQUIRE(c.clip_grad_norm == 0.0, "--clip-grad-norm with a cluster: the global norm "
+                   "of a round is not known to any one worker; leave it off");
+    TOWERS_REQUIRE(c.replicas_to_aggregate <= ct.cluster.workers(),
+                   "--replicas-to-aggregate {} with a cluster counts workers, and {} has {}",
+                   c.replicas_to_aggregate, ct.cluster.origin, ct.cluster.workers());
+    TOWERS_REQUIRE(c.rpc_timeout > 0.0 && c.heartbeat_timeout > 0.0,
+                   "--rpc-timeout and --heartbeat-timeout must be > 0 seconds");
+    remote::check_tls({c.tls_cert, c.tls_key, c.tls_ca});
+    remote::read_token(c.token_file);
+  } else {
+    TOWERS_REQUIRE(c.task.empty(), "--task {} needs --cluster FILE (or TF_CONFIG)", c.task);
+  }
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
@@ -364,6 +385,12 @@ class Run {
   float lr_at(int64_t step) const { return learning_rate(c_.schedule, epoch_at(step)); }
 
   std::unique_ptr<ParameterStore> store_;
+  // A remote tower group: this worker's cluster and rank; the chief (rank 0) alone
+  // initialises the shards, evaluates and writes checkpoints.
+  std::optional<remote::ClusterTask> cluster_;
+  int rank_ = 0;
+  bool chief_ = true;
+  remote::RemoteParameterStore* remote_ = nullptr;  // store_, when it is remote
   std::unique_ptr<TowerGroup> group_;
   std::unique_ptr<Tower> eval_tower_;  // made on first use: every core, or the first GPU
 
@@ -394,10 +421,24 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
   n_train_ = data_.train.size();
   ec_ = engine_config(c_, threads_, placement_);
   if (!c_.placement.empty()) place_towers();
+  if (remote::cluster_requested(c_.cluster)) {
+    cluster_ = remote::read_cluster(c_.cluster, c_.task);
+    rank_ = cluster_->task.rank(cluster_->cluster);
+    chief_ = rank_ == 0;
+    // This worker runs the global towers rank*T .. rank*T+T-1 of W x T.
+    ec_.first_tower = rank_ * c_.towers;
+    ec_.all_towers = cluster_->cluster.workers() * c_.towers;
+    // Backup workers are counted by the shards, in workers: every local tower's gradient goes
+    // into the worker's one push.
+    ec_.replicas_to_aggregate = 0;
+    placement_ += fmt::format(", worker {} of {} ({}{}), {} parameter-server shard(s)", rank_,
+                              cluster_->cluster.workers(), cluster_->task.name(),
+                              chief_ ? ", the chief" : "", cluster_->cluster.ps.size());
+  }
 
   // One step = one applied update; the schedule counts the examples behind the updates, as
   // the mode's policy says.
-  per_update_ = make_policy(ec_)->examples_per_update(c_.batch, c_.towers);
+  per_update_ = make_policy(ec_)->examples_per_update(c_.batch, ec_.total_towers());
   if (c_.lr_scaling == "linear") c_.schedule.lr *= static_cast<float>(per_update_ / c_.batch);
   total_steps_ = c_.steps > 0 ? c_.steps
                               : static_cast<int64_t>(std::ceil(c_.epochs * static_cast<double>(n_train_) /
@@ -405,9 +446,38 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
   c_.schedule.total_epochs = static_cast<double>(total_steps_) * per_update_ / n_train_;
   end_step_ = c_.stop_at_step > 0 ? std::min(c_.stop_at_step, total_steps_) : total_steps_;
 
+  if (!chief_) {
+    // Only the chief evaluates and writes checkpoints; a worker's parameters come from the
+    // shards.
+    c_.checkpoint_dir.clear();
+    c_.resume = false;
+    c_.eval_every_epochs = 0.0;
+    c_.target_accuracy = 0.0;
+  }
   check_checkpoint_dir(c_);
   restore_or_initialize();
-  if (c_.params == "mirrored")
+  if (cluster_) {
+    remote::RemoteConfig rc;
+    rc.cluster = cluster_->cluster;
+    rc.rank = rank_;
+    rc.token = remote::read_token(c_.token_file);
+    rc.tls = {c_.tls_cert, c_.tls_key, c_.tls_ca};
+    rc.rpc_timeout = c_.rpc_timeout;
+    rc.heartbeat_timeout = c_.heartbeat_timeout;
+    rc.mode = c_.mode;
+    rc.replicas_to_aggregate = c_.replicas_to_aggregate;
+    rc.staleness = std::max<int64_t>(c_.staleness, 0);
+    rc.use_locking = c_.use_locking;
+    rc.run_id = fmt::format("{}-{}-{}", c_.model, c_.seed,
+                            std::chrono::system_clock::now().time_since_epoch().count());
+    auto store = std::make_unique<remote::RemoteParameterStore>(
+        rc, graph_->layout(), params_.data(), *opt_, store_access(ec_));
+    if (chief_) store->initialize_shards(start_step_);
+    start_step_ = store->join();
+    if (!chief_) start_examples_ = start_step_ * per_update_;
+    remote_ = store.get();
+    store_ = std::move(store);
+  } else if (c_.params == "mirrored")
     store_ = std::make_unique<MirroredParameterStore>(params_.data(), *opt_, ec_.reduce,
                                                       [this](int64_t v) { return lr_at(v); });
   else
@@ -537,10 +607,13 @@ EvalResult Run::evaluate_now() {
 }
 
 void Run::write_checkpoint(int64_t step) {
+  // First: a store that keeps them elsewhere (GPUs, shards) refreshes the host parameters and
+  // the optimizer's slots and state.
+  const float* params = store_->host_params();
   io::CheckpointMeta meta{c_.model, step, start_examples_ + (step - start_step_) * per_update_,
                           epoch_at(step), config_json_, opt_->state()};
-  std::string path = io::save_checkpoint(c_.checkpoint_dir, meta, graph_->layout(),
-                                         store_->host_params(), opt_->slots(), c_.keep_checkpoints);
+  std::string path = io::save_checkpoint(c_.checkpoint_dir, meta, graph_->layout(), params,
+                                         opt_->slots(), c_.keep_checkpoints);
   metrics_->write({{"event", "checkpoint"}, {"step", step}, {"path", path}});
   sum_.last_checkpoint = path;
 }
@@ -637,8 +710,15 @@ TrainSummary Run::summary() {
                     sum_.last_checkpoint.empty() ? "" : "; saved " + sum_.last_checkpoint));
 
   // An interrupted run stops promptly: its checkpoint is written, the test pass is skipped.
+  // Workers of a remote group other than the chief leave the test pass to it.
   EvalResult ev;
-  if (!sum_.interrupted) ev = evaluate_now();
+  if (!sum_.interrupted && chief_) ev = evaluate_now();
+  if (remote_) {
+    // The chief reports who was lost once every other worker has finished or been lost; its
+    // own "done" then lets the shards exit.
+    if (chief_) sum_.lost_workers = remote_->lost_workers();
+    remote_->finish();
+  }
   if (c_.target_accuracy > 0.0 && !target_reached_.load() && !sum_.interrupted &&
       ev.accuracy >= c_.target_accuracy) {
     sum_.time_to_target = train_seconds;
@@ -675,13 +755,27 @@ TrainSummary Run::summary() {
                          {"time_to_target", or_null(sum_.time_to_target >= 0, sum_.time_to_target)},
                          {"wall_to_target", or_null(sum_.wall_to_target >= 0, sum_.wall_to_target)}};
   line.update(sum_.tower_stats);
+  if (cluster_) {
+    line["worker"] = rank_;
+    line["workers"] = cluster_->cluster.workers();
+    line["lost_workers"] = sum_.lost_workers;
+    if (!chief_) line["test_accuracy"] = line["test_loss"] = nullptr;
+  }
   if (placed_) line["pipeline"] = sum_.pipeline = pipeline_summary();
   metrics_->write(line);
-  if (!sum_.interrupted)
+  if (!sum_.interrupted && chief_)
     say(fmt::format("done: {} steps ({:.2f} epochs) in {}, {:.0f} images/s; test accuracy {:.2f}% "
                     "on {} examples",
                     sum_.steps, sum_.epochs, format_duration(sum_.wall_seconds),
                     sum_.train_images_per_sec, 100.0 * sum_.test_accuracy, ev.examples));
+  if (!sum_.interrupted && !chief_)
+    say(fmt::format("done: worker {} at step {} in {}, {:.0f} images/s of this worker's towers",
+                    rank_, sum_.steps, format_duration(sum_.wall_seconds),
+                    sum_.train_images_per_sec * c_.towers / ec_.total_towers()));
+  if (!sum_.lost_workers.empty())
+    say(fmt::format("the shards lost worker(s) {} during the run (no call within "
+                    "--heartbeat-timeout {} s); the run went on without them",
+                    fmt::join(sum_.lost_workers, ", "), c_.heartbeat_timeout));
   if (c_.towers > 1 && !c_.quiet) {
     std::string towers_line =
         fmt::format("towers: max staleness {}, dropped gradients {};",

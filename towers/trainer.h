@@ -58,6 +58,14 @@ struct TrainConfig {
   double target_accuracy = 0.0;     // >0: stop at the first evaluation that reaches it
   int64_t log_every = 50;           // steps between "step" metrics lines / plain progress
   bool quiet = false;
+  // A remote tower group (towers/remote/): this process is one worker of a cluster whose
+  // parameters live on parameter-server shards. Empty cluster and no TF_CONFIG: one process.
+  std::string cluster;              // --cluster FILE (TF_CONFIG's layout)
+  std::string task;                 // --task worker:I (or the file's / TF_CONFIG's "task")
+  std::string token_file;           // empty: TOWERS_TOKEN
+  std::string tls_cert, tls_key, tls_ca;
+  double rpc_timeout = 300.0;       // seconds: every call's deadline, barrier waits included
+  double heartbeat_timeout = 10.0;  // seconds without a call before a shard counts us lost
 };
 
 void validate(const TrainConfig& c);  // throws naming the bad flag
@@ -75,6 +83,7 @@ struct TrainSummary {
   int64_t skipped_steps = 0;        // --on-divergence skip-step: updates not applied
   double time_to_target = -1.0;     // training seconds to --target-accuracy (-1: not reached)
   double wall_to_target = -1.0;
+  std::vector<int> lost_workers;    // remote: workers the shards lost during the run
 };
 
 // Set (e.g. by SIGINT) to stop after the current step; a checkpoint is written if the run

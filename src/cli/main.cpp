@@ -3,11 +3,15 @@
 //   towers eval --checkpoint runs/ckpt-000001407.safetensors
 //   towers scale --model fashion --towers 1,2 --modes sync,async --steps 200
 //   towers devices
+//   towers launch --ps 2 --workers 2 -- train --model fashion --mode sync --steps 50
+//   towers ps --cluster cluster.json --task ps:0 --token-file token
 // Every bad flag or file ends in one line naming it, and exit code 2 (flags) or 1 (runtime).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -21,6 +25,9 @@
 #include "towers/modes/mode.h"
 #include "optim/schedule.h"
 #include "towers/scale.h"
+#include "towers/remote/cluster.h"
+#include "towers/remote/launch.h"
+#include "towers/remote/shard_server.h"
 #include "towers/trainer.h"
 
 namespace {
@@ -167,6 +174,54 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
       ->capture_default_str();
   app.add_option("--log-every", c.log_every, "steps between step records")->capture_default_str();
   app.add_flag("--quiet", c.quiet, "no progress output");
+  if (for_scale) return;
+  app.add_option("--cluster", c.cluster,
+                 "a remote tower group: the cluster file (TF_CONFIG's layout: {\"cluster\": "
+                 "{\"chief\": [..], \"worker\": [..], \"ps\": [..]}, \"task\": {..}}); the "
+                 "TF_CONFIG environment variable works too. The parameters live on the ps shards");
+  app.add_option("--task", c.task, "with --cluster: this process's task, worker:I or chief");
+  app.add_option("--token-file", c.token_file,
+                 "with --cluster: the run's token, on the first line (default: TOWERS_TOKEN)");
+  app.add_option("--tls-cert", c.tls_cert, "with --cluster: this process's certificate (PEM)");
+  app.add_option("--tls-key", c.tls_key, "with --cluster: its private key (PEM)");
+  app.add_option("--tls-ca", c.tls_ca, "with --cluster: the CA that signed the shards' certificates");
+  app.add_option("--rpc-timeout", c.rpc_timeout,
+                 "with --cluster: seconds any call to a shard may take, barrier waits included")
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout", c.heartbeat_timeout,
+                 "with --cluster: seconds without a call after which the shards count a worker "
+                 "lost")->capture_default_str();
+}
+
+// `towers launch ... -- <training flags>`: the flags after -- go to every worker.
+int launch_main(int argc, char** argv, int split) {
+  towers::remote::LaunchConfig lc;
+  CLI::App app{"towers launch: a remote tower group on this machine (shards and workers on "
+               "127.0.0.1), then its training flags after --"};
+  app.add_option("--ps", lc.ps, "parameter-server shards")->capture_default_str();
+  app.add_option("--workers", lc.workers, "worker processes (worker 0 is the chief)")
+      ->capture_default_str();
+  app.add_option("--towers-per-worker", lc.towers_per_worker, "towers of each worker")
+      ->capture_default_str();
+  app.add_option("--out", lc.out, "folder for the cluster file, the token, logs and metrics")
+      ->capture_default_str();
+  app.add_option("--grace", lc.grace_seconds,
+                 "seconds the other processes get to finish after the chief has ended")
+      ->capture_default_str();
+  try {
+    app.parse(split - 1, argv + 1);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  int first = split + 1;
+  if (first < argc && std::string(argv[first]) == "train") ++first;
+  for (int i = first; i < argc; ++i) lc.train_args.push_back(argv[i]);
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  TOWERS_REQUIRE(n > 0, "towers launch: cannot find its own binary (/proc/self/exe)");
+  lc.self.assign(self, n);
+  return towers::remote::run_launch(lc);
 }
 
 }  // namespace
@@ -214,7 +269,40 @@ __attribute__((constructor(101))) static void towers_check_cpu_extensions() {
 }
 #endif
 
+// The error handling every subcommand shares: a message and an exit code for each kind.
+template <class F>
+int guarded(F&& f) {
+  try {
+    return f();
+  } catch (const towers::Error& e) {
+    fmt::print(stderr, "towers: error: {}\n", e.what());
+    return 1;
+  } catch (const towers::InternalError& e) {
+    fmt::print(stderr, "towers: internal error (a bug in towers): {}\n", e.what());
+    return 3;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "towers: error: out of host memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "towers: internal error (an unexpected exception): {}\n", e.what());
+    return 3;
+  }
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "launch") {
+    int split = 2;
+    while (split < argc && std::string(argv[split]) != "--") ++split;
+    if (split == argc) {
+      const bool help = argc > 2 && (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h");
+      if (!help) {
+        fmt::print(stderr, "towers: error: towers launch: give the training flags after --, as in "
+                   "towers launch --ps 1 --workers 2 -- train --model fashion --steps 50\n");
+        return 2;
+      }
+    }
+    return guarded([&] { return launch_main(argc, argv, split); });
+  }
   CLI::App app{"towers: data-parallel training of small image CNNs across towers"};
   app.require_subcommand(1);
 
@@ -244,6 +332,21 @@ int main(int argc, char** argv) {
   eval->add_option("--device", eval_device, "cpu or cuda (the first GPU)")->capture_default_str();
   eval->add_option("--metrics", eval_metrics, "write the result as one JSON line here");
 
+  towers::remote::ShardOptions shard;
+  std::string shard_cluster, shard_task, shard_token_file;
+  CLI::App* ps = app.add_subcommand(
+      "ps", "a parameter-server shard of a remote tower group (see also towers launch)");
+  ps->add_option("--cluster", shard_cluster, "the cluster file (default: TF_CONFIG)");
+  ps->add_option("--task", shard_task, "ps:I (default: the file's or TF_CONFIG's task)");
+  ps->add_option("--token-file", shard_token_file, "the run's token (default: TOWERS_TOKEN)");
+  ps->add_option("--bind", shard.bind,
+                 "the address to listen on, with the cluster file's port (0.0.0.0: every "
+                 "interface; the default serves this machine only)")->capture_default_str();
+  ps->add_option("--tls-cert", shard.tls.cert, "this shard's certificate (PEM)");
+  ps->add_option("--tls-key", shard.tls.key, "its private key (PEM)");
+  ps->add_option("--tls-ca", shard.tls.ca, "the CA that signed the workers' certificates");
+  ps->add_flag("--quiet", shard.quiet, "no log lines");
+
   bool devices_json = false;
   CLI::App* devices = app.add_subcommand("devices", "list the CPU and the GPUs towers can use");
   devices->add_flag("--json", devices_json, "one JSON line");
@@ -255,7 +358,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
 
-  try {
+  return guarded([&]() -> int {
     if (*train) {
       std::signal(SIGINT, on_interrupt);
       towers::TrainSummary s = towers::train(train_cfg);
@@ -266,6 +369,17 @@ int main(int argc, char** argv) {
       std::signal(SIGINT, on_interrupt);
       towers::run_scale(scale_cfg);
       return towers::g_stop_requested.load() ? 130 : 0;
+    }
+    if (*ps) {
+      const towers::remote::ClusterTask ct = towers::remote::read_cluster(shard_cluster, shard_task);
+      TOWERS_REQUIRE(ct.task_given && ct.task.type == "ps",
+                     "towers ps: the task must be ps:I (--task ps:0), got {}",
+                     ct.task_given ? ct.task.name() : std::string("none"));
+      shard.cluster = ct.cluster;
+      shard.index = ct.task.index;
+      shard.token = towers::remote::read_token(shard_token_file);
+      towers::remote::check_tls(shard.tls);
+      return towers::remote::run_shard(shard);
     }
     towers::EvalSummary s =
         towers::evaluate_checkpoint(ckpt, eval_dataset, eval_dir, eval_threads, eval_device);
@@ -281,17 +395,5 @@ int main(int argc, char** argv) {
     fmt::print("{}: model {}, step {}: test accuracy {:.2f}% on {} examples (loss {:.4f})\n",
                ckpt, s.model, s.step, 100.0 * s.test_accuracy, s.examples, s.test_loss);
     return 0;
-  } catch (const towers::Error& e) {
-    fmt::print(stderr, "towers: error: {}\n", e.what());
-    return 1;
-  } catch (const towers::InternalError& e) {
-    fmt::print(stderr, "towers: internal error (a bug in towers): {}\n", e.what());
-    return 3;
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "towers: error: out of host memory\n");
-    return 1;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "towers: internal error (an unexpected exception): {}\n", e.what());
-    return 3;
-  }
+  });
 }

@@ -27,14 +27,22 @@ const OptimizerDef* find_optimizer(const std::string& name) {
 }
 
 Optimizer::Optimizer(const ParameterLayout& layout, OptimizerConfig cfg)
-    : layout_(layout), cfg_(std::move(cfg)), def_(find_optimizer(cfg_.name)) {
+    : Optimizer(layout, std::move(cfg), 0, layout.total()) {}
+
+Optimizer::Optimizer(const ParameterLayout& layout, OptimizerConfig cfg, int64_t begin,
+                     int64_t end)
+    : layout_(layout), cfg_(std::move(cfg)), begin_(begin), end_(end),
+      def_(find_optimizer(cfg_.name)) {
+  TOWERS_CHECK(0 <= begin && begin <= end && end <= layout.total(),
+               "optimizer range [{}, {}) outside the layout's {} floats", begin, end,
+               layout.total());
   TOWERS_CHECK(def_, "unknown optimizer '{}' (known: {})", cfg_.name,
                fmt::join(optimizer_names(), ", "));
   if (!cfg_.momentum) cfg_.momentum = def_->default_momentum;
   var_locks_ = std::make_unique<std::mutex[]>(layout.variables().size());
   for (const auto& [name, init] : def_->slots) {
     slot_names_.push_back(name);
-    HostBuffer b(layout.total());
+    HostBuffer b(end - begin);
     std::fill(b.data(), b.data() + b.size(), init);
     slot_buffers_.push_back(std::move(b));
   }
@@ -53,38 +61,45 @@ float* Optimizer::slot(const std::string& name) {
   TOWERS_FAIL("optimizer {} has no slot '{}'", cfg_.name, name);
 }
 
+template <class F>
+void Optimizer::for_each_part(F&& f) const {
+  const auto& vars = layout_.variables();
+  for (size_t vi = 0; vi < vars.size(); ++vi) {
+    const Variable& v = vars[vi];
+    if (!v.spec.trainable) continue;  // state: not learned
+    const int64_t b = std::max(v.offset, begin_), e = std::min(v.offset + v.size, end_);
+    if (b < e) f(vi, v, b - begin_, e - b);
+  }
+}
+
 void Optimizer::apply(float* params, const float* grads, float lr) {
   kernels::RuleArgs r = def_->args(cfg_, lr, ++updates_);
   float* s0 = slot_buffers_.size() > 0 ? slot_buffers_[0].data() : nullptr;
   float* s1 = slot_buffers_.size() > 1 ? slot_buffers_[1].data() : nullptr;
-  for (const Variable& v : layout_.variables()) {
-    if (!v.spec.trainable) continue;  // state: not learned
+  for_each_part([&](size_t, const Variable& v, int64_t at, int64_t size) {
     // Element-wise, so any split is exact; chunks keep every core busy on big variables.
     r.wd = v.spec.weight_decay;
-    for_chunks(v.size, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
-      const int64_t o = v.offset + b;
+    for_chunks(size, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
+      const int64_t o = at + b;
       kernels::cpu::optimizer_update(e - b, params + o, s0 ? s0 + o : nullptr,
                                      s1 ? s1 + o : nullptr, grads + o, r);
     });
-  }
+  });
 }
 
 void Optimizer::apply_shared(float* params, const float* grads, float lr, bool use_locking) {
   kernels::RuleArgs r = def_->args(cfg_, lr, ++updates_);
   float* s0 = slot_buffers_.size() > 0 ? slot_buffers_[0].data() : nullptr;
   float* s1 = slot_buffers_.size() > 1 ? slot_buffers_[1].data() : nullptr;
-  const auto& vars = layout_.variables();
-  for (size_t vi = 0; vi < vars.size(); ++vi) {
-    const Variable& v = vars[vi];
-    if (!v.spec.trainable) continue;
+  for_each_part([&](size_t vi, const Variable& v, int64_t at, int64_t size) {
     std::unique_lock<std::mutex> lock(var_locks_[vi], std::defer_lock);
     if (use_locking) lock.lock();
     r.wd = v.spec.weight_decay;
     constexpr int64_t kChunk = 1 << 14;
-    for_chunks(v.size, kChunk, [&](int64_t, int64_t b, int64_t e) {
+    for_chunks(size, kChunk, [&](int64_t, int64_t b, int64_t e) {
       // Work on private copies of the chunk, read and written back with relaxed atomics.
       thread_local std::vector<float> w, a, c;
-      const int64_t n = e - b, o = v.offset + b;
+      const int64_t n = e - b, o = at + b;
       w.resize(kChunk), a.resize(kChunk), c.resize(kChunk);
       load_relaxed(params + o, w.data(), n);
       if (s0) load_relaxed(s0 + o, a.data(), n);
@@ -95,7 +110,7 @@ void Optimizer::apply_shared(float* params, const float* grads, float lr, bool u
       if (s0) store_relaxed(a.data(), s0 + o, n);
       if (s1) store_relaxed(c.data(), s1 + o, n);
     });
-  }
+  });
 }
 
 nlohmann::json Optimizer::state() const {

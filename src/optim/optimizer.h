@@ -52,6 +52,10 @@ class Optimizer {
  public:
   // cfg.name must be registered (callers check find_optimizer first).
   Optimizer(const ParameterLayout& layout, OptimizerConfig cfg);
+  // The optimizer of the elements [begin, end) of the flat array only (a parameter-server
+  // shard's range, which may cut variables): its slots hold end - begin floats, and apply and
+  // apply_shared take params and grads of the range (element 0 is element begin).
+  Optimizer(const ParameterLayout& layout, OptimizerConfig cfg, int64_t begin, int64_t end);
 
   const OptimizerConfig& config() const { return cfg_; }
   const ParameterLayout& layout() const { return layout_; }
@@ -73,6 +77,8 @@ class Optimizer {
   }
   void count_update() { ++updates_; }
 
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
   const std::vector<std::string>& slot_names() const { return slot_names_; }
   std::vector<std::pair<std::string, const float*>> slots() const;
   float* slot(const std::string& name);
@@ -82,8 +88,14 @@ class Optimizer {
   void load_state(const nlohmann::json& s);  // from a checkpoint
 
  private:
+  // Calls f(variable index, variable, range-relative offset, first element, elements) for the
+  // part of every trainable variable inside [begin_, end_).
+  template <class F>
+  void for_each_part(F&& f) const;
+
   const ParameterLayout& layout_;
   OptimizerConfig cfg_;
+  int64_t begin_ = 0, end_ = 0;
   std::vector<std::string> slot_names_;
   std::vector<HostBuffer> slot_buffers_;
   std::atomic<int64_t> updates_{0};

@@ -245,7 +245,9 @@ TEST(MirroredStore, AStepOutsidePullAndPushIsRefused) {
   tower.compute_gradients(x.data(), y.data(), 16, 1.0f / 16);
   EXPECT_THROW(store.pull(tower), InternalError);
   EXPECT_THROW(tower.compute_gradients(x.data(), y.data(), 16, 1.0f / 16), InternalError);
-  EXPECT_EQ(store.push(nullptr, 0.01f, tower.host()), 1);
+  UpdateRecord rec;
+  rec.lr = 0.01f;
+  EXPECT_EQ(store.push(nullptr, rec, tower.host()), 1);
   EXPECT_EQ(opt.updates(), 1);
   store.detach();
   // The one update that was pushed came back to the host copy.

@@ -60,19 +60,13 @@ struct EngineConfig {
   // gradient to at most that norm (the norm is then computed too).
   double clip_grad_norm = 0.0;
   bool check_grad_norm = false;
-};
-
-// One applied update, as the run records it.
-struct UpdateRecord {
-  int64_t version = 0;    // the parameter version this update produced (= the step count)
-  int tower = -1;         // who applied it; -1 for an average over towers
-  int contributors = 1;   // towers whose gradients went into it
-  int64_t staleness = 0;  // version at apply - version the gradients were computed on
-  double loss = 0.0;      // mean cross-entropy of the examples behind the update
-  int64_t correct = 0, examples = 0;
-  float lr = 0.0f;
-  bool skipped = false;     // not applied: its loss or gradient was not finite
-  double grad_norm = -1.0;  // the gradient's L2 norm before clipping (-1: not computed)
+  // A remote tower group (towers/remote/): this process runs the global towers first_tower ..
+  // first_tower + towers - 1 of all_towers (0: towers) over every worker process. Lockstep
+  // batches are then global batches of all_towers x B and gradients are scaled by
+  // 1 / (all_towers B); free-running tower g reads stream g of all_towers.
+  int first_tower = 0;
+  int all_towers = 0;
+  int total_towers() const { return all_towers > 0 ? all_towers : towers; }
 };
 
 // A tower's finished step, as the driver hands it to the policy.

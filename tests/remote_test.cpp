@@ -1,0 +1,439 @@
+// remote_test.cpp — remote tower groups (towers/remote/): the cluster file, the shard ranges,
+// the optimizer of a range, and whole clusters of real processes on 127.0.0.1: bitwise sync
+// equivalence with one process, a rejected token, loopback-only shards, a killed worker in
+// async and in sync mode.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "core/check.h"
+#include "optim/optimizer.h"
+#include "towers/remote/cluster.h"
+
+namespace towers {
+namespace {
+
+using testutil::metrics_events;
+using testutil::run_towers;
+using testutil::test_path;
+using testutil::towers_binary;
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string p = test_path(name);
+  std::ofstream(p) << text;
+  return p;
+}
+
+// ---- the cluster file -----------------------------------------------------------------------
+
+TEST(RemoteCluster, ReadsTheTfConfigLayout) {
+  const std::string f = write_file("c.json", R"({"cluster": {"chief": ["a:1"], "worker": ["b:2", "c:3"],
+      "ps": ["d:4", "e:5"]}, "task": {"type": "worker", "index": 1}})");
+  const remote::ClusterTask ct = remote::read_cluster(f, "");
+  EXPECT_EQ(ct.cluster.workers(), 3);
+  EXPECT_EQ(ct.cluster.ps.size(), 2u);
+  ASSERT_TRUE(ct.task_given);
+  EXPECT_EQ(ct.task.rank(ct.cluster), 2);  // the chief is rank 0, worker i is i + 1
+  EXPECT_FALSE(ct.task.is_chief(ct.cluster));
+  // --task overrides the file's task.
+  EXPECT_EQ(remote::read_cluster(f, "chief").task.rank(ct.cluster), 0);
+  // Without a chief entry, worker 0 is the chief.
+  const std::string g = write_file("g.json", R"({"cluster": {"worker": ["b:2"], "ps": ["d:4"]}})");
+  const remote::ClusterTask w = remote::read_cluster(g, "worker:0");
+  EXPECT_TRUE(w.task.is_chief(w.cluster));
+}
+
+TEST(RemoteCluster, TfConfigEnvironmentWorksInPlaceOfTheFile) {
+  ::setenv("TF_CONFIG", R"({"cluster": {"worker": ["h:1", "h:2"], "ps": ["h:3"]}, "task": {"type": "ps", "index": 0}})", 1);
+  EXPECT_TRUE(remote::cluster_requested(""));
+  const remote::ClusterTask ct = remote::read_cluster("", "");
+  ::unsetenv("TF_CONFIG");
+  EXPECT_EQ(ct.cluster.origin, "TF_CONFIG");
+  EXPECT_EQ(ct.task.type, "ps");
+  EXPECT_EQ(ct.task.rank(ct.cluster), -1);
+  EXPECT_FALSE(remote::cluster_requested(""));
+}
+
+// Each bad cluster file gets an error naming the file and what is wrong.
+TEST(RemoteCluster, BadFilesAreNamed) {
+  struct Case {
+    const char* text;
+    const char* task;
+    const char* says;
+  } cases[] = {
+      {"{", "", "not valid JSON"},
+      {R"({"worker": ["a:1"]})", "", "no \"cluster\" object"},
+      {R"({"cluster": {"worker": ["a:1"]}})", "", "cluster.ps is empty"},
+      {R"({"cluster": {"ps": ["a:1"]}})", "", "no chief and no worker"},
+      {R"({"cluster": {"worker": ["a:1"], "ps": ["b"]}})", "", "cluster.ps[0] is 'b', not host:port"},
+      {R"({"cluster": {"worker": ["a:1"], "ps": ["b:70000"]}})", "", "not host:port"},
+      {R"({"cluster": {"worker": [1], "ps": ["b:1"]}})", "", "cluster.worker[0] must be"},
+      {R"({"cluster": {"workers": ["a:1"], "ps": ["b:1"]}})", "", "unknown role cluster.workers"},
+      {R"({"cluster": {"worker": ["a:1"], "ps": ["b:1"]}})", "worker:3", "has 1 worker entry"},
+      {R"({"cluster": {"worker": ["a:1"], "ps": ["b:1"]}})", "boss:0", "must be chief, worker or ps"},
+      {R"({"cluster": {"worker": ["a:1"], "ps": ["b:1"]}})", "worker:x", "must be a number"},
+  };
+  for (const Case& c : cases) {
+    const std::string f = write_file("bad.json", c.text);
+    try {
+      remote::read_cluster(f, c.task);
+      ADD_FAILURE() << "accepted: " << c.text;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(c.says), std::string::npos) << msg;
+      if (std::string(c.task).empty()) EXPECT_NE(msg.find(f), std::string::npos) << msg;
+    }
+  }
+  EXPECT_THROW(remote::read_cluster(test_path("missing.json"), ""), Error);
+}
+
+TEST(RemoteCluster, TokenComesFromTheFileOrTheEnvironment) {
+  const std::string f = write_file("token", "s3cret\n");
+  EXPECT_EQ(remote::read_token(f), "s3cret");
+  ::setenv("TOWERS_TOKEN", "fromenv", 1);
+  EXPECT_EQ(remote::read_token(""), "fromenv");
+  ::unsetenv("TOWERS_TOKEN");
+  EXPECT_THROW(remote::read_token(""), Error);
+  EXPECT_THROW(remote::read_token(write_file("empty", "\n")), Error);
+  const std::string a = remote::fresh_token(), b = remote::fresh_token();
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_NE(a, b);
+}
+
+// Ranges cover the array in order, cut at 16-float boundaries, and differ by at most one block.
+TEST(RemoteCluster, ShardRangesAreBalancedByBytes) {
+  for (int64_t total : {int64_t{0}, int64_t{16}, int64_t{1000}, int64_t{1384592}})
+    for (int shards : {1, 2, 3, 4, 7}) {
+      const auto r = remote::shard_ranges(total, shards);
+      ASSERT_EQ(static_cast<int>(r.size()), shards);
+      EXPECT_EQ(r.front().begin, 0);
+      EXPECT_EQ(r.back().end, total);
+      int64_t lo = total, hi = 0;
+      for (int s = 0; s < shards; ++s) {
+        if (s > 0) EXPECT_EQ(r[s].begin, r[s - 1].end);
+        if (r[s].end < total) EXPECT_EQ(r[s].end % 16, 0);
+        lo = std::min(lo, r[s].size()), hi = std::max(hi, r[s].size());
+      }
+      EXPECT_LE(hi - lo, 16) << total << " over " << shards;
+    }
+}
+
+TEST(RemoteCluster, LayoutHashNamesTheLayout) {
+  const ParameterLayout a({{"l/w", {4, 3}, Init::constant(0)}, {"l/b", {4}, Init::constant(0)}});
+  const ParameterLayout b({{"l/w", {3, 4}, Init::constant(0)}, {"l/b", {4}, Init::constant(0)}});
+  const ParameterLayout c({{"l/w", {4, 3}, Init::constant(0)}, {"l/c", {4}, Init::constant(0)}});
+  EXPECT_EQ(remote::layout_hash(a), remote::layout_hash(a));
+  EXPECT_NE(remote::layout_hash(a), remote::layout_hash(b));
+  EXPECT_NE(remote::layout_hash(a), remote::layout_hash(c));
+}
+
+// A shard's optimizer applies the rule to its range only, cutting variables where the range
+// does: the ranges together give bitwise the update of the whole array.
+TEST(RemoteOptimizer, RangesTogetherEqualTheWholeArray) {
+  const ParameterLayout layout({{"a/w", {37, 29}, Init::constant(0), 0.01f},
+                                {"a/b", {37}, Init::constant(0)},
+                                {"s/mean", {5}, Init::constant(0), 0.0f, false},
+                                {"b/w", {300}, Init::constant(0), 0.002f}});
+  for (const char* name : {"momentum", "adam", "rmsprop", "adagrad"}) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::vector<float> p(layout.total()), g(layout.total());
+    for (auto& x : p) x = n(rng);
+    Optimizer whole(layout, {name});
+    std::vector<float> expect = p;
+    for (int step = 0; step < 3; ++step) {
+      for (auto& x : g) x = n(rng);
+      whole.apply(expect.data(), g.data(), 0.05f);
+    }
+    // Again, range by range, with the same gradients.
+    std::mt19937 rng2(7);
+    std::normal_distribution<float> n2(0.0f, 1.0f);
+    for (auto& x : p) x = n2(rng2);
+    std::vector<float> got = p;
+    const auto ranges = remote::shard_ranges(layout.total(), 3);
+    std::vector<std::unique_ptr<Optimizer>> parts;
+    for (const auto& r : ranges) parts.push_back(std::make_unique<Optimizer>(layout, OptimizerConfig{name}, r.begin, r.end));
+    for (int step = 0; step < 3; ++step) {
+      for (auto& x : g) x = n2(rng2);
+      for (size_t s = 0; s < ranges.size(); ++s)
+        parts[s]->apply(got.data() + ranges[s].begin, g.data() + ranges[s].begin, 0.05f);
+    }
+    EXPECT_EQ(0, std::memcmp(got.data(), expect.data(), sizeof(float) * got.size())) << name;
+  }
+}
+
+// ---- clusters of real processes -------------------------------------------------------------
+
+// The tensor bytes of a safetensors file (everything after its header).
+std::string tensor_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string all = ss.str();
+  if (all.size() < 8) return {};
+  uint64_t n = 0;
+  std::memcpy(&n, all.data(), 8);
+  return all.substr(8 + n);
+}
+
+std::string only_checkpoint(const std::string& dir) {
+  std::string found;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") found = e.path().string();
+  return found;
+}
+
+// W workers x T towers in sync mode give bitwise the parameters, slots and losses of one
+// process with W x T towers: the same global batches, and the same tree over the towers.
+void expect_launch_matches_one_process(int workers, int towers_per_worker, int ps) {
+  const std::string flags =
+      "--model fashion --dataset synthetic --synthetic-size 1500 --mode sync --steps 12 "
+      "--seed 3 --batch 16 --eval-every 0 --log-every 1 --quiet --optimizer adam --lr 0.001";
+  const std::string one = test_path("one"), many = test_path("many");
+  std::string out;
+  ASSERT_EQ(run_towers(fmt::format("train {} --towers {} --metrics {}/m.jsonl --checkpoint-dir {}",
+                                   flags, workers * towers_per_worker, one, one), &out), 0) << out;
+  ASSERT_EQ(run_towers(fmt::format("launch --ps {} --workers {} --towers-per-worker {} --out {} -- "
+                                   "train {} --checkpoint-dir {}/ck", ps, workers,
+                                   towers_per_worker, many, flags, many), &out), 0) << out;
+  const auto a = metrics_events(one + "/m.jsonl", "step");
+  const auto b = metrics_events(many + "/worker-0.jsonl", "step");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-6) << "step " << i + 1;
+    EXPECT_EQ(a[i]["contributors"], b[i]["contributors"]);
+  }
+  const std::string ca = tensor_bytes(only_checkpoint(one));
+  const std::string cb = tensor_bytes(only_checkpoint(many + "/ck"));
+  ASSERT_FALSE(ca.empty());
+  EXPECT_TRUE(ca == cb) << "the parameters and slots differ from one process's";
+}
+
+TEST(RemoteCli, SyncTwoWorkersEqualTwoTowersBitwise) { expect_launch_matches_one_process(2, 1, 2); }
+TEST(RemoteCli, SyncTwoWorkersOfTwoTowersEqualFourTowersBitwise) {
+  expect_launch_matches_one_process(2, 2, 3);
+}
+
+// A child process of the test, with its output in a file.
+struct Proc {
+  pid_t pid = -1;
+  std::string log;
+};
+
+Proc spawn(const std::vector<std::string>& args, const std::string& log,
+           const std::vector<std::string>& env = {}) {
+  Proc p;
+  p.log = log;
+  p.pid = fork();
+  if (p.pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> argv;
+    const std::string bin = towers_binary();
+    argv.push_back(const_cast<char*>(bin.c_str()));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return p;
+}
+
+// Waits up to seconds for p to end; returns its exit code, or -1 (then it is killed).
+int wait_for(Proc& p, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int st = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    if (waitpid(p.pid, &st, WNOHANG) == p.pid)
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(p.pid, SIGKILL);
+  waitpid(p.pid, &st, 0);
+  return -1;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Waits up to seconds until pred() holds.
+template <class F>
+bool eventually(double seconds, F pred) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return pred();
+}
+
+int free_port() {
+  // The launcher's own way is not exported; a port from the kernel, released at once.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The local addresses of the listening TCP sockets on port (from /proc/net/tcp and tcp6).
+std::vector<std::string> listeners(int port) {
+  std::vector<std::string> out;
+  for (const char* f : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(f);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string slot, local, remote, state;
+      ls >> slot >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (state == "0A" && std::stoi(local.substr(colon + 1), nullptr, 16) == port)
+        out.push_back(local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
+TEST(RemoteCli, WrongTokenIsRejectedAndShardsListenOnLoopbackOnly) {
+  const int port = free_port();
+  const std::string cluster = write_file(
+      "cluster.json", fmt::format(R"({{"cluster": {{"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:{}"]}}}})", port));
+  const std::string good = write_file("good", "the-run-token\n"), bad = write_file("bad", "not-it\n");
+  Proc shard = spawn({"ps", "--cluster", cluster, "--task", "ps:0", "--token-file", good},
+                     test_path("ps.log"));
+  ASSERT_TRUE(eventually(20, [&] { return !listeners(port).empty(); })) << read_all(shard.log);
+  // 127.0.0.1 in /proc/net/tcp's byte order, or as an IPv4-mapped IPv6 address: never
+  // 0.0.0.0 or ::, which would serve every interface.
+  for (const std::string& a : listeners(port))
+    EXPECT_TRUE(a == "0100007F" || a == "0000000000000000FFFF00000100007F") << a;
+  std::string out;
+  const int rc = run_towers(fmt::format("train --model mlp --dataset synthetic --synthetic-size 200 "
+                                        "--steps 2 --quiet --cluster {} --task worker:0 "
+                                        "--token-file {} --rpc-timeout 5", cluster, bad), &out);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("token"), std::string::npos) << out;
+  EXPECT_NE(out.find("ps:0"), std::string::npos) << out;
+  // No token at all is an error before any call.
+  EXPECT_NE(run_towers(fmt::format("train --model mlp --dataset synthetic --steps 2 --cluster {} "
+                                   "--task worker:0", cluster), &out), 0);
+  EXPECT_NE(out.find("no token"), std::string::npos) << out;
+  kill(shard.pid, SIGKILL);
+  wait_for(shard, 10);
+  EXPECT_NE(read_all(shard.log).find("wrong token"), std::string::npos) << read_all(shard.log);
+}
+
+TEST(RemoteCli, BadFlagsAreNamed) {
+  const std::string cluster = write_file(
+      "cluster.json", R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}})");
+  const std::string token = write_file("token", "t\n");
+  struct Case {
+    std::string args, says;
+  } cases[] = {
+      {"train --model mlp --steps 1 --task worker:0", "--task worker:0 needs --cluster"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --token-file " + token, "--task worker:I"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --task ps:0 --token-file " + token, "towers ps"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " + token +
+           " --clip-grad-norm 1", "--clip-grad-norm"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " + token +
+           " --tls-cert " + token, "--tls-key"},
+      {"ps --cluster " + cluster + " --task worker:0 --token-file " + token, "the task must be ps:I"},
+      {"launch --workers 2 -- train --model mlp --towers 2", "--towers is set by the launcher"},
+      {"launch --workers 0 -- train --model mlp", "--workers must be in 1..64"},
+      {"launch --workers 2 train --model mlp", "give the training flags after --"},
+  };
+  for (const Case& c : cases) {
+    std::string out;
+    EXPECT_NE(run_towers(c.args, &out), 0) << c.args;
+    EXPECT_NE(out.find(c.says), std::string::npos) << c.args << "\n" << out;
+  }
+}
+
+// The processes of a launch, from its processes.json.
+std::map<std::string, pid_t> launched(const std::string& dir) {
+  std::map<std::string, pid_t> out;
+  std::ifstream in(dir + "/processes.json");
+  if (!in.good()) return out;
+  try {
+    for (const auto& p : nlohmann::json::parse(in)) out[p["task"]] = p["pid"].get<pid_t>();
+  } catch (const nlohmann::json::exception&) {
+    out.clear();  // still being written
+  }
+  return out;
+}
+
+// An async run goes on when a worker dies: the shards count it lost, the chief finishes the
+// run and says so.
+TEST(RemoteCli, AsyncRunFinishesWhenAWorkerIsKilled) {
+  const std::string dir = test_path("launch");
+  Proc l = spawn({"launch", "--ps", "2", "--workers", "2", "--out", dir, "--", "train", "--model",
+                  "mlp", "--dataset", "synthetic", "--synthetic-size", "2000", "--batch", "16",
+                  "--mode", "async", "--steps", "600", "--eval-every", "0", "--log-every", "1",
+                  "--heartbeat-timeout", "1", "--slow-tower", "0:10"},
+                 test_path("launch.log"));
+  ASSERT_TRUE(eventually(60, [&] {
+    return metrics_events(dir + "/worker-1.jsonl", "step").size() >= 5 &&
+           launched(dir).count("worker:1");
+  })) << read_all(l.log);
+  ASSERT_EQ(kill(launched(dir)["worker:1"], SIGKILL), 0);
+  const int rc = wait_for(l, 120);
+  const std::string out = read_all(l.log);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("worker:1: killed by signal 9"), std::string::npos) << out;
+  EXPECT_NE(out.find("lost worker(s) 1"), std::string::npos) << out;
+  const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_EQ(summary[0]["lost_workers"], nlohmann::json::array({1}));
+  EXPECT_GE(summary[0]["steps"].get<int64_t>(), 600);
+}
+
+// Plain sync cannot go on without a worker: the chief stops with an error that names it.
+TEST(RemoteCli, SyncStopsNamingTheLostWorker) {
+  const std::string dir = test_path("launch");
+  Proc l = spawn({"launch", "--ps", "1", "--workers", "2", "--out", dir, "--", "train", "--model",
+                  "mlp", "--dataset", "synthetic", "--synthetic-size", "2000", "--batch", "16",
+                  "--mode", "sync", "--steps", "100000", "--eval-every", "0", "--log-every", "1",
+                  "--heartbeat-timeout", "1"},
+                 test_path("launch.log"));
+  ASSERT_TRUE(eventually(60, [&] {
+    return metrics_events(dir + "/worker-1.jsonl", "step").size() >= 5 &&
+           launched(dir).count("worker:1");
+  })) << read_all(l.log);
+  ASSERT_EQ(kill(launched(dir)["worker:1"], SIGKILL), 0);
+  const int rc = wait_for(l, 120);
+  const std::string out = read_all(l.log);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("worker(s) 1 lost"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace towers

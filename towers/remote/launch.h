@@ -1,0 +1,28 @@
+// launch.h — `towers launch`: a whole remote tower group on this machine, for a first try,
+// tests and benchmarks. It picks free loopback ports, writes the cluster file and a fresh
+// token to --out, starts P shards (`towers ps`) and W workers (`towers train ... --cluster
+// --task worker:I`, worker 0 the chief), forwards Ctrl-C to the workers, and exits with the
+// chief's exit code. Each process's output goes to DIR/<task>.log (the chief's also to this
+// terminal) and each worker's metrics to DIR/worker-I.jsonl (the chief's to --metrics if the
+// training flags give one). DIR/processes.json lists the process ids.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace towers::remote {
+
+struct LaunchConfig {
+  int ps = 1;
+  int workers = 2;
+  int towers_per_worker = 1;
+  std::string out = "launch";
+  std::string self;                     // the towers binary to start (this one)
+  std::vector<std::string> train_args;  // the flags after --, without a leading "train"
+  double grace_seconds = 30.0;          // after the chief ends: how long the others get
+};
+
+// Returns the chief's exit code (128 + signal when it was killed).
+int run_launch(const LaunchConfig& c);
+
+}  // namespace towers::remote

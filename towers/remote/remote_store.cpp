@@ -1,0 +1,395 @@
+#include "towers/remote/remote_store.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "core/clock.h"
+#include "towers/remote/towers.grpc.pb.h"
+
+namespace towers::remote {
+
+namespace {
+
+std::string optimizer_json(const OptimizerConfig& c) {
+  nlohmann::json j = {{"name", c.name}, {"nesterov", c.nesterov}, {"beta1", c.beta1},
+                      {"beta2", c.beta2}, {"epsilon", c.epsilon}, {"rho", c.rho},
+                      {"rms_epsilon", c.rms_epsilon}};
+  j["momentum"] = c.momentum ? nlohmann::json(*c.momentum) : nlohmann::json();
+  return j.dump();
+}
+
+}  // namespace
+
+// One channel and stub per shard, and calls to all of them at once.
+class ShardSet {
+ public:
+  ShardSet(const RemoteConfig& cfg) : cfg_(cfg) {
+    for (const std::string& a : cfg.cluster.ps) {
+      channels_.push_back(open_channel(a, cfg.tls));
+      stubs_.push_back(Shard::NewStub(channels_.back()));
+    }
+  }
+  int size() const { return static_cast<int>(stubs_.size()); }
+  Shard::Stub& stub(int i) { return *stubs_[i]; }
+
+  // The error of shard i's call, naming the shard, what was asked and, for a rejected token,
+  // where the token came from.
+  [[noreturn]] void fail(int i, const char* what, const grpc::Status& s) const {
+    std::string hint;
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED)
+      hint = "; this process's token (--token-file or TOWERS_TOKEN) is not the one the shard "
+             "was started with";
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE)
+      hint = "; is the shard running, and is its address in the cluster file right?";
+    TOWERS_BAD_INPUT("ps:{} ({}): {} failed: {}{}", i, cfg_.cluster.ps[i], what, describe(s), hint);
+  }
+
+  // Starts call(i, context, done) on every shard at once (the stub's callback API) and waits
+  // for all; throws the first failure.
+  using Start = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
+  void all(const char* what, double timeout, const Start& start) {
+    const int n = size();
+    std::vector<std::unique_ptr<grpc::ClientContext>> ctx;
+    std::vector<grpc::Status> status(n);
+    std::mutex mu;
+    std::condition_variable cv;
+    int left = n;
+    for (int i = 0; i < n; ++i) ctx.push_back(call_context(cfg_.token, timeout));
+    for (int i = 0; i < n; ++i)
+      start(i, ctx[i].get(), [&, i](grpc::Status s) {
+        std::lock_guard<std::mutex> l(mu);
+        status[i] = std::move(s);
+        if (--left == 0) cv.notify_all();
+      });
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return left == 0; });
+    for (int i = 0; i < n; ++i)
+      if (!status[i].ok()) fail(i, what, status[i]);
+  }
+
+ private:
+  const RemoteConfig& cfg_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<Shard::Stub>> stubs_;
+};
+
+RemoteParameterStore::RemoteParameterStore(RemoteConfig cfg, const ParameterLayout& layout,
+                                           float* params, Optimizer& opt, UpdateAccess access)
+    : cfg_(std::move(cfg)), layout_(layout), params_(params), opt_(opt), access_(access),
+      hash_(layout_hash(layout)),
+      ranges_(shard_ranges(layout.total(), static_cast<int>(cfg_.cluster.ps.size()))),
+      shards_(std::make_unique<ShardSet>(cfg_)) {
+  // Heartbeats from the start, so that a worker still loading its data is not counted lost.
+  heartbeat_ = std::thread([this] {
+    const auto period = std::chrono::duration<double>(std::max(0.05, cfg_.heartbeat_timeout / 5));
+    while (!stop_.load()) {
+      for (int i = 0; i < shards_->size() && !stop_.load(); ++i) {
+        HeartbeatRequest req;
+        req.set_worker(cfg_.rank);
+        HeartbeatReply rep;
+        auto ctx = call_context(cfg_.token, std::max(1.0, cfg_.heartbeat_timeout / 2));
+        shards_->stub(i).Heartbeat(ctx.get(), req, &rep);  // a missed beat is retried next period
+      }
+      const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(period);
+      while (!stop_.load() && Clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+}
+
+RemoteParameterStore::~RemoteParameterStore() {
+  try {
+    finish();
+  } catch (...) {
+  }
+  stop_.store(true);
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void RemoteParameterStore::finish() {
+  if (finished_.exchange(true)) return;
+  stop_.store(true);
+  if (heartbeat_.joinable()) heartbeat_.join();
+  for (int i = 0; i < shards_->size(); ++i) {
+    HeartbeatRequest req;
+    req.set_worker(cfg_.rank);
+    req.set_done(true);
+    HeartbeatReply rep;
+    auto ctx = call_context(cfg_.token, 5.0);
+    shards_->stub(i).Heartbeat(ctx.get(), req, &rep);  // best effort: the shard also times out
+  }
+}
+
+void RemoteParameterStore::initialize_shards(int64_t version) {
+  std::vector<InitRequest> reqs(shards_->size());
+  std::vector<InitReply> reps(shards_->size());
+  const auto slots = opt_.slots();
+  for (int i = 0; i < shards_->size(); ++i) {
+    InitRequest& r = reqs[i];
+    r.set_layout_hash(hash_);
+    for (const Variable& v : layout_.variables()) {
+      VariableSpec* s = r.add_variables();
+      s->set_name(v.spec.name);
+      for (int64_t d : v.spec.shape) s->add_shape(d);
+      s->set_weight_decay(v.spec.weight_decay);
+      s->set_trainable(v.spec.trainable);
+    }
+    RunSpec* run = r.mutable_run();
+    run->set_mode(cfg_.mode);
+    run->set_workers(cfg_.cluster.workers());
+    run->set_replicas_to_aggregate(cfg_.replicas_to_aggregate);
+    run->set_staleness(cfg_.staleness);
+    run->set_use_locking(cfg_.use_locking);
+    run->set_optimizer(optimizer_json(opt_.config()));
+    run->set_heartbeat_timeout_ms(static_cast<int64_t>(cfg_.heartbeat_timeout * 1000));
+    r.set_version(version);
+    r.set_updates(opt_.updates());
+    const Range& g = ranges_[i];
+    const size_t bytes = sizeof(float) * static_cast<size_t>(g.size());
+    r.set_params(params_ + g.begin, bytes);
+    for (const auto& [name, p] : slots) r.add_slots(p + g.begin, bytes);
+    r.set_run_id(cfg_.run_id);
+  }
+  // Shards may still be starting: retry an unreachable one until the timeout.
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(cfg_.rpc_timeout));
+  for (int i = 0; i < shards_->size(); ++i) {
+    for (;;) {
+      auto ctx = call_context(cfg_.token, 10.0);
+      grpc::Status s = shards_->stub(i).Init(ctx.get(), reqs[i], &reps[i]);
+      if (s.ok()) break;
+      const bool starting = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                            s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (!starting || Clock::now() >= until) shards_->fail(i, "Init", s);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    TOWERS_CHECK(reps[i].begin() == ranges_[i].begin && reps[i].end() == ranges_[i].end,
+                 "ps:{} serves [{}, {}), this worker expects [{}, {})", i, reps[i].begin(),
+                 reps[i].end(), ranges_[i].begin, ranges_[i].end);
+  }
+  version_.store(version);
+}
+
+int64_t RemoteParameterStore::join() {
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(cfg_.rpc_timeout));
+  for (int i = 0; i < shards_->size(); ++i) {
+    for (;;) {
+      InfoRequest req;
+      InfoReply rep;
+      auto ctx = call_context(cfg_.token, 10.0);
+      grpc::Status s = shards_->stub(i).Info(ctx.get(), req, &rep);
+      const bool starting = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                            s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (!s.ok() && !starting) shards_->fail(i, "Info", s);
+      if (s.ok() && rep.initialized()) {
+        TOWERS_REQUIRE(rep.layout_hash() == hash_,
+                       "ps:{} ({}) serves a different model (layout hash {:016x}, this worker's "
+                       "is {:016x}): every task of a run must train the same --model",
+                       i, cfg_.cluster.ps[i], rep.layout_hash(), hash_);
+        break;
+      }
+      TOWERS_REQUIRE(Clock::now() < until,
+                     "ps:{} ({}) was not initialised by the chief within --rpc-timeout {} s{}", i,
+                     cfg_.cluster.ps[i], cfg_.rpc_timeout, s.ok() ? "" : ": " + describe(s));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  host_params();
+  return version_.load();
+}
+
+void RemoteParameterStore::attach(const std::vector<Tower*>& towers) {
+  towers_ = towers;
+  pulled_.clear();
+  for (size_t i = 0; i < towers.size(); ++i) pulled_.emplace_back(layout_.total());
+  version_read_.assign(towers.size(), version_.load());
+  reset_clocks(static_cast<int>(towers.size()));
+}
+
+int RemoteParameterStore::tower_index(const Tower& t) const {
+  for (size_t i = 0; i < towers_.size(); ++i)
+    if (towers_[i] == &t) return static_cast<int>(i);
+  TOWERS_FAIL("a tower the remote store was not attached to");
+}
+
+int64_t RemoteParameterStore::pull(Tower& tower) {
+  const int ti = tower_index(tower);
+  float* dst = pulled_[ti].data();
+  std::vector<PullRequest> reqs(shards_->size());
+  std::vector<PullReply> reps(shards_->size());
+  for (auto& r : reqs) {
+    r.set_layout_hash(hash_);
+    r.set_worker(cfg_.rank);
+    // sync: the current round, so a pull waits at the barrier for it
+    if (cfg_.mode == "sync") r.set_min_version(version_.load());
+    if (cfg_.mode == "ssp") r.set_clock(clocks_[ti].load());
+  }
+  shards_->all("Pull", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
+    shards_->stub(i).async()->Pull(ctx, &reqs[i], &reps[i], std::move(done));
+  });
+  int64_t v = reps[0].version();
+  for (int i = 0; i < shards_->size(); ++i) {
+    const Range& g = ranges_[i];
+    TOWERS_REQUIRE(reps[i].params().size() == sizeof(float) * static_cast<size_t>(g.size()),
+                   "ps:{}: a pull of {} bytes for a range of {} floats", i,
+                   reps[i].params().size(), g.size());
+    std::memcpy(dst + g.begin, reps[i].params().data(), reps[i].params().size());
+    v = std::min(v, reps[i].version());
+  }
+  version_read_[ti] = v;
+  if (cfg_.mode != "sync") {
+    int64_t seen = version_.load();
+    while (seen < v && !version_.compare_exchange_weak(seen, v)) {}
+  }
+  tower.load_params(dst);
+  return v;
+}
+
+int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateRecord& rec) {
+  std::vector<PushRequest> reqs(shards_->size());
+  std::vector<PushReply> reps(shards_->size());
+  const int ti = rec.tower >= 0 ? rec.tower : 0;
+  const int64_t round = cfg_.mode == "sync" ? version_.load() : version_read_.at(ti);
+  for (int i = 0; i < shards_->size(); ++i) {
+    PushRequest& r = reqs[i];
+    r.set_layout_hash(hash_);
+    r.set_worker(cfg_.rank);
+    r.set_round(round);
+    r.set_lr(rec.lr);
+    r.set_skip(skip);
+    if (!skip) {
+      const Range& g = ranges_[i];
+      r.set_grads(grads + g.begin, sizeof(float) * static_cast<size_t>(g.size()));
+    }
+    r.set_loss_sum(rec.loss * static_cast<double>(rec.examples));
+    r.set_correct(rec.correct);
+    r.set_examples(rec.examples);
+    r.set_towers(rec.contributors);
+    // ssp: the worker's clock once this push counts (its slowest tower's)
+    int64_t c = n_clocks_ == 0 ? 0 : std::numeric_limits<int64_t>::max();
+    for (int t = 0; t < n_clocks_; ++t) c = std::min(c, clocks_[t].load() + (t == ti ? 1 : 0));
+    r.set_clock(c);
+  }
+  shards_->all("Push", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
+    shards_->stub(i).async()->Push(ctx, &reqs[i], &reps[i], std::move(done));
+  });
+  const PushReply& r0 = reps[0];
+  int64_t v = r0.version();
+  for (const PushReply& r : reps) v = std::min(v, r.version());
+  if (cfg_.mode == "sync") {
+    // The whole round, over every worker (every shard applied it, or every shard skipped it).
+    rec.skipped = !r0.applied() && !r0.dropped();
+    if (!r0.dropped()) {
+      rec.loss = r0.examples() > 0 ? r0.loss_sum() / static_cast<double>(r0.examples()) : rec.loss;
+      rec.correct = r0.correct();
+      rec.examples = r0.examples();
+      rec.contributors = r0.contributors();
+    } else {
+      rec.contributors = 0;  // late: the round was applied without this worker's gradient
+    }
+    version_.store(v);
+  } else {
+    int64_t seen = version_.load();
+    while (seen < v && !version_.compare_exchange_weak(seen, v)) {}
+  }
+  return v;
+}
+
+int64_t RemoteParameterStore::push(const float* grads, UpdateRecord& rec, CpuDevice&) {
+  return push_ranges(grads, false, rec);
+}
+
+int64_t RemoteParameterStore::skip(UpdateRecord& rec) { return push_ranges(nullptr, true, rec); }
+
+const float* RemoteParameterStore::host_params() {
+  std::vector<PullRequest> reqs(shards_->size());
+  std::vector<PullReply> reps(shards_->size());
+  for (auto& r : reqs) {
+    r.set_layout_hash(hash_);
+    r.set_worker(-1);
+    r.set_with_slots(true);
+  }
+  shards_->all("Pull", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
+    shards_->stub(i).async()->Pull(ctx, &reqs[i], &reps[i], std::move(done));
+  });
+  const auto names = opt_.slot_names();
+  for (int i = 0; i < shards_->size(); ++i) {
+    const Range& g = ranges_[i];
+    const size_t bytes = sizeof(float) * static_cast<size_t>(g.size());
+    TOWERS_REQUIRE(reps[i].params().size() == bytes &&
+                       static_cast<size_t>(reps[i].slots_size()) == names.size(),
+                   "ps:{}: a pull with slots does not fit its range", i);
+    std::memcpy(params_ + g.begin, reps[i].params().data(), bytes);
+    for (size_t s = 0; s < names.size(); ++s)
+      std::memcpy(opt_.slot(names[s]) + g.begin, reps[i].slots(static_cast<int>(s)).data(), bytes);
+  }
+  opt_.load_state({{"name", opt_.config().name}, {"updates", reps[0].updates()}});
+  int64_t v = reps[0].version();
+  for (const PullReply& r : reps) v = std::min(v, r.version());
+  version_.store(std::max(version_.load(), v));
+  return params_;
+}
+
+std::vector<int> RemoteParameterStore::lost_workers() {
+  const int workers = cfg_.cluster.workers();
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(cfg_.heartbeat_timeout + 30.0));
+  std::set<int> lost;
+  for (;;) {
+    std::set<int> done;
+    lost.clear();
+    bool reached = false;
+    for (int i = 0; i < shards_->size(); ++i) {
+      InfoRequest req;
+      InfoReply rep;
+      auto ctx = call_context(cfg_.token, 10.0);
+      if (!shards_->stub(i).Info(ctx.get(), req, &rep).ok()) continue;  // gone: nothing to say
+      reached = true;
+      lost.insert(rep.lost_workers().begin(), rep.lost_workers().end());
+      done.insert(rep.done_workers().begin(), rep.done_workers().end());
+    }
+    int settled = 1;  // this worker
+    for (int w = 0; w < workers; ++w)
+      if (w != cfg_.rank && (done.count(w) || lost.count(w))) ++settled;
+    if (!reached || settled == workers || Clock::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return {lost.begin(), lost.end()};
+}
+
+int64_t RemoteParameterStore::dropped() {
+  int64_t d = 0;
+  InfoRequest req;
+  InfoReply rep;
+  auto ctx = call_context(cfg_.token, 10.0);
+  if (shards_->stub(0).Info(ctx.get(), req, &rep).ok()) d = rep.dropped();
+  return d;
+}
+
+void RemoteParameterStore::reset_clocks(int towers) {
+  clocks_ = std::make_unique<std::atomic<int64_t>[]>(towers);
+  for (int t = 0; t < towers; ++t) clocks_[t].store(0);
+  n_clocks_ = towers;
+}
+int64_t RemoteParameterStore::tick(int tower) {
+  TOWERS_CHECK(tower >= 0 && tower < n_clocks_, "no tower {}", tower);
+  return ++clocks_[tower];
+}
+int64_t RemoteParameterStore::min_clock() const {
+  int64_t m = n_clocks_ == 0 ? 0 : std::numeric_limits<int64_t>::max();
+  for (int t = 0; t < n_clocks_; ++t) m = std::min(m, clocks_[t].load());
+  return m;
+}
+
+}  // namespace towers::remote

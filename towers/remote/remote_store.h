@@ -1,0 +1,106 @@
+// remote_store.h — the parameters of a remote tower group, held by parameter-server shards in
+// other processes (towers/remote/shard_server.h), behind the ParameterStore seam.
+//
+// A worker process runs its T local towers with the same step driver and modes as one
+// process; only the store differs:
+//   pull(tower)   fetches every shard's range (in parallel) into the tower's own host buffer
+//                 and loads the tower from it; sync pulls ask for the current round, so they
+//                 wait at the shards for the round's barrier; SSP pulls carry the tower's
+//                 clock, so they wait while it is too far ahead of the slowest live worker
+//   push          sends each shard its range of the gradient (already summed over the local
+//                 towers by the fixed tree: node-local aggregation). Sync pushes return once
+//                 the round is applied, with the round's totals over every worker
+//   host_params   the chief's evaluation and checkpoints: every shard's range, with the
+//                 optimizer slots and update count, into the trainer's host arrays
+// Every call has a deadline (--rpc-timeout) and carries the token. A heartbeat thread keeps
+// the worker alive at the shards while it computes.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "optim/optimizer.h"
+#include "towers/parameter_store.h"
+#include "towers/remote/cluster.h"
+#include "towers/remote/rpc.h"
+
+namespace towers::remote {
+
+struct RemoteConfig {
+  Cluster cluster;
+  int rank = 0;  // this worker's training rank (0: the chief)
+  std::string token;
+  TlsFiles tls;
+  double rpc_timeout = 300.0;       // seconds: every call's deadline, waits at a barrier included
+  double heartbeat_timeout = 10.0;  // seconds without a call before a shard counts a worker lost
+  std::string mode = "sync";        // sync | async | ssp
+  int replicas_to_aggregate = 0;    // sync: workers per round (0: all)
+  int64_t staleness = 0;
+  bool use_locking = false;
+  std::string run_id;               // the chief's run, sent with Init
+};
+
+class ShardSet;  // the channels and stubs (remote_store.cpp)
+
+class RemoteParameterStore final : public ParameterStore {
+ public:
+  // params and opt: the trainer's host copy (the chief initialises the shards from them, and
+  // host_params refreshes them); opt's configuration is sent to the shards.
+  RemoteParameterStore(RemoteConfig cfg, const ParameterLayout& layout, float* params,
+                       Optimizer& opt, UpdateAccess access);
+  ~RemoteParameterStore() override;
+
+  // The chief: sends every shard its range of the parameters and slots, at version; waits
+  // (up to the rpc timeout) for shards that are still starting.
+  void initialize_shards(int64_t version);
+  // Every worker: waits until every shard serves this run's layout, then pulls the
+  // parameters into the host copy; returns the version the shards are at.
+  int64_t join();
+  // The chief at the end of its run: waits (up to the heartbeat timeout and a grace period)
+  // until every other worker has said it is done or a shard has counted it lost, and returns
+  // the lost ones, over all shards.
+  std::vector<int> lost_workers();
+  int64_t dropped();
+  // Tells the shards this worker is done (also done by the destructor).
+  void finish();
+
+  int64_t version() const override { return version_.load(); }
+  UpdateAccess access() const override { return access_; }
+  void restore_version(int64_t v) override { version_.store(v); }
+  void attach(const std::vector<Tower*>& towers) override;
+  int64_t pull(Tower& tower) override;
+  int64_t push(const float* grads, UpdateRecord& rec, CpuDevice& host) override;
+  int64_t skip(UpdateRecord& rec) override;
+  void wait(int64_t) override {}  // a push returns once it is applied
+  const float* host_params() override;
+  void reset_clocks(int towers) override;
+  int64_t tick(int tower) override;
+  int64_t clock(int tower) const override { return clocks_[tower].load(); }
+  int64_t min_clock() const override;
+
+ private:
+  int64_t push_ranges(const float* grads, bool skip, UpdateRecord& rec);
+  int tower_index(const Tower& t) const;
+
+  RemoteConfig cfg_;
+  const ParameterLayout& layout_;
+  float* params_;
+  Optimizer& opt_;
+  UpdateAccess access_;
+  uint64_t hash_;
+  std::vector<Range> ranges_;
+  std::unique_ptr<ShardSet> shards_;
+  std::atomic<int64_t> version_{0};
+  std::vector<Tower*> towers_;
+  std::vector<HostBuffer> pulled_;         // per tower: the parameters as pulled
+  std::vector<int64_t> version_read_;      // per tower: the version of its last pull
+  std::unique_ptr<std::atomic<int64_t>[]> clocks_;  // per tower; read by other towers' pushes
+  int n_clocks_ = 0;
+  std::atomic<bool> stop_{false}, finished_{false};
+  std::thread heartbeat_;
+};
+
+}  // namespace towers::remote

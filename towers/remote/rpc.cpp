@@ -1,0 +1,79 @@
+#include "towers/remote/rpc.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+
+namespace towers::remote {
+
+namespace {
+
+std::string read_pem(const std::string& path, const char* flag) {
+  std::ifstream in(path);
+  TOWERS_REQUIRE(in.good(), "{}: cannot read '{}'", flag, path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  TOWERS_REQUIRE(text.find("-----BEGIN ") != std::string::npos,
+                 "{}: '{}' is not a PEM file (no -----BEGIN line)", flag, path);
+  return text;
+}
+
+}  // namespace
+
+void check_tls(const TlsFiles& tls) {
+  if (!tls.enabled()) return;
+  TOWERS_REQUIRE(!tls.cert.empty() && !tls.key.empty() && !tls.ca.empty(),
+                 "TLS needs all of --tls-cert, --tls-key and --tls-ca (given: {}{}{})",
+                 tls.cert.empty() ? "" : "--tls-cert ", tls.key.empty() ? "" : "--tls-key ",
+                 tls.ca.empty() ? "" : "--tls-ca");
+  read_pem(tls.cert, "--tls-cert");
+  read_pem(tls.key, "--tls-key");
+  read_pem(tls.ca, "--tls-ca");
+}
+
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  o.pem_root_certs = read_pem(tls.ca, "--tls-ca");
+  o.pem_key_cert_pairs.push_back({read_pem(tls.key, "--tls-key"), read_pem(tls.cert, "--tls-cert")});
+  return grpc::SslServerCredentials(o);
+}
+
+std::shared_ptr<grpc::Channel> open_channel(const std::string& address, const TlsFiles& tls) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (tls.enabled()) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = read_pem(tls.ca, "--tls-ca");
+    o.pem_private_key = read_pem(tls.key, "--tls-key");
+    o.pem_cert_chain = read_pem(tls.cert, "--tls-cert");
+    creds = grpc::SslCredentials(o);
+  }
+  return grpc::CreateCustomChannel(address, creds, args);
+}
+
+std::unique_ptr<grpc::ClientContext> call_context(const std::string& token, double seconds) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->AddMetadata(kTokenKey, token);
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
+  return ctx;
+}
+
+std::string describe(const grpc::Status& s) {
+  static const char* names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+                                "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                                "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+                                "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  const int c = static_cast<int>(s.error_code());
+  return fmt::format("{}: {}", c >= 0 && c <= 16 ? names[c] : "?", s.error_message());
+}
+
+}  // namespace towers::remote

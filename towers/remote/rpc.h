@@ -1,0 +1,34 @@
+// rpc.h — what every process of a remote tower group shares about its gRPC calls: the token
+// in each call's metadata, TLS credentials, message limits, and errors that name the peer.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+namespace towers::remote {
+
+// The metadata entry that carries the run's token in every call.
+inline constexpr const char* kTokenKey = "towers-token";
+// Messages up to 1 GiB: a shard's range of a large model travels in one message.
+inline constexpr int kMaxMessageBytes = 1 << 30;
+
+// --tls-cert/--tls-key/--tls-ca: PEM files. All three, or none (plain TCP).
+struct TlsFiles {
+  std::string cert, key, ca;
+  bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+};
+// Checks the three are given together and readable; errors name the flag.
+void check_tls(const TlsFiles& tls);
+std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsFiles& tls);
+std::shared_ptr<grpc::Channel> open_channel(const std::string& address, const TlsFiles& tls);
+
+// A client context with the token and a deadline of `seconds` from now.
+std::unique_ptr<grpc::ClientContext> call_context(const std::string& token, double seconds);
+
+// "UNAVAILABLE: failed to connect ..." for an error message.
+std::string describe(const grpc::Status& s);
+
+}  // namespace towers::remote

@@ -1,0 +1,40 @@
+// shard_server.h — `towers ps`: one parameter-server shard of a remote tower group.
+//
+// A shard holds the range shard_ranges(total, shards)[index] of the flat parameter array and
+// the optimizer slots of that range. The chief initialises it (Init); workers push gradients
+// of the range and pull its parameters. How a push is applied is the run's mode, as in one
+// process (DESIGN.md, "Modes of a run"):
+//   sync     a round (a version) is applied once K workers' gradients for it have arrived
+//            (K = --replicas-to-aggregate, or every worker), summed over the workers in rank
+//            order by the fixed tree of kernels/reduce.h; pulls of the next round wait for it.
+//            Later gradients of an applied round are dropped and counted. A worker that is
+//            lost while a round needs it fails the round's waiting calls with its name.
+//   async    every push is applied at once (Hogwild: relaxed atomics; use_locking serialises
+//            the apply per variable), concurrently with pulls.
+//   ssp      as async, but a pull waits while the puller's clock is more than the bound
+//            ahead of the slowest live worker's.
+// A worker that makes no call (heartbeats included) for the heartbeat timeout is lost: out of
+// the SSP minimum, no longer waited for by backup-worker rounds. The shard exits once every
+// worker has said it is done or has been lost, or on Shutdown.
+#pragma once
+
+#include <string>
+
+#include "towers/remote/cluster.h"
+#include "towers/remote/rpc.h"
+
+namespace towers::remote {
+
+struct ShardOptions {
+  Cluster cluster;
+  int index = 0;                    // ps:index
+  std::string bind = "127.0.0.1";   // the address to listen on; the port is the cluster's
+  std::string token;
+  TlsFiles tls;
+  bool quiet = false;
+};
+
+// Serves until the run is over; returns the process's exit code.
+int run_shard(const ShardOptions& o);
+
+}  // namespace towers::remote
