@@ -422,7 +422,7 @@ TEST(RemoteCli, SyncStopsNamingTheLostWorker) {
   Proc l = spawn({"launch", "--ps", "1", "--workers", "2", "--out", dir, "--", "train", "--model",
                   "mlp", "--dataset", "synthetic", "--synthetic-size", "2000", "--batch", "16",
                   "--mode", "sync", "--steps", "100000", "--eval-every", "0", "--log-every", "1",
-                  "--heartbeat-timeout", "1"},
+                  "--heartbeat-timeout", "1", "--checkpoint-dir", dir + "/ck"},
                  test_path("launch.log"));
   ASSERT_TRUE(eventually(60, [&] {
     return metrics_events(dir + "/worker-1.jsonl", "step").size() >= 5 &&
@@ -433,6 +433,27 @@ TEST(RemoteCli, SyncStopsNamingTheLostWorker) {
   const std::string out = read_all(l.log);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("worker(s) 1 lost"), std::string::npos) << out;
+  // The chief saved the last complete round before it stopped.
+  EXPECT_NE(out.find("the last complete round"), std::string::npos) << out;
+  EXPECT_FALSE(only_checkpoint(dir + "/ck").empty());
+}
+
+// Backup workers: with --replicas-to-aggregate 1 of 2 workers, a round is applied with the
+// first worker's gradient, the straggler's (global tower 1) arrives late and is dropped, and
+// the run goes on.
+TEST(RemoteCli, BackupWorkersDropTheStragglersLateGradients) {
+  const std::string dir = test_path("launch");
+  std::string out;
+  ASSERT_EQ(run_towers(fmt::format("launch --ps 2 --workers 2 --out {} -- train --model mlp "
+                                   "--dataset synthetic --synthetic-size 2000 --batch 16 --mode "
+                                   "sync --replicas-to-aggregate 1 --slow-tower 0:10 --slow-tower 1:40 --steps 100 "
+                                   "--eval-every 0 --log-every 1", dir), &out), 0) << out;
+  const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_GE(summary[0]["steps"].get<int64_t>(), 100);
+  EXPECT_GT(summary[0]["dropped_by_shards"].get<int64_t>(), 0) << out;
+  for (const auto& s : metrics_events(dir + "/worker-0.jsonl", "step"))
+    EXPECT_LE(s["contributors"].get<int>(), 1);
 }
 
 }  // namespace

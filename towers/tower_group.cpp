@@ -132,8 +132,9 @@ void TowerGroup::guarded_push(const float* grads, int tower, UpdateRecord& rec) 
 }
 
 void TowerGroup::straggle(int tower) const {
+  // Stragglers are named by global tower (a remote group's towers of every worker).
   for (const auto& [t, ms] : cfg_.stragglers)
-    if (t == tower) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    if (t == cfg_.first_tower + tower) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augment,

@@ -73,6 +73,14 @@ data::DatasetRequest dataset_request(const std::string& name, const std::string&
   return r;
 }
 
+// The towers of the whole run: with a cluster, every worker's (worker r runs r*T .. r*T+T-1;
+// --slow-tower names them so).
+int all_towers(const TrainConfig& c) {
+  return remote::cluster_requested(c.cluster)
+             ? c.towers * remote::read_cluster(c.cluster, c.task).cluster.workers()
+             : c.towers;
+}
+
 std::vector<std::pair<int, int>> parse_slow_towers(const std::vector<std::string>& specs,
                                                    int towers) {
   std::vector<std::pair<int, int>> out;
@@ -156,7 +164,7 @@ void validate(const TrainConfig& c) {
                  "--clip-grad-norm must be a finite number >= 0 (0: off), got {}", c.clip_grad_norm);
   TOWERS_REQUIRE(c.lr_scaling == "none" || c.lr_scaling == "linear",
                  "--lr-scaling: unknown rule '{}' (known: none, linear)", c.lr_scaling);
-  parse_slow_towers(c.slow_towers, c.towers);
+  parse_slow_towers(c.slow_towers, all_towers(c));
   TOWERS_REQUIRE(c.batch >= 1, "--batch must be at least 1, got {}", c.batch);
   TOWERS_REQUIRE(c.batch <= 65536, "--batch {} is too large (at most 65536 per tower)", c.batch);
   TOWERS_REQUIRE(c.epochs >= 0.0 && std::isfinite(c.epochs), "--epochs must be >= 0, got {}", c.epochs);
@@ -278,7 +286,7 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   ec.staleness = std::max<int64_t>(c.staleness, 0);
   ec.use_locking = c.use_locking;
   ec.staleness_aware_lr = c.staleness_aware_lr;
-  ec.stragglers = parse_slow_towers(c.slow_towers, c.towers);
+  ec.stragglers = parse_slow_towers(c.slow_towers, all_towers(c));
   ec.clip_grad_norm = c.clip_grad_norm;
   ec.check_grad_norm = c.on_divergence == "skip-step";
   placement = fmt::format("on cpu ({} threads each)", threads);
@@ -391,6 +399,7 @@ class Run {
   int rank_ = 0;
   bool chief_ = true;
   remote::RemoteParameterStore* remote_ = nullptr;  // store_, when it is remote
+  int64_t dropped_by_shards_ = 0;  // late gradients of backup-worker rounds
   std::unique_ptr<TowerGroup> group_;
   std::unique_ptr<Tower> eval_tower_;  // made on first use: every core, or the first GPU
 
@@ -696,8 +705,26 @@ void Run::loop() {
   hooks.on_update = [&](const UpdateRecord& r) { return on_update(r); };
   hooks.side_work = [&](int64_t step) { side_work(step); };
   t_train_ = Clock::now();
-  group_->run(data_.train, tf_.train, c_.seed, start_step_, end_step_, start_examples_ / c_.batch,
-              hooks);
+  try {
+    group_->run(data_.train, tf_.train, c_.seed, start_step_, end_step_,
+                start_examples_ / c_.batch, hooks);
+  } catch (const Error& e) {
+    // A remote run that cannot go on (sync without a lost worker, a shard gone): the chief
+    // saves what the shards still hold, the last complete round, before it reports the error.
+    if (!remote_ || !chief_ || c_.checkpoint_dir.empty()) throw;
+    std::string saved;
+    try {
+      const int64_t step = remote_->version();
+      if (step > start_step_) {
+        write_checkpoint(step);
+        saved = fmt::format("; the last complete round, step {}, is saved in {}", step,
+                            sum_.last_checkpoint);
+      }
+    } catch (const Error&) {
+      saved = "; the shards could not be read for a checkpoint";
+    }
+    TOWERS_BAD_INPUT("{}{}", e.what(), saved);
+  }
 }
 
 TrainSummary Run::summary() {
@@ -717,6 +744,7 @@ TrainSummary Run::summary() {
     // The chief reports who was lost once every other worker has finished or been lost; its
     // own "done" then lets the shards exit.
     if (chief_) sum_.lost_workers = remote_->lost_workers();
+    dropped_by_shards_ = remote_->dropped();
     remote_->finish();
   }
   if (c_.target_accuracy > 0.0 && !target_reached_.load() && !sum_.interrupted &&
@@ -756,6 +784,7 @@ TrainSummary Run::summary() {
                          {"wall_to_target", or_null(sum_.wall_to_target >= 0, sum_.wall_to_target)}};
   line.update(sum_.tower_stats);
   if (cluster_) {
+    line["dropped_by_shards"] = dropped_by_shards_;
     line["worker"] = rank_;
     line["workers"] = cluster_->cluster.workers();
     line["lost_workers"] = sum_.lost_workers;

@@ -89,6 +89,7 @@ RemoteParameterStore::RemoteParameterStore(RemoteConfig cfg, const ParameterLayo
       hash_(layout_hash(layout)),
       ranges_(shard_ranges(layout.total(), static_cast<int>(cfg_.cluster.ps.size()))),
       shards_(std::make_unique<ShardSet>(cfg_)) {
+  keep_message_buffers();
   // Heartbeats from the start, so that a worker still loading its data is not counted lost.
   heartbeat_ = std::thread([this] {
     const auto period = std::chrono::duration<double>(std::max(0.05, cfg_.heartbeat_timeout / 5));

@@ -1,9 +1,13 @@
 #include "towers/remote/rpc.h"
 
+#include <malloc.h>
+
 #include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "core/check.h"
 
@@ -43,8 +47,24 @@ std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsFiles& tls)
   return grpc::SslServerCredentials(o);
 }
 
+namespace {
+constexpr int kLookaheadBytes = 64 << 20;
+constexpr int kMaxFrameBytes = 16 << 20;  // HTTP/2's largest
+}  // namespace
+
+void tune(grpc::ChannelArguments& args) {
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kLookaheadBytes);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
+}
+
+void tune(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kLookaheadBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
+}
+
 std::shared_ptr<grpc::Channel> open_channel(const std::string& address, const TlsFiles& tls) {
   grpc::ChannelArguments args;
+  tune(args);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
@@ -56,6 +76,12 @@ std::shared_ptr<grpc::Channel> open_channel(const std::string& address, const Tl
     creds = grpc::SslCredentials(o);
   }
   return grpc::CreateCustomChannel(address, creds, args);
+}
+
+void keep_message_buffers() {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 0x7fffffff);
+  mallopt(M_TOP_PAD, 256 << 20);
 }
 
 std::unique_ptr<grpc::ClientContext> call_context(const std::string& token, double seconds) {

@@ -223,17 +223,18 @@ class ShardService final : public Shard::Service {
         return s;
     }
     const size_t n = static_cast<size_t>(range_.size());
-    std::string* out = rep->mutable_params();
-    out->resize(sizeof(float) * n);
-    float* dst = reinterpret_cast<float*>(out->data());
     if (run_.mode() == "sync") {
+      // No update runs while the copy is taken: one copy straight into the message.
       std::shared_lock<std::shared_mutex> l(apply_mu_);
       rep->set_version(version_.load());
-      std::memcpy(dst, params_.data(), sizeof(float) * n);
+      rep->set_params(params_.data(), sizeof(float) * n);
       if (req->with_slots()) copy_slots(*rep);
     } else {
+      // Updates race with the copy (Hogwild): relaxed loads, as every reader of the store.
       rep->set_version(version_.load());
-      load_relaxed(params_.data(), dst, static_cast<int64_t>(n));
+      std::string* out = rep->mutable_params();
+      out->resize(sizeof(float) * n);
+      load_relaxed(params_.data(), reinterpret_cast<float*>(out->data()), static_cast<int64_t>(n));
       if (req->with_slots()) copy_slots(*rep);
     }
     return Status::OK;
@@ -562,12 +563,14 @@ int run_shard(const ShardOptions& o) {
   const std::string& entry = o.cluster.ps[o.index];
   const std::string port = entry.substr(entry.rfind(':') + 1);
   const std::string address = (o.bind.find(':') != std::string::npos ? "[" + o.bind + "]" : o.bind) + ":" + port;
+  keep_message_buffers();
   ShardService service(o);
   grpc::ServerBuilder builder;
   int bound = 0;
   builder.AddListeningPort(address, server_credentials(o.tls), &bound);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  tune(builder);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   TOWERS_REQUIRE(server && bound != 0, "ps:{}: cannot listen on {} (the port is in use, or --bind "
