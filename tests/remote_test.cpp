@@ -458,3 +458,46 @@ TEST(RemoteCli, BackupWorkersDropTheStragglersLateGradients) {
 
 }  // namespace
 }  // namespace towers
+
+namespace towers {
+namespace {
+
+// A shard killed with kill -9 and started again with the same flags restores its range from
+// its last checkpoint; the workers reconnect and an async run finishes.
+TEST(RemoteCli, KilledShardRestartsFromItsCheckpointAndTheRunFinishes) {
+  const std::string dir = test_path("launch");
+  Proc l = spawn({"launch", "--ps", "2", "--workers", "2", "--out", dir, "--", "train", "--model",
+                  "mlp", "--dataset", "synthetic", "--synthetic-size", "1000", "--batch", "16",
+                  "--mode", "async", "--steps", "700", "--eval-every", "0", "--log-every", "1",
+                  "--slow-tower", "0:10", "--slow-tower", "1:10", "--checkpoint-dir", dir + "/ck",
+                  "--checkpoint-every", "0.5", "--rpc-timeout", "60"},
+                 test_path("launch.log"));
+  const std::string saved = dir + "/ps-checkpoints/ps-1.ckpt";
+  ASSERT_TRUE(eventually(90, [&] { return std::filesystem::exists(saved); })) << read_all(l.log);
+  std::map<std::string, pid_t> procs = launched(dir);
+  ASSERT_EQ(kill(procs["ps:1"], SIGKILL), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The same command line, from processes.json.
+  std::vector<std::string> argv;
+  {
+    std::ifstream in(dir + "/processes.json");
+    for (const auto& p : nlohmann::json::parse(in))
+      if (p["task"] == "ps:1")
+        for (size_t i = 1; i < p["argv"].size(); ++i) argv.push_back(p["argv"][i]);
+  }
+  ASSERT_FALSE(argv.empty());
+  Proc again = spawn(argv, test_path("ps-1-again.log"));
+  const int rc = wait_for(l, 180);
+  const std::string out = read_all(l.log);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("ps:1: killed by signal 9"), std::string::npos) << out;
+  EXPECT_EQ(wait_for(again, 60), 0) << read_all(again.log);
+  const std::string shard_log = read_all(again.log);
+  EXPECT_NE(shard_log.find("ps-1.ckpt"), std::string::npos) << shard_log;  // restored from it
+  const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
+  ASSERT_EQ(summary.size(), 1u) << out;
+  EXPECT_GE(summary[0]["steps"].get<int64_t>(), 700);
+}
+
+}  // namespace
+}  // namespace towers

@@ -7,7 +7,7 @@
 // engine (TowerGroup) never touches the parameters or the optimizer itself:
 //   pull(tower)                  the tower gets the current parameters; returns the version
 //                                they were at when the copy began
-//   push(grads, lr, host)        applies one update (grads already averaged and scaled),
+//   push(grads, rec, host)       applies one update at rec.lr (grads already averaged and scaled),
 //                                returns a ticket: the version the update produced
 //   wait(ticket)                 returns once that update is visible to every later pull
 //   tick(tower), clock(tower), min_clock()
@@ -18,10 +18,9 @@
 // The local host store (this file) applies at once, on the calling tower's host threads, so
 // its wait returns at once. The device-mirrored store (towers/mirrored_store.h, TF's
 // MirroredStrategy) keeps a copy of the parameters and slots on each GPU tower and runs the
-// CUDA optimizer there. The store to come plugs in behind the same calls:
-//   - remote sharded (parameter-server tasks over gRPC): push sends each shard's byte range of
-//     the gradient, the ticket is the round, wait blocks on the shards' acknowledgements, pull
-//     fetches the ranges into a pinned host buffer and then loads the tower from it.
+// CUDA optimizer there. The remote store (towers/remote/remote_store.h) keeps them on
+// parameter-server shards in other processes: push sends each shard its byte range of the
+// gradient and returns once it is applied, pull fetches the ranges and loads the tower.
 #pragma once
 
 #include <atomic>

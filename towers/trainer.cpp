@@ -623,7 +623,11 @@ void Run::write_checkpoint(int64_t step) {
                           epoch_at(step), config_json_, opt_->state()};
   std::string path = io::save_checkpoint(c_.checkpoint_dir, meta, graph_->layout(), params,
                                          opt_->slots(), c_.keep_checkpoints);
-  metrics_->write({{"event", "checkpoint"}, {"step", step}, {"path", path}});
+  nlohmann::json event = {{"event", "checkpoint"}, {"step", step}, {"path", path}};
+  // The shards save their ranges at the same version (those with a --checkpoint-dir), so a
+  // restarted shard can restore its own.
+  if (remote_) event["shards"] = remote_->save_shards(step);
+  metrics_->write(event);
   sum_.last_checkpoint = path;
 }
 
@@ -785,6 +789,7 @@ TrainSummary Run::summary() {
   line.update(sum_.tower_stats);
   if (cluster_) {
     line["dropped_by_shards"] = dropped_by_shards_;
+    line["remote"] = remote_->timing();
     line["worker"] = rank_;
     line["workers"] = cluster_->cluster.workers();
     line["lost_workers"] = sum_.lost_workers;

@@ -345,6 +345,9 @@ int main(int argc, char** argv) {
   ps->add_option("--tls-cert", shard.tls.cert, "this shard's certificate (PEM)");
   ps->add_option("--tls-key", shard.tls.key, "its private key (PEM)");
   ps->add_option("--tls-ca", shard.tls.ca, "the CA that signed the workers' certificates");
+  ps->add_option("--checkpoint-dir", shard.checkpoint_dir,
+                 "save this shard's range here when the chief checkpoints; started again with "
+                 "the same flags, the shard restores it and the workers reconnect");
   ps->add_flag("--quiet", shard.quiet, "no log lines");
 
   bool devices_json = false;

@@ -189,12 +189,13 @@ int run_launch(const LaunchConfig& c) {
     k.task = task;
     k.pid = spawn(argv, log, tee);
     kids.push_back(k);
-    procs.push_back({{"task", task}, {"pid", k.pid}, {"log", tee ? "" : log}});
+    procs.push_back({{"task", task}, {"pid", k.pid}, {"log", tee ? "" : log}, {"argv", argv}});
   };
   for (int i = 0; i < c.ps; ++i)
     start(fmt::format("ps:{}", i),
           {c.self, "ps", "--cluster", cluster_file, "--task", fmt::format("ps:{}", i),
-           "--token-file", token_file},
+           "--token-file", token_file, "--checkpoint-dir",
+           (fs::path(c.out) / "ps-checkpoints").string()},
           false);
   for (int i = 0; i < c.workers; ++i) {
     std::vector<std::string> argv = {c.self, "train"};

@@ -4,7 +4,9 @@
 // --task worker:I`, worker 0 the chief), forwards Ctrl-C to the workers, and exits with the
 // chief's exit code. Each process's output goes to DIR/<task>.log (the chief's also to this
 // terminal) and each worker's metrics to DIR/worker-I.jsonl (the chief's to --metrics if the
-// training flags give one). DIR/processes.json lists the process ids.
+// training flags give one). DIR/processes.json lists the process ids. The shards save their
+// ranges to DIR/ps-checkpoints whenever the chief checkpoints; a shard killed mid-run can be
+// started again by hand with its command line from DIR/processes.json ("argv").
 #pragma once
 
 #include <string>

@@ -55,30 +55,60 @@ class ShardSet {
   }
 
   // Starts call(i, context, done) on every shard at once (the stub's callback API) and waits
-  // for all; throws the first failure.
+  // for all; throws the first failure. A shard that is unreachable (down, or restarting) is
+  // called again every 200 ms until the deadline: a restarted shard is reconnected to.
   using Start = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
   void all(const char* what, double timeout, const Start& start) {
-    const int n = size();
-    std::vector<std::unique_ptr<grpc::ClientContext>> ctx;
-    std::vector<grpc::Status> status(n);
-    std::mutex mu;
-    std::condition_variable cv;
-    int left = n;
-    for (int i = 0; i < n; ++i) ctx.push_back(call_context(cfg_.token, timeout));
-    for (int i = 0; i < n; ++i)
-      start(i, ctx[i].get(), [&, i](grpc::Status s) {
-        std::lock_guard<std::mutex> l(mu);
-        status[i] = std::move(s);
-        if (--left == 0) cv.notify_all();
-      });
-    std::unique_lock<std::mutex> l(mu);
-    cv.wait(l, [&] { return left == 0; });
-    for (int i = 0; i < n; ++i)
-      if (!status[i].ok()) fail(i, what, status[i]);
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(timeout));
+    std::vector<int> todo(size());
+    for (int i = 0; i < size(); ++i) todo[i] = i;
+    for (;;) {
+      const int n = static_cast<int>(todo.size());
+      const double left = std::max(0.001, std::chrono::duration<double>(until - Clock::now()).count());
+      std::vector<std::unique_ptr<grpc::ClientContext>> ctx;
+      std::vector<grpc::Status> status(n);
+      std::mutex mu;
+      std::condition_variable cv;
+      int pending = n;
+      for (int k = 0; k < n; ++k) ctx.push_back(call_context(cfg_.token, left));
+      for (int k = 0; k < n; ++k)
+        start(todo[k], ctx[k].get(), [&, k](grpc::Status s) {
+          std::lock_guard<std::mutex> l(mu);
+          status[k] = std::move(s);
+          if (--pending == 0) cv.notify_all();
+        });
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return pending == 0; });
+      }
+      std::vector<int> again;
+      for (int k = 0; k < n; ++k) {
+        if (status[k].ok()) continue;
+        const int i = todo[k];
+        if (status[k].error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= until)
+          fail(i, what, status[k]);
+        if (!unreachable_[i]) {
+          unreachable_[i] = true;
+          fmt::print(stderr, "towers: ps:{} ({}) is unreachable ({}); calling again until the "
+                     "deadline\n", i, cfg_.cluster.ps[i], describe(status[k]));
+        }
+        again.push_back(i);
+      }
+      if (again.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      todo = std::move(again);
+    }
+    for (int i = 0; i < size(); ++i)
+      if (unreachable_[i] && std::find(todo.begin(), todo.end(), i) != todo.end()) {
+        unreachable_[i] = false;
+        fmt::print(stderr, "towers: ps:{} ({}) answers again\n", i, cfg_.cluster.ps[i]);
+      }
   }
 
  private:
   const RemoteConfig& cfg_;
+  std::vector<std::atomic<bool>> unreachable_ = std::vector<std::atomic<bool>>(cfg_.cluster.ps.size());
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<Shard::Stub>> stubs_;
 };
@@ -224,7 +254,19 @@ int RemoteParameterStore::tower_index(const Tower& t) const {
   TOWERS_FAIL("a tower the remote store was not attached to");
 }
 
+namespace {
+int64_t ns_since(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+}  // namespace
+
+nlohmann::json RemoteParameterStore::timing() const {
+  return {{"pulls", pulls_.load()}, {"pull_seconds", pull_ns_.load() * 1e-9},
+          {"pushes", pushes_.load()}, {"push_seconds", push_ns_.load() * 1e-9}};
+}
+
 int64_t RemoteParameterStore::pull(Tower& tower) {
+  const auto t0 = Clock::now();
   const int ti = tower_index(tower);
   float* dst = pulled_[ti].data();
   std::vector<PullRequest> reqs(shards_->size());
@@ -234,7 +276,10 @@ int64_t RemoteParameterStore::pull(Tower& tower) {
     r.set_worker(cfg_.rank);
     // sync: the current round, so a pull waits at the barrier for it
     if (cfg_.mode == "sync") r.set_min_version(version_.load());
-    if (cfg_.mode == "ssp") r.set_clock(clocks_[ti].load());
+    if (cfg_.mode == "ssp") {
+      r.set_clock(clocks_[ti].load());
+      r.set_worker_clock(min_clock());
+    }
   }
   shards_->all("Pull", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
     shards_->stub(i).async()->Pull(ctx, &reqs[i], &reps[i], std::move(done));
@@ -254,10 +299,13 @@ int64_t RemoteParameterStore::pull(Tower& tower) {
     while (seen < v && !version_.compare_exchange_weak(seen, v)) {}
   }
   tower.load_params(dst);
+  ++pulls_;
+  pull_ns_ += ns_since(t0);
   return v;
 }
 
 int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateRecord& rec) {
+  const auto t0 = Clock::now();
   std::vector<PushRequest> reqs(shards_->size());
   std::vector<PushReply> reps(shards_->size());
   const int ti = rec.tower >= 0 ? rec.tower : 0;
@@ -304,6 +352,8 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
     int64_t seen = version_.load();
     while (seen < v && !version_.compare_exchange_weak(seen, v)) {}
   }
+  ++pushes_;
+  push_ns_ += ns_since(t0);
   return v;
 }
 
@@ -340,6 +390,18 @@ const float* RemoteParameterStore::host_params() {
   for (const PullReply& r : reps) v = std::min(v, r.version());
   version_.store(std::max(version_.load(), v));
   return params_;
+}
+
+std::vector<std::string> RemoteParameterStore::save_shards(int64_t version) {
+  std::vector<SaveRequest> reqs(shards_->size());
+  std::vector<SaveReply> reps(shards_->size());
+  for (auto& r : reqs) r.set_version(version);
+  shards_->all("Save", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
+    shards_->stub(i).async()->Save(ctx, &reqs[i], &reps[i], std::move(done));
+  });
+  std::vector<std::string> paths;
+  for (const SaveReply& r : reps) paths.push_back(r.path());
+  return paths;
 }
 
 std::vector<int> RemoteParameterStore::lost_workers() {

@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "optim/optimizer.h"
 #include "towers/parameter_store.h"
 #include "towers/remote/cluster.h"
@@ -64,8 +66,14 @@ class RemoteParameterStore final : public ParameterStore {
   // the lost ones, over all shards.
   std::vector<int> lost_workers();
   int64_t dropped();
+  // The chief's checkpoint at version: every shard with a --checkpoint-dir saves its range
+  // there too. Returns each shard's file (empty for a shard without a checkpoint dir).
+  std::vector<std::string> save_shards(int64_t version);
   // Tells the shards this worker is done (also done by the destructor).
   void finish();
+  // Where this worker's time went at the store: calls and seconds of pulls and of pushes (a
+  // sync push includes the wait at the barrier for the other workers), over all towers.
+  nlohmann::json timing() const;
 
   int64_t version() const override { return version_.load(); }
   UpdateAccess access() const override { return access_; }
@@ -100,6 +108,7 @@ class RemoteParameterStore final : public ParameterStore {
   std::unique_ptr<std::atomic<int64_t>[]> clocks_;  // per tower; read by other towers' pushes
   int n_clocks_ = 0;
   std::atomic<bool> stop_{false}, finished_{false};
+  std::atomic<int64_t> pulls_{0}, pushes_{0}, pull_ns_{0}, push_ns_{0};
   std::thread heartbeat_;
 };
 

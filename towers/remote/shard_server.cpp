@@ -1,10 +1,16 @@
 #include "towers/remote/shard_server.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -88,6 +94,72 @@ class ShardService final : public Shard::Service {
               fmt::format("{} already serves run {}; a shard serves one run (start a fresh one)",
                           name_, run_id_)};
     }
+    if (Status s = init_from(*req, "the chief"); !s.ok()) return s;
+    rep->set_begin(range_.begin);
+    rep->set_end(range_.end);
+    return Status::OK;
+  }
+
+  // A restarted shard: its last checkpoint, if --checkpoint-dir holds one. Throws for a file
+  // that cannot be used.
+  void restore() {
+    if (o_.checkpoint_dir.empty()) return;
+    const std::string path = checkpoint_path();
+    std::ifstream in(path, std::ios::binary);
+    if (!in.good()) return;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    InitRequest req;
+    TOWERS_REQUIRE(req.ParseFromString(ss.str()), "{}: '{}' is not a shard checkpoint", name_, path);
+    std::unique_lock<std::mutex> l(mu_);
+    Status s = init_from(req, path);
+    restored_ = true;
+    TOWERS_REQUIRE(s.ok(), "{}: cannot restore '{}': {}", name_, path, s.error_message());
+  }
+
+  Status Save(ServerContext* ctx, const SaveRequest* req, SaveReply* rep) override {
+    if (Status s = authorize(ctx); !s.ok()) return s;
+    if (Status s = check_reader(0); !s.ok()) return s;
+    if (o_.checkpoint_dir.empty()) return Status::OK;  // no checkpoints: an empty path
+    std::lock_guard<std::mutex> save(save_mu_);
+    InitRequest ck;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ck = init_;
+    }
+    const size_t n = static_cast<size_t>(range_.size());
+    {
+      // sync: between rounds (the chief's towers are paused, so no round completes); async:
+      // a copy that races with updates, read as relaxed atomics like every pull.
+      std::shared_lock<std::shared_mutex> a(apply_mu_);
+      ck.set_version(version_.load());
+      ck.set_updates(opt_->updates());
+      std::string* p = ck.mutable_params();
+      p->resize(sizeof(float) * n);
+      load_relaxed(params_.data(), reinterpret_cast<float*>(p->data()), static_cast<int64_t>(n));
+      ck.clear_slots();
+      for (const auto& [name, s] : opt_->slots()) {
+        std::string* d = ck.add_slots();
+        d->resize(sizeof(float) * n);
+        load_relaxed(s, reinterpret_cast<float*>(d->data()), static_cast<int64_t>(n));
+      }
+    }
+    const std::string path = checkpoint_path();
+    try {
+      write_atomically(path, ck.SerializeAsString());
+    } catch (const Error& e) {
+      return {StatusCode::INTERNAL, e.what()};
+    }
+    say(fmt::format("saved version {} to {} (the chief's checkpoint is at {})", ck.version(), path,
+                    req->version()));
+    rep->set_path(path);
+    rep->set_version(ck.version());
+    return Status::OK;
+  }
+
+  // Under mu_: takes the run from an Init (the chief's, or a checkpoint's: from).
+  Status init_from(const InitRequest& in, const std::string& from) {
+    const InitRequest* req = &in;
     std::vector<ParamSpec> specs;
     for (const VariableSpec& v : req->variables()) {
       ParamSpec p;
@@ -161,13 +233,14 @@ class ShardService final : public Shard::Service {
       if (early_seen_.count(i)) seen_[i] = early_seen_[i];
     timeout_ = std::chrono::milliseconds(std::max<int64_t>(run.heartbeat_timeout_ms(), 100));
     initialized_ = true;
+    init_ = *req;  // what a checkpoint repeats, less the arrays it replaces
+    init_.clear_params();
+    init_.clear_slots();
     say(fmt::format("serving [{}, {}) of {} floats ({:.2f} MB), {} mode, {} worker(s){}, "
-                    "optimizer {}, from version {}",
+                    "optimizer {}, from version {} (initialised by {})",
                     range.begin, range.end, layout_->total(), bytes / 1e6, run.mode(), w,
                     run.mode() == "sync" && k_ < w ? fmt::format(" (the first {} of each round)", k_) : "",
-                    oc.name, req->version()));
-    rep->set_begin(range.begin);
-    rep->set_end(range.end);
+                    oc.name, req->version(), from));
     watchdog_ = std::thread([this] { watch(); });
     return Status::OK;
   }
@@ -190,7 +263,7 @@ class ShardService final : public Shard::Service {
     const int64_t v = version_.fetch_add(1) + 1;
     rep->set_version(v);
     rep->set_applied(!req->skip());
-    rep->set_staleness(v - 1 - req->round());
+    rep->set_staleness(std::max<int64_t>(0, v - 1 - req->round()));
     {
       std::lock_guard<std::mutex> l(mu_);
       clocks_[req->worker()] = std::max(clocks_[req->worker()], req->clock());
@@ -208,6 +281,8 @@ class ShardService final : public Shard::Service {
     }
     if (req->min_version() > 0 || (run_.mode() == "ssp" && req->worker() >= 0)) {
       std::unique_lock<std::mutex> l(mu_);
+      if (req->worker() >= 0)  // a restarted shard learns the workers' clocks from their pulls
+        clocks_[req->worker()] = std::max(clocks_[req->worker()], req->worker_clock());
       auto ready = [&] {
         if (version_.load() < req->min_version()) return false;
         return run_.mode() != "ssp" || req->worker() < 0 ||
@@ -421,8 +496,13 @@ class ShardService final : public Shard::Service {
     }
     if (round > v)
       return {StatusCode::FAILED_PRECONDITION,
-              fmt::format("{}: worker {} pushed round {} but the shard is at round {}", name_, w,
-                          round, v)};
+              restored_
+                  ? fmt::format("{} was restarted and restored round {} from its checkpoint, but "
+                                "worker {} is at round {}: sync cannot go on with the other "
+                                "shards rounds ahead; continue the run from the chief's "
+                                "checkpoint with --resume", name_, v, w, round)
+                  : fmt::format("{}: worker {} pushed round {} but the shard is at round {}",
+                                name_, w, round, v)};
     if (arrived_[w])
       return {StatusCode::FAILED_PRECONDITION,
               fmt::format("{}: worker {} pushed round {} twice", name_, w, round)};
@@ -524,8 +604,47 @@ class ShardService final : public Shard::Service {
     bool finite = true;
   };
 
+  std::string checkpoint_path() const {
+    return (std::filesystem::path(o_.checkpoint_dir) / fmt::format("ps-{}.ckpt", o_.index)).string();
+  }
+
+  // path's bytes replaced by data, or left as they were: a temporary file in the same folder,
+  // fsynced, renamed over path, the folder fsynced.
+  static void write_atomically(const std::string& path, const std::string& data) {
+    const std::string tmp = fmt::format("{}.tmp-{}", path, getpid());
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    TOWERS_REQUIRE(fd >= 0, "cannot write '{}': {}", tmp, std::strerror(errno));
+    size_t done = 0;
+    while (done < data.size()) {
+      const ssize_t w = write(fd, data.data() + done, data.size() - done);
+      if (w <= 0) {
+        const int err = errno;
+        close(fd);
+        unlink(tmp.c_str());
+        TOWERS_BAD_INPUT("cannot write '{}': {}", tmp, std::strerror(err));
+      }
+      done += static_cast<size_t>(w);
+    }
+    const bool synced = fsync(fd) == 0;
+    close(fd);
+    if (!synced || rename(tmp.c_str(), path.c_str()) != 0) {
+      const int err = errno;
+      unlink(tmp.c_str());
+      TOWERS_BAD_INPUT("cannot save '{}': {}", path, std::strerror(err));
+    }
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    const int dfd = open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      fsync(dfd);
+      close(dfd);
+    }
+  }
+
   const ShardOptions& o_;
   const std::string name_;
+  InitRequest init_;      // the run as initialised, without its arrays
+  bool restored_ = false;  // from a checkpoint, by a restarted shard
+  std::mutex save_mu_;    // one Save at a time
   mutable std::atomic<int64_t> rejected_{0};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -564,7 +683,15 @@ int run_shard(const ShardOptions& o) {
   const std::string port = entry.substr(entry.rfind(':') + 1);
   const std::string address = (o.bind.find(':') != std::string::npos ? "[" + o.bind + "]" : o.bind) + ":" + port;
   keep_message_buffers();
+  if (!o.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.checkpoint_dir, ec);
+    TOWERS_REQUIRE(std::filesystem::is_directory(o.checkpoint_dir),
+                   "--checkpoint-dir: '{}' is not a directory and cannot be created",
+                   o.checkpoint_dir);
+  }
   ShardService service(o);
+  service.restore();
   grpc::ServerBuilder builder;
   int bound = 0;
   builder.AddListeningPort(address, server_credentials(o.tls), &bound);

@@ -16,6 +16,12 @@
 // A worker that makes no call (heartbeats included) for the heartbeat timeout is lost: out of
 // the SSP minimum, no longer waited for by backup-worker rounds. The shard exits once every
 // worker has said it is done or has been lost, or on Shutdown.
+// With --checkpoint-dir the shard writes its range when the chief checkpoints (Save), and a
+// shard killed and started again with the same flags restores it; the workers' calls retry an
+// unreachable shard until their deadline, so they reconnect to the new one. Async and SSP go
+// on from there (the shard's updates since its checkpoint are lost: more staleness); sync
+// cannot, since the other shards are rounds ahead: the workers stop with an error that says
+// so, and the run continues from the chief's checkpoint with --resume.
 #pragma once
 
 #include <string>
@@ -32,6 +38,10 @@ struct ShardOptions {
   std::string token;
   TlsFiles tls;
   bool quiet = false;
+  // Where Save writes this shard's checkpoint (ps-I.ckpt), and where a restarted shard finds
+  // it: it then serves again from that version without the chief's Init. Empty: no
+  // checkpoints.
+  std::string checkpoint_dir;
 };
 
 // Serves until the run is over; returns the process's exit code.

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Remote tower groups on this machine (README, "Remote tower groups"):
+#   1. remote_bench: push and pull to 1, 2, 4 shards over message sizes of 64 KiB .. 64 MiB,
+#      next to raw TCP loopback and memcpy measured in the same run;
+#   2. the same training job (fashion net, Fashion-MNIST, sync, batch 128 per tower, one
+#      thread per tower) as 1 process x 2 towers and as 2 worker processes x 1 tower with 1
+#      shard, alternated ROUNDS times: images/s, and each worker's time per step split into
+#      compute (its tower's step), push (send, and wait at the barrier for the round) and pull.
+# Prints, and writes to OUT/summary.txt.
+#   bench/run-remote.sh [BUILD_DIR] [OUT_DIR]     STEPS=N (default 60), ROUNDS=R (default 3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+out=${2:-bench/results/$(date +%Y-%m-%d)-remote}
+steps=${STEPS:-60}
+rounds=${ROUNDS:-3}
+mkdir -p "$out"
+"$build/bench/remote_bench" --benchmark_out="$out/remote_bench.json" \
+  --benchmark_out_format=json > "$out/remote_bench.txt" 2>&1
+flags=(--model fashion --dataset fashion-mnist --mode sync --batch 128 --steps "$steps"
+       --threads-per-tower 1 --eval-every 0 --seed 1 --quiet)
+for r in $(seq 1 "$rounds"); do
+  "$build/towers" train "${flags[@]}" --towers 2 --metrics "$out/one-process-$r.jsonl"
+  rm -rf "$out/launch-$r"
+  "$build/towers" launch --ps 1 --workers 2 --out "$out/launch-$r" -- train "${flags[@]}" \
+    > "$out/launch-$r.log" 2>&1
+done
+python3 - "$out" "$rounds" <<'PY' | tee "$out/summary.txt"
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def summary(path):
+    for line in open(path):
+        j = json.loads(line)
+        if j["event"] == "summary":
+            return j
+one = [summary(f"{out}/one-process-{r}.jsonl") for r in range(1, rounds + 1)]
+two = [[summary(f"{out}/launch-{r}/worker-{w}.jsonl") for w in (0, 1)] for r in range(1, rounds + 1)]
+print("images/s, sync, fashion net, batch 128 per tower, 1 thread per tower")
+print("  1 process x 2 towers:   " + ", ".join(f"{s['train_images_per_sec']:.0f}" for s in one) +
+      f"   median {statistics.median(s['train_images_per_sec'] for s in one):.0f}")
+print("  2 processes x 1 tower:  " + ", ".join(f"{w[0]['train_images_per_sec']:.0f}" for w in two) +
+      f"   median {statistics.median(w[0]['train_images_per_sec'] for w in two):.0f}")
+print("per step of each worker (ms; the last round): compute (p50 tower step), push + barrier, pull")
+for w, s in enumerate(two[-1]):
+    t = s["remote"]
+    comp = s["towers"][0]["step_ms_p50"]
+    print(f"  worker {w}: compute {comp:.1f}, push {1e3 * t['push_seconds'] / max(t['pushes'], 1):.1f}, "
+          f"pull {1e3 * t['pull_seconds'] / max(t['pulls'], 1):.1f}")
+PY
