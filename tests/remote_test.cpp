@@ -446,11 +446,11 @@ TEST(RemoteCli, BackupWorkersDropTheStragglersLateGradients) {
   std::string out;
   ASSERT_EQ(run_towers(fmt::format("launch --ps 2 --workers 2 --out {} -- train --model mlp "
                                    "--dataset synthetic --synthetic-size 2000 --batch 16 --mode "
-                                   "sync --replicas-to-aggregate 1 --slow-tower 0:10 --slow-tower 1:40 --steps 100 "
+                                   "sync --replicas-to-aggregate 1 --slow-tower 0:10 --slow-tower 1:40 --steps 200 "
                                    "--eval-every 0 --log-every 1", dir), &out), 0) << out;
   const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
   ASSERT_EQ(summary.size(), 1u);
-  EXPECT_GE(summary[0]["steps"].get<int64_t>(), 100);
+  EXPECT_GE(summary[0]["steps"].get<int64_t>(), 200);
   EXPECT_GT(summary[0]["dropped_by_shards"].get<int64_t>(), 0) << out;
   for (const auto& s : metrics_events(dir + "/worker-0.jsonl", "step"))
     EXPECT_LE(s["contributors"].get<int>(), 1);
@@ -497,6 +497,60 @@ TEST(RemoteCli, KilledShardRestartsFromItsCheckpointAndTheRunFinishes) {
   const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
   ASSERT_EQ(summary.size(), 1u) << out;
   EXPECT_GE(summary[0]["steps"].get<int64_t>(), 700);
+}
+
+}  // namespace
+}  // namespace towers
+
+namespace towers {
+namespace {
+
+// Another process reads the live parameters from the shards, with the read-only token: `towers
+// pull` writes a checkpoint that `towers eval` reads, `towers eval --cluster` tests them in
+// memory, and both see the same parameters. The read-only token cannot take part in the run.
+// The cluster has 2 workers and only the chief runs, so the run waits at round 0 (the
+// initial parameters) while the readers read.
+TEST(RemoteCli, PullAndEvalReadTheLiveParametersWithTheReadOnlyToken) {
+  const int port = free_port();
+  const std::string cluster = write_file(
+      "cluster.json", fmt::format(R"({{"cluster": {{"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:{}"]}}}})", port));
+  const std::string token = write_file("token", "run-token\n");
+  const std::string read = write_file("read", "read-only-token\n");
+  Proc shard = spawn({"ps", "--cluster", cluster, "--task", "ps:0", "--token-file", token,
+                      "--read-token-file", read},
+                     test_path("ps.log"));
+  Proc chief = spawn({"train", "--model", "mlp", "--dataset", "fashion-mnist", "--steps", "5",
+                      "--batch", "64", "--quiet", "--eval-every", "0", "--cluster", cluster,
+                      "--task", "worker:0", "--token-file", token, "--rpc-timeout", "120"},
+                     test_path("chief.log"));
+  const std::string pulled = test_path("model.safetensors");
+  std::string out;
+  // Until the chief has initialised the shard, a pull says so; then it succeeds.
+  ASSERT_TRUE(eventually(60, [&] {
+    return run_towers(fmt::format("pull --cluster {} --token-file {} --out {}", cluster, read,
+                                  pulled), &out) == 0;
+  })) << out << read_all(chief.log);
+  EXPECT_NE(out.find("model mlp"), std::string::npos) << out;
+  std::string from_file, from_cluster;
+  ASSERT_EQ(run_towers(fmt::format("eval --checkpoint {}", pulled), &from_file), 0) << from_file;
+  ASSERT_EQ(run_towers(fmt::format("eval --cluster {} --token-file {}", cluster, read),
+                       &from_cluster), 0) << from_cluster;
+  // "...: model mlp, step 0: test accuracy A% on N examples (loss L)": the same after the source.
+  auto tail = [](const std::string& s) { return s.substr(s.find(": model")); };
+  EXPECT_EQ(tail(from_file), tail(from_cluster));
+  EXPECT_NE(from_cluster.find("step 0:"), std::string::npos) << from_cluster;
+  // The read-only token reads, but a worker that carries it is refused.
+  EXPECT_NE(run_towers(fmt::format("train --model mlp --dataset fashion-mnist --steps 5 --batch 64 "
+                                   "--quiet --cluster {} --task worker:1 --token-file {} "
+                                   "--rpc-timeout 20", cluster, read), &out), 0);
+  EXPECT_NE(out.find("read-only token"), std::string::npos) << out;
+  // No token that the shard knows: refused.
+  EXPECT_NE(run_towers(fmt::format("pull --cluster {} --out {}", cluster, pulled + ".2"), &out), 0);
+  EXPECT_NE(out.find("no token"), std::string::npos) << out;
+  kill(chief.pid, SIGKILL);
+  wait_for(chief, 10);
+  kill(shard.pid, SIGKILL);
+  wait_for(shard, 10);
 }
 
 }  // namespace

@@ -168,6 +168,7 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
                                                             first_batch + first + i, 2, all));
   data::Batch global;               // lockstep: the batch of version global_version
   int64_t global_version = -1;
+  const int64_t pipe_first = store_.version();  // the version of the pipeline's first batch
   const float grad_scale = 1.0f / static_cast<float>(lockstep ? batch_ * all : batch_);
 
   std::mutex mu;           // records, statistics, parked towers, the policy's bookkeeping
@@ -204,9 +205,12 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
           parked[i] = true;
           return;
         }
-        if (lockstep && global_version != store_.version()) {
-          global = pipes[0]->next();  // each version's batch once, in order
-          global_version = store_.version();
+        // Each version's batch once, in order. The version may move on by more than one
+        // between two fetches (a remote group whose late gradients were dropped): the batches
+        // in between are skipped, so that batch v is always the one of version v.
+        while (lockstep && global_version < store_.version()) {
+          global = pipes[0]->next();
+          global_version = global_version < 0 ? pipe_first : global_version + 1;
         }
       }
       const float* images = nullptr;

@@ -477,6 +477,8 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
     rc.replicas_to_aggregate = c_.replicas_to_aggregate;
     rc.staleness = std::max<int64_t>(c_.staleness, 0);
     rc.use_locking = c_.use_locking;
+    rc.model = c_.model;
+    rc.config = to_json(c_).dump();
     rc.run_id = fmt::format("{}-{}-{}", c_.model, c_.seed,
                             std::chrono::system_clock::now().time_since_epoch().count());
     auto store = std::make_unique<remote::RemoteParameterStore>(
@@ -865,29 +867,35 @@ TrainSummary train(const TrainConfig& c) {
   return run.summary();
 }
 
-EvalSummary evaluate_checkpoint(const std::string& path, const std::string& dataset,
-                                const std::string& data_dir, int threads,
-                                const std::string& device) {
+namespace {
+void check_eval_device(const std::string& device) {
   TOWERS_REQUIRE(device == "cpu" || device == "cuda",
                  "--device: unknown device '{}' (known: cpu, cuda)", device);
   if (device == "cuda") {
     const GpuList found = list_gpus();
     TOWERS_REQUIRE(!found.gpus.empty(), "--device cuda: no GPU available: {}", found.why_none);
   }
-  TOWERS_REQUIRE(std::filesystem::exists(path), "--checkpoint: no such file '{}'", path);
-  io::CheckpointMeta meta = io::read_checkpoint_meta(path);
-  auto graph = build_model(meta.model);
-  io::Checkpoint ck = io::load_checkpoint(path, graph->layout(), {});
-  const nlohmann::json& cfg = ck.meta.config;
-  // The run's configuration, as far as eval needs it; a field of the wrong type is the file's
-  // fault.
+}
+}  // namespace
+
+EvalSummary evaluate_params(const std::string& model, int64_t step, const nlohmann::json& cfg,
+                            const float* params, int64_t count, const std::string& dataset,
+                            const std::string& data_dir, int threads, const std::string& device,
+                            const std::string& origin) {
+  check_eval_device(device);
+  auto graph = build_model(model);
+  TOWERS_REQUIRE(count == graph->layout().total(),
+                 "{}: {} parameters, but model {} has {}", origin, count, model,
+                 graph->layout().total());
+  // The run's configuration, as far as eval needs it; a field of the wrong type is the
+  // source's fault.
   auto recorded = [&](const char* key, auto fallback) {
     if (!cfg.is_object() || !cfg.contains(key)) return fallback;
     try {
       return cfg.at(key).get<decltype(fallback)>();
     } catch (const nlohmann::json::exception&) {
-      TOWERS_BAD_INPUT("checkpoint '{}': its config records '{}' as {}, which is not valid", path,
-                       key, cfg.at(key).dump());
+      TOWERS_BAD_INPUT("{}: its config records '{}' as {}, which is not valid", origin, key,
+                       cfg.at(key).dump());
     }
   };
   const std::string ds = !dataset.empty() ? dataset : recorded("dataset", std::string("fashion-mnist"));
@@ -896,15 +904,28 @@ EvalSummary evaluate_checkpoint(const std::string& path, const std::string& data
   data::DataSplit data = data::load_dataset(dataset_request(
       ds, dir, graph->input_shape(), recorded("synthetic_size", int64_t{10000}),
       recorded("seed", uint64_t{1})));
-  check_classes(*graph, data, meta.model, ds);
-  data::Transforms tf = data::transforms_for("none", ds, graph->input_shape(), data.test, meta.model);
+  check_classes(*graph, data, model, ds);
+  data::Transforms tf = data::transforms_for("none", ds, graph->input_shape(), data.test, model);
   TowerPlacement p;
   p.kind = device == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
   p.threads = threads > 0 ? threads : hardware_threads();
   std::unique_ptr<Tower> tower = make_tower(*graph, 256, p);
-  tower->load_params(ck.params.data());
+  tower->load_params(params);
   EvalResult ev = evaluate(*tower, data.test, tf.eval);
-  return {meta.model, meta.step, ev.examples, ev.accuracy, ev.loss};
+  return {model, step, ev.examples, ev.accuracy, ev.loss};
+}
+
+EvalSummary evaluate_checkpoint(const std::string& path, const std::string& dataset,
+                                const std::string& data_dir, int threads,
+                                const std::string& device) {
+  check_eval_device(device);
+  TOWERS_REQUIRE(std::filesystem::exists(path), "--checkpoint: no such file '{}'", path);
+  io::CheckpointMeta meta = io::read_checkpoint_meta(path);
+  auto graph = build_model(meta.model);
+  io::Checkpoint ck = io::load_checkpoint(path, graph->layout(), {});
+  return evaluate_params(meta.model, meta.step, ck.meta.config, ck.params.data(),
+                         graph->layout().total(), dataset, data_dir, threads, device,
+                         fmt::format("checkpoint '{}'", path));
 }
 
 }  // namespace towers

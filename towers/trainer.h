@@ -103,5 +103,12 @@ struct EvalSummary {
 EvalSummary evaluate_checkpoint(const std::string& path, const std::string& dataset,
                                 const std::string& data_dir, int threads,
                                 const std::string& device = "cpu");
+// The same test pass over parameters in memory (count floats in model's layout order), with
+// the dataset cfg (a run's configuration) records unless dataset/data_dir override it; origin
+// names where they came from in errors (a checkpoint, a cluster).
+EvalSummary evaluate_params(const std::string& model, int64_t step, const nlohmann::json& cfg,
+                            const float* params, int64_t count, const std::string& dataset,
+                            const std::string& data_dir, int threads, const std::string& device,
+                            const std::string& origin);
 
 }  // namespace towers

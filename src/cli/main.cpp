@@ -6,6 +6,7 @@
 //   towers launch --ps 2 --workers 2 -- train --model fashion --mode sync --steps 50
 //   towers ps --cluster cluster.json --task ps:0 --token-file token
 // Every bad flag or file ends in one line naming it, and exit code 2 (flags) or 1 (runtime).
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,7 @@
 #include "towers/scale.h"
 #include "towers/remote/cluster.h"
 #include "towers/remote/launch.h"
+#include "towers/remote/reader.h"
 #include "towers/remote/shard_server.h"
 #include "towers/trainer.h"
 
@@ -324,7 +326,24 @@ int main(int argc, char** argv) {
   std::string ckpt, eval_dataset, eval_dir, eval_metrics;
   int eval_threads = 0;
   CLI::App* eval = app.add_subcommand("eval", "test accuracy of a checkpoint");
-  eval->add_option("--checkpoint", ckpt, "checkpoint file (.safetensors)")->required();
+  eval->add_option("--checkpoint", ckpt, "checkpoint file (.safetensors)");
+  // A remote tower group's live parameters, read from its shards.
+  std::string reader_cluster, reader_token_file;
+  towers::remote::TlsFiles reader_tls;
+  double reader_timeout = 60.0;
+  auto add_reader_flags = [&](CLI::App* cmd) {
+    cmd->add_option("--cluster", reader_cluster,
+                    "a remote tower group's cluster file (default: TF_CONFIG): read the live "
+                    "parameters from its shards");
+    cmd->add_option("--token-file", reader_token_file,
+                    "the run's token or its read-only one (default: TOWERS_TOKEN)");
+    cmd->add_option("--tls-cert", reader_tls.cert, "this client's certificate (PEM)");
+    cmd->add_option("--tls-key", reader_tls.key, "its private key (PEM)");
+    cmd->add_option("--tls-ca", reader_tls.ca, "the CA that signed the shards' certificates");
+    cmd->add_option("--rpc-timeout", reader_timeout, "seconds each call may take")
+        ->capture_default_str();
+  };
+  add_reader_flags(eval);
   eval->add_option("--dataset", eval_dataset, "override the dataset recorded in the checkpoint");
   eval->add_option("--data", eval_dir, "override the dataset folder");
   eval->add_option("--threads", eval_threads, "threads (0: all cores)");
@@ -333,12 +352,15 @@ int main(int argc, char** argv) {
   eval->add_option("--metrics", eval_metrics, "write the result as one JSON line here");
 
   towers::remote::ShardOptions shard;
-  std::string shard_cluster, shard_task, shard_token_file;
+  std::string shard_cluster, shard_task, shard_token_file, shard_read_token_file;
   CLI::App* ps = app.add_subcommand(
       "ps", "a parameter-server shard of a remote tower group (see also towers launch)");
   ps->add_option("--cluster", shard_cluster, "the cluster file (default: TF_CONFIG)");
   ps->add_option("--task", shard_task, "ps:I (default: the file's or TF_CONFIG's task)");
   ps->add_option("--token-file", shard_token_file, "the run's token (default: TOWERS_TOKEN)");
+  ps->add_option("--read-token-file", shard_read_token_file,
+                 "a read-only token, for towers pull and towers eval --cluster (default: "
+                 "TOWERS_READ_TOKEN; none: readers need the run's token)");
   ps->add_option("--bind", shard.bind,
                  "the address to listen on, with the cluster file's port (0.0.0.0: every "
                  "interface; the default serves this machine only)")->capture_default_str();
@@ -349,6 +371,13 @@ int main(int argc, char** argv) {
                  "save this shard's range here when the chief checkpoints; started again with "
                  "the same flags, the shard restores it and the workers reconnect");
   ps->add_flag("--quiet", shard.quiet, "no log lines");
+
+  std::string pull_out;
+  CLI::App* pull = app.add_subcommand(
+      "pull", "read a remote tower group's live parameters from its shards into a checkpoint file");
+  add_reader_flags(pull);
+  pull->add_option("--out", pull_out, "the file to write (.safetensors; towers eval reads it)")
+      ->required();
 
   bool devices_json = false;
   CLI::App* devices = app.add_subcommand("devices", "list the CPU and the GPUs towers can use");
@@ -381,12 +410,48 @@ int main(int argc, char** argv) {
       shard.cluster = ct.cluster;
       shard.index = ct.task.index;
       shard.token = towers::remote::read_token(shard_token_file);
+      shard.read_token = towers::remote::read_token(shard_read_token_file, "TOWERS_READ_TOKEN", true);
+      TOWERS_REQUIRE(shard.read_token != shard.token,
+                     "--read-token-file: the read-only token must differ from the run's token");
       towers::remote::check_tls(shard.tls);
       return towers::remote::run_shard(shard);
     }
-    towers::EvalSummary s =
-        towers::evaluate_checkpoint(ckpt, eval_dataset, eval_dir, eval_threads, eval_device);
-    nlohmann::json j = {{"event", "eval"}, {"checkpoint", ckpt}, {"model", s.model},
+    auto read_cluster = [&] {
+      const towers::remote::ClusterTask ct = towers::remote::read_cluster(reader_cluster, "");
+      towers::remote::check_tls(reader_tls);
+      TOWERS_REQUIRE(reader_timeout > 0.0, "--rpc-timeout must be > 0 seconds");
+      return towers::remote::pull_model(ct.cluster,
+                                        towers::remote::read_token(reader_token_file),
+                                        reader_tls, reader_timeout);
+    };
+    auto versions = [](const towers::remote::PulledModel& m) {
+      std::string v;
+      for (size_t i = 0; i < m.versions.size(); ++i)
+        v += fmt::format("{}ps:{} at {}", i ? ", " : "", i, m.versions[i]);
+      return v;
+    };
+    if (*pull) {
+      const towers::remote::PulledModel m = read_cluster();
+      towers::remote::save_pulled(m, pull_out);
+      fmt::print("{}: model {} ({} mode; {})\n", pull_out, m.model, m.mode, versions(m));
+      return 0;
+    }
+    const bool from_cluster = !reader_cluster.empty() || (ckpt.empty() && towers::remote::cluster_requested(""));
+    TOWERS_REQUIRE(from_cluster != !ckpt.empty(),
+                   "towers eval: give one of --checkpoint FILE and --cluster FILE");
+    towers::EvalSummary s;
+    std::string source = ckpt;
+    if (from_cluster) {
+      const towers::remote::PulledModel m = read_cluster();
+      source = fmt::format("the shards of {}", reader_cluster.empty() ? "TF_CONFIG" : reader_cluster);
+      s = towers::evaluate_params(m.model, *std::min_element(m.versions.begin(), m.versions.end()),
+                                  m.config, m.params.data(), static_cast<int64_t>(m.params.size()),
+                                  eval_dataset, eval_dir, eval_threads, eval_device, source);
+      source += " (" + versions(m) + ")";
+    } else {
+      s = towers::evaluate_checkpoint(ckpt, eval_dataset, eval_dir, eval_threads, eval_device);
+    }
+    nlohmann::json j = {{"event", "eval"}, {"checkpoint", source}, {"model", s.model},
                         {"step", s.step}, {"examples", s.examples},
                         {"test_accuracy", s.test_accuracy}, {"test_loss", s.test_loss}};
     if (!eval_metrics.empty()) {
@@ -396,7 +461,7 @@ int main(int argc, char** argv) {
       std::fclose(f);
     }
     fmt::print("{}: model {}, step {}: test accuracy {:.2f}% on {} examples (loss {:.4f})\n",
-               ckpt, s.model, s.step, 100.0 * s.test_accuracy, s.examples, s.test_loss);
+               source, s.model, s.step, 100.0 * s.test_accuracy, s.examples, s.test_loss);
     return 0;
   });
 }

@@ -26,7 +26,9 @@ Submitted Hogwild::submit(const TowerStep& s, ModeContext& ctx) {
   rec.loss = s.stats.loss_sum / static_cast<double>(ctx.batch);
   rec.correct = s.stats.correct;
   rec.examples = ctx.batch;
-  rec.lr = ctx.lr_at(ticket);
+  // The schedule follows the applied updates: in one process the ticket, across worker
+  // processes (a remote store) the shards' version, which counts every worker's.
+  rec.lr = ctx.lr_at(std::max(ticket, ctx.store.version()));
   if (ctx.cfg.staleness_aware_lr)
     rec.lr /= static_cast<float>(std::max<int64_t>(1, rec.staleness));
   ctx.push(ctx.towers[s.tower]->grads(), s.tower, rec);

@@ -135,7 +135,7 @@ ClusterTask read_cluster(const std::string& file, const std::string& task_flag) 
   return ct;
 }
 
-std::string read_token(const std::string& token_file) {
+std::string read_token(const std::string& token_file, const char* env_name, bool optional) {
   std::string token;
   if (!token_file.empty()) {
     std::ifstream in(token_file);
@@ -144,15 +144,17 @@ std::string read_token(const std::string& token_file) {
     while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
     TOWERS_REQUIRE(!token.empty(), "--token-file: '{}' is empty; it must hold the run's token "
                    "on its first line", token_file);
-  } else if (const char* env = std::getenv("TOWERS_TOKEN"); env != nullptr && *env != '\0') {
+  } else if (const char* env = std::getenv(env_name); env != nullptr && *env != '\0') {
     token = env;
+  } else if (optional) {
+    return "";
   } else {
     TOWERS_BAD_INPUT("no token: every call of a remote tower group carries the run's token; give "
                      "--token-file FILE or set TOWERS_TOKEN (towers launch writes one)");
   }
   for (char ch : token)
     TOWERS_REQUIRE(ch > ' ' && ch < 127, "the token ({}) has a character that is not printable "
-                   "ASCII", token_file.empty() ? "TOWERS_TOKEN" : "--token-file " + token_file);
+                   "ASCII", token_file.empty() ? std::string(env_name) : token_file);
   return token;
 }
 

@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -63,10 +64,14 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log, bool t
   args.push_back(nullptr);
   const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   TOWERS_REQUIRE(fd >= 0, "launch: cannot write '{}': {}", log, std::strerror(errno));
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   TOWERS_REQUIRE(pid >= 0, "launch: fork failed: {}", std::strerror(errno));
   if (pid == 0) {
     setpgid(0, 0);  // Ctrl-C reaches the launcher only; it forwards it
+    // A launcher that dies (kill -9 included) takes its cluster with it.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);  // it died before the line above
     if (!tee_to_terminal) {
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
@@ -76,6 +81,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log, bool t
     _exit(127);
   }
   close(fd);
+  setpgid(pid, pid);  // also here, so no Ctrl-C falls between fork and the child's own call
   return pid;
 }
 
@@ -156,6 +162,9 @@ int run_launch(const LaunchConfig& c) {
   fs::create_directories(c.out, ec);
   TOWERS_REQUIRE(fs::is_directory(c.out), "--out: '{}' is not a directory and cannot be created{}",
                  c.out, ec ? ": " + ec.message() : "");
+  // A launch is a new cluster: shard checkpoints of an earlier launch into the same folder
+  // must not be restored by its shards (a resumed run re-initialises them from the chief).
+  fs::remove_all(fs::path(c.out) / "ps-checkpoints", ec);
   const std::vector<int> ports = free_ports(c.ps + c.workers);
   nlohmann::json cluster = {{"worker", nlohmann::json::array()}, {"ps", nlohmann::json::array()}};
   for (int i = 0; i < c.workers; ++i) cluster["worker"].push_back(fmt::format("127.0.0.1:{}", ports[c.ps + i]));
@@ -167,15 +176,16 @@ int run_launch(const LaunchConfig& c) {
     f << nlohmann::json{{"cluster", cluster}}.dump(2) << "\n";
     TOWERS_REQUIRE(f.good(), "--out: cannot write '{}'", cluster_file);
   }
-  {
-    // The token is readable by this user only.
-    const int fd = open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    TOWERS_REQUIRE(fd >= 0, "--out: cannot write '{}': {}", token_file, std::strerror(errno));
+  const std::string read_token_file = (fs::path(c.out) / "read-token").string();
+  for (const std::string& f : {token_file, read_token_file}) {
+    // The tokens are readable by this user only.
+    const int fd = open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    TOWERS_REQUIRE(fd >= 0, "--out: cannot write '{}': {}", f, std::strerror(errno));
     fchmod(fd, 0600);
     const std::string t = fresh_token() + "\n";
     const bool ok = write(fd, t.data(), t.size()) == static_cast<ssize_t>(t.size());
     close(fd);
-    TOWERS_REQUIRE(ok, "--out: cannot write '{}'", token_file);
+    TOWERS_REQUIRE(ok, "--out: cannot write '{}'", f);
   }
 
   std::signal(SIGINT, on_signal);
@@ -187,14 +197,20 @@ int run_launch(const LaunchConfig& c) {
                                                  task.substr(task.find(':') + 1) + ".log")).string();
     Child k;
     k.task = task;
-    k.pid = spawn(argv, log, tee);
+    try {
+      k.pid = spawn(argv, log, tee);
+    } catch (...) {
+      signal_all(kids, SIGKILL, false);  // what was started goes too
+      wait_all(kids, 5.0);
+      throw;
+    }
     kids.push_back(k);
     procs.push_back({{"task", task}, {"pid", k.pid}, {"log", tee ? "" : log}, {"argv", argv}});
   };
   for (int i = 0; i < c.ps; ++i)
     start(fmt::format("ps:{}", i),
           {c.self, "ps", "--cluster", cluster_file, "--task", fmt::format("ps:{}", i),
-           "--token-file", token_file, "--checkpoint-dir",
+           "--token-file", token_file, "--read-token-file", read_token_file, "--checkpoint-dir",
            (fs::path(c.out) / "ps-checkpoints").string()},
           false);
   for (int i = 0; i < c.workers; ++i) {
@@ -220,6 +236,7 @@ int run_launch(const LaunchConfig& c) {
   // Until the chief (worker 0) ends: forward Ctrl-C to the workers (a second one kills them).
   Child* chief = &kids[c.ps];
   int forwarded = 0;
+  std::vector<bool> reported(kids.size(), false);
   while (!chief->exited) {
     const int got = g_signals.load();
     if (got > forwarded) {
@@ -227,11 +244,20 @@ int run_launch(const LaunchConfig& c) {
       forwarded = got;
     }
     reap(kids);
+    for (size_t i = 0; i < kids.size(); ++i)
+      if (kids[i].exited && !reported[i] && &kids[i] != chief) {
+        reported[i] = true;
+        if (!(WIFEXITED(kids[i].status) && WEXITSTATUS(kids[i].status) == 0))
+          fmt::print(stderr, "towers launch: {} ended while the chief runs: {}\n", kids[i].task,
+                     describe_status(kids[i].status));
+      }
     if (!chief->exited) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // The other workers finish their last round by themselves; the shards exit once every
-  // worker is done. Whatever is still running after the grace period is stopped.
-  if (!wait_all(kids, c.grace_seconds)) {
+  // worker is done. Whatever is still running after the grace period is stopped (at once
+  // when the chief failed: the others cannot finish without it).
+  const bool chief_ok = WIFEXITED(chief->status) && WEXITSTATUS(chief->status) == 0;
+  if (!wait_all(kids, chief_ok ? c.grace_seconds : 1.0)) {
     signal_all(kids, SIGTERM, false);
     if (!wait_all(kids, 5.0)) {
       signal_all(kids, SIGKILL, false);

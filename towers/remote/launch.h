@@ -1,6 +1,6 @@
 // launch.h — `towers launch`: a whole remote tower group on this machine, for a first try,
-// tests and benchmarks. It picks free loopback ports, writes the cluster file and a fresh
-// token to --out, starts P shards (`towers ps`) and W workers (`towers train ... --cluster
+// tests and benchmarks. It picks free loopback ports, writes the cluster file, a fresh token
+// and a read-only one (for towers pull / eval --cluster) to --out, starts P shards (`towers ps`) and W workers (`towers train ... --cluster
 // --task worker:I`, worker 0 the chief), forwards Ctrl-C to the workers, and exits with the
 // chief's exit code. Each process's output goes to DIR/<task>.log (the chief's also to this
 // terminal) and each worker's metrics to DIR/worker-I.jsonl (the chief's to --metrics if the

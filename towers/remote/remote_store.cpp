@@ -128,7 +128,8 @@ RemoteParameterStore::RemoteParameterStore(RemoteConfig cfg, const ParameterLayo
         HeartbeatRequest req;
         req.set_worker(cfg_.rank);
         HeartbeatReply rep;
-        auto ctx = call_context(cfg_.token, std::max(1.0, cfg_.heartbeat_timeout / 2));
+        // Short: an unreachable shard must not hold up the beats to the others.
+        auto ctx = call_context(cfg_.token, std::clamp(cfg_.heartbeat_timeout / 5, 0.2, 2.0));
         shards_->stub(i).Heartbeat(ctx.get(), req, &rep);  // a missed beat is retried next period
       }
       const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(period);
@@ -190,18 +191,28 @@ void RemoteParameterStore::initialize_shards(int64_t version) {
     r.set_params(params_ + g.begin, bytes);
     for (const auto& [name, p] : slots) r.add_slots(p + g.begin, bytes);
     r.set_run_id(cfg_.run_id);
+    r.set_model(cfg_.model);
+    r.set_config(cfg_.config);
   }
   // Shards may still be starting: retry an unreachable one until the timeout.
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(cfg_.rpc_timeout));
   for (int i = 0; i < shards_->size(); ++i) {
+    bool said = false;
     for (;;) {
-      auto ctx = call_context(cfg_.token, 10.0);
+      // Waits for the connection (a shard still starting) for a second at a time.
+      auto ctx = call_context(cfg_.token, 1.0 + static_cast<double>(reqs[i].ByteSizeLong()) / 100e6);
+      ctx->set_wait_for_ready(true);
       grpc::Status s = shards_->stub(i).Init(ctx.get(), reqs[i], &reps[i]);
       if (s.ok()) break;
       const bool starting = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                             s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
       if (!starting || Clock::now() >= until) shards_->fail(i, "Init", s);
+      if (!said) {
+        fmt::print(stderr, "towers: waiting for ps:{} ({}) to answer (up to --rpc-timeout {} s)\n",
+                   i, cfg_.cluster.ps[i], cfg_.rpc_timeout);
+        said = true;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     TOWERS_CHECK(reps[i].begin() == ranges_[i].begin && reps[i].end() == ranges_[i].end,
@@ -215,10 +226,12 @@ int64_t RemoteParameterStore::join() {
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(cfg_.rpc_timeout));
   for (int i = 0; i < shards_->size(); ++i) {
+    bool said = false;
     for (;;) {
       InfoRequest req;
       InfoReply rep;
-      auto ctx = call_context(cfg_.token, 10.0);
+      auto ctx = call_context(cfg_.token, 1.0);
+      ctx->set_wait_for_ready(true);
       grpc::Status s = shards_->stub(i).Info(ctx.get(), req, &rep);
       const bool starting = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                             s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
@@ -233,6 +246,12 @@ int64_t RemoteParameterStore::join() {
       TOWERS_REQUIRE(Clock::now() < until,
                      "ps:{} ({}) was not initialised by the chief within --rpc-timeout {} s{}", i,
                      cfg_.cluster.ps[i], cfg_.rpc_timeout, s.ok() ? "" : ": " + describe(s));
+      if (!said) {
+        fmt::print(stderr, "towers: waiting for ps:{} ({}) to {} (up to --rpc-timeout {} s)\n", i,
+                   cfg_.cluster.ps[i], s.ok() ? "be initialised by the chief" : "answer",
+                   cfg_.rpc_timeout);
+        said = true;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
@@ -371,9 +390,19 @@ const float* RemoteParameterStore::host_params() {
     r.set_worker(-1);
     r.set_with_slots(true);
   }
-  shards_->all("Pull", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-    shards_->stub(i).async()->Pull(ctx, &reqs[i], &reps[i], std::move(done));
-  });
+  // sync: every shard at one round. With backup workers rounds go on while the chief reads
+  // (without it), so a shard may be a round ahead: read again, waiting for the highest.
+  for (int attempt = 0;; ++attempt) {
+    shards_->all("Pull", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
+      shards_->stub(i).async()->Pull(ctx, &reqs[i], &reps[i], std::move(done));
+    });
+    int64_t lo = reps[0].version(), hi = lo;
+    for (const PullReply& r : reps) lo = std::min(lo, r.version()), hi = std::max(hi, r.version());
+    if (cfg_.mode != "sync" || lo == hi) break;
+    TOWERS_REQUIRE(attempt < 20, "the shards' rounds kept moving while the chief read them "
+                   "(versions {} to {})", lo, hi);
+    for (auto& r : reqs) r.set_min_version(hi);
+  }
   const auto names = opt_.slot_names();
   for (int i = 0; i < shards_->size(); ++i) {
     const Range& g = ranges_[i];

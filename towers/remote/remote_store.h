@@ -43,6 +43,8 @@ struct RemoteConfig {
   int64_t staleness = 0;
   bool use_locking = false;
   std::string run_id;               // the chief's run, sent with Init
+  std::string model;                // sent with Init, for readers of the live parameters
+  std::string config;               // the run's configuration (JSON), likewise
 };
 
 class ShardSet;  // the channels and stubs (remote_store.cpp)

@@ -55,6 +55,10 @@ constexpr int kMaxFrameBytes = 16 << 20;  // HTTP/2's largest
 void tune(grpc::ChannelArguments& args) {
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kLookaheadBytes);
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
+  // A shard that is starting, or restarting, is connected to within a second of listening,
+  // not after gRPC's default backoff (1 s, growing to two minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
 }
 
 void tune(grpc::ServerBuilder& builder) {

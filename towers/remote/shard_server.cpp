@@ -91,10 +91,13 @@ class ShardService final : public Shard::Service {
         return Status::OK;
       }
       return {StatusCode::FAILED_PRECONDITION,
-              fmt::format("{} already serves run {}; a shard serves one run (start a fresh one)",
-                          name_, run_id_)};
+              fmt::format("{} already serves run {}; a shard serves one run (start a fresh one{})",
+                          name_, run_id_,
+                          restored_ ? fmt::format(", without {}, which it restored that run from",
+                                                  checkpoint_path())
+                                    : "")};
     }
-    if (Status s = init_from(*req, "the chief"); !s.ok()) return s;
+    if (Status s = init_checked(*req, "the chief"); !s.ok()) return s;
     rep->set_begin(range_.begin);
     rep->set_end(range_.end);
     return Status::OK;
@@ -112,7 +115,7 @@ class ShardService final : public Shard::Service {
     InitRequest req;
     TOWERS_REQUIRE(req.ParseFromString(ss.str()), "{}: '{}' is not a shard checkpoint", name_, path);
     std::unique_lock<std::mutex> l(mu_);
-    Status s = init_from(req, path);
+    Status s = init_checked(req, path);
     restored_ = true;
     TOWERS_REQUIRE(s.ok(), "{}: cannot restore '{}': {}", name_, path, s.error_message());
   }
@@ -147,8 +150,8 @@ class ShardService final : public Shard::Service {
     const std::string path = checkpoint_path();
     try {
       write_atomically(path, ck.SerializeAsString());
-    } catch (const Error& e) {
-      return {StatusCode::INTERNAL, e.what()};
+    } catch (const std::exception& e) {
+      return {StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what())};
     }
     say(fmt::format("saved version {} to {} (the chief's checkpoint is at {})", ck.version(), path,
                     req->version()));
@@ -157,7 +160,19 @@ class ShardService final : public Shard::Service {
     return Status::OK;
   }
 
-  // Under mu_: takes the run from an Init (the chief's, or a checkpoint's: from).
+  // init_from, with anything it throws (a layout or optimizer state it cannot take) as the
+  // call's error: a handler returns a status, never an exception.
+  Status init_checked(const InitRequest& in, const std::string& from) {
+    try {
+      return init_from(in, from);
+    } catch (const std::exception& e) {
+      return {StatusCode::INVALID_ARGUMENT, fmt::format("{}: cannot initialise from {}: {}", name_,
+                                                        from, e.what())};
+    }
+  }
+
+  // Under mu_: takes the run from an Init (the chief's, or a checkpoint's: from). Everything is
+  // built and checked before the shard's state changes.
   Status init_from(const InitRequest& in, const std::string& from) {
     const InitRequest* req = &in;
     std::vector<ParamSpec> specs;
@@ -204,6 +219,11 @@ class ShardService final : public Shard::Service {
       if (s.size() != bytes)
         return {StatusCode::INVALID_ARGUMENT, fmt::format("{}: an Init slot of {} bytes; the range needs {}",
                                                           name_, s.size(), bytes)};
+    if (req->updates() < 0 || req->version() < 0 || run.workers() > 4096)
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: version {}, {} updates, {} workers: out of range", name_,
+                          req->version(), req->updates(), run.workers())};
+    opt->load_state({{"name", oc.name}, {"updates", req->updates()}});
     layout_ = std::move(layout);
     hash_ = req->layout_hash();
     range_ = range;
@@ -213,7 +233,6 @@ class ShardService final : public Shard::Service {
     std::memcpy(params_.data(), req->params().data(), bytes);
     for (int i = 0; i < req->slots_size(); ++i)
       std::memcpy(opt_->slot(opt_->slot_names()[i]), req->slots(i).data(), bytes);
-    opt_->load_state({{"name", oc.name}, {"updates", req->updates()}});
     version_.store(req->version());
     run_id_ = req->run_id();
     const int w = run.workers();
@@ -273,7 +292,7 @@ class ShardService final : public Shard::Service {
   }
 
   Status Pull(ServerContext* ctx, const PullRequest* req, PullReply* rep) override {
-    if (Status s = authorize(ctx); !s.ok()) return s;
+    if (Status s = authorize(ctx, req->worker() >= 0); !s.ok()) return s;
     if (req->worker() >= 0) {
       if (Status s = check_worker(req->layout_hash(), req->worker()); !s.ok()) return s;
     } else if (Status s = check_reader(req->layout_hash()); !s.ok()) {
@@ -283,6 +302,13 @@ class ShardService final : public Shard::Service {
       std::unique_lock<std::mutex> l(mu_);
       if (req->worker() >= 0)  // a restarted shard learns the workers' clocks from their pulls
         clocks_[req->worker()] = std::max(clocks_[req->worker()], req->worker_clock());
+      if (restored_ && run_.mode() == "sync" && req->min_version() > version_.load() &&
+          arrived_count_ == 0)
+        return {StatusCode::FAILED_PRECONDITION,
+                fmt::format("{} was restarted and restored round {} from its checkpoint, but "
+                            "worker {} is at round {}: sync cannot go on with the other shards "
+                            "rounds ahead; continue the run from the chief's checkpoint with "
+                            "--resume", name_, version_.load(), req->worker(), req->min_version())};
       auto ready = [&] {
         if (version_.load() < req->min_version()) return false;
         return run_.mode() != "ssp" || req->worker() < 0 ||
@@ -345,8 +371,8 @@ class ShardService final : public Shard::Service {
     return Status::OK;
   }
 
-  Status Info(ServerContext* ctx, const InfoRequest*, InfoReply* rep) override {
-    if (Status s = authorize(ctx); !s.ok()) return s;
+  Status Info(ServerContext* ctx, const InfoRequest* req, InfoReply* rep) override {
+    if (Status s = authorize(ctx, false); !s.ok()) return s;
     std::lock_guard<std::mutex> l(mu_);
     rep->set_initialized(initialized_);
     rep->set_run_id(run_id_);
@@ -357,6 +383,12 @@ class ShardService final : public Shard::Service {
     rep->set_total(layout_ ? layout_->total() : 0);
     rep->set_dropped(dropped_);
     rep->set_heartbeat_timeout_ms(timeout_.count());
+    if (req->with_layout() && initialized_) {
+      *rep->mutable_variables() = init_.variables();
+      rep->set_model(init_.model());
+      rep->set_config(init_.config());
+      rep->set_mode(run_.mode());
+    }
     for (size_t w = 0; w < lost_.size(); ++w) {
       if (lost_[w]) rep->add_lost_workers(static_cast<int>(w));
       if (done_[w]) rep->add_done_workers(static_cast<int>(w));
@@ -365,7 +397,9 @@ class ShardService final : public Shard::Service {
   }
 
  private:
-  Status authorize(ServerContext* ctx) const {
+  // write: the call changes the shard or takes part in the run (everything but Info and a
+  // reader's Pull), so only the run's token will do; a read-only token does for the rest.
+  Status authorize(ServerContext* ctx, bool write = true) const {
     const auto& md = ctx->client_metadata();
     auto it = md.find(kTokenKey);
     if (it == md.end()) {
@@ -375,16 +409,26 @@ class ShardService final : public Shard::Service {
                           "TOWERS_TOKEN", name_, kTokenKey)};
     }
     const std::string got(it->second.data(), it->second.size());
-    // Compared in constant time.
-    unsigned diff = got.size() != o_.token.size();
-    for (size_t i = 0; i < got.size(); ++i) diff |= got[i] ^ o_.token[i % std::max<size_t>(1, o_.token.size())];
-    if (diff != 0) {
+    if (!same(got, o_.token)) {
+      if (!write && !o_.read_token.empty() && same(got, o_.read_token)) return Status::OK;
+      if (!o_.read_token.empty() && same(got, o_.read_token)) {
+        note_rejected(ctx, "the read-only token on a call that needs the run's");
+        return {StatusCode::PERMISSION_DENIED,
+                fmt::format("{}: the read-only token allows reading the parameters only", name_)};
+      }
       note_rejected(ctx, "wrong token");
       return {StatusCode::UNAUTHENTICATED,
               fmt::format("{}: wrong token: the call's token is not this run's (check "
                           "--token-file / TOWERS_TOKEN)", name_)};
     }
     return Status::OK;
+  }
+
+  // Compared in constant time (for tokens of one length).
+  static bool same(const std::string& a, const std::string& b) {
+    unsigned diff = a.size() != b.size();
+    for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i % std::max<size_t>(1, b.size())];
+    return diff == 0;
   }
 
   // Logs a rejected call: the first 10, then every 1000th (a flood does not fill the log).
@@ -397,6 +441,10 @@ class ShardService final : public Shard::Service {
 
   Status check_reader(uint64_t hash) {
     std::lock_guard<std::mutex> l(mu_);
+    if (!initialized_ && hash != 0)  // a call of a run: the run's shard has lost its state
+      return {StatusCode::FAILED_PRECONDITION,
+              fmt::format("{} has no parameters of this run: it was restarted without a "
+                          "checkpoint (--checkpoint-dir) to restore", name_)};
     if (!initialized_)
       return {StatusCode::UNAVAILABLE, fmt::format("{} is not initialised yet (the chief has not "
                                                    "sent the parameters)", name_)};
@@ -469,17 +517,23 @@ class ShardService final : public Shard::Service {
   Status lost_blocks_round() const {
     if (run_.mode() != "sync") return Status::OK;
     int possible = 0;
-    std::vector<int> missing;
+    std::vector<int> lost, stopped;
     for (size_t w = 0; w < lost_.size(); ++w) {
       if (arrived_[w] || (!lost_[w] && !done_[w])) ++possible;
-      else if (lost_[w]) missing.push_back(static_cast<int>(w));
+      else if (lost_[w]) lost.push_back(static_cast<int>(w));
+      else stopped.push_back(static_cast<int>(w));  // done before this round: it stopped early
     }
-    if (possible >= k_ || missing.empty()) return Status::OK;
+    if (possible >= k_ || (lost.empty() && stopped.empty())) return Status::OK;
+    std::string why;
+    if (!lost.empty())
+      why = fmt::format("worker(s) {} lost (no call for {:.1f} s)", fmt::join(lost, ", "),
+                        timeout_.count() / 1e3);
+    if (!stopped.empty())
+      why += fmt::format("{}worker(s) {} stopped before the round", why.empty() ? "" : "; ",
+                         fmt::join(stopped, ", "));
     return {StatusCode::ABORTED,
-            fmt::format("{}: round {} cannot complete: worker(s) {} lost (no call for {:.1f} s); "
-                        "sync needs {} of {} workers",
-                        name_, version_.load(), fmt::join(missing, ", "), timeout_.count() / 1e3,
-                        k_, lost_.size())};
+            fmt::format("{}: round {} cannot complete: {}; sync needs {} of {} workers", name_,
+                        version_.load(), why, k_, lost_.size())};
   }
 
   Status push_sync(ServerContext* ctx, const PushRequest& req, PushReply& rep) {
@@ -520,7 +574,11 @@ class ShardService final : public Shard::Service {
       }
       return s;
     }
-    const RoundTotals& t = rounds_.at(round);
+    const auto found = rounds_.find(round);
+    if (found == rounds_.end())  // more than 64 rounds went by before this call woke up
+      return {StatusCode::INTERNAL,
+              fmt::format("{}: round {} was applied, but its totals are no longer kept", name_, round)};
+    const RoundTotals& t = found->second;
     rep.set_version(round + 1);
     rep.set_applied(t.applied);
     rep.set_loss_sum(t.loss_sum);
@@ -698,6 +756,8 @@ int run_shard(const ShardOptions& o) {
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   tune(builder);
+  // A second shard on the same port is an error, not a sharer of its connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   TOWERS_REQUIRE(server && bound != 0, "ps:{}: cannot listen on {} (the port is in use, or --bind "

@@ -36,6 +36,7 @@ struct ShardOptions {
   int index = 0;                    // ps:index
   std::string bind = "127.0.0.1";   // the address to listen on; the port is the cluster's
   std::string token;
+  std::string read_token;  // optional: allows Info and readers' pulls only (towers pull / eval)
   TlsFiles tls;
   bool quiet = false;
   // Where Save writes this shard's checkpoint (ps-I.ckpt), and where a restarted shard finds
