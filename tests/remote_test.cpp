@@ -555,3 +555,44 @@ TEST(RemoteCli, PullAndEvalReadTheLiveParametersWithTheReadOnlyToken) {
 
 }  // namespace
 }  // namespace towers
+
+namespace towers {
+namespace {
+
+// Mutual TLS: a shard and a worker with certificates of one CA (made here with openssl) train;
+// a worker without TLS gets no answer and says what to check.
+TEST(RemoteCli, MutualTlsWorksAndAPlainWorkerIsNotServed) {
+  if (std::system("openssl version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl to make certificates";
+  const std::string d = test_path("tls");
+  std::filesystem::create_directories(d);
+  const std::string make = fmt::format(
+      "cd {} && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+      "-subj /CN=towers-test-ca && openssl req -newkey rsa:2048 -nodes -keyout node.key -out "
+      "node.csr -subj /CN=127.0.0.1 && printf 'subjectAltName=IP:127.0.0.1\\n' > ext.cnf && "
+      "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem "
+      "-days 2 -extfile ext.cnf", d);
+  ASSERT_EQ(std::system((make + " > /dev/null 2>&1").c_str()), 0) << make;
+  const int port = free_port();
+  const std::string cluster = write_file(
+      "cluster.json", fmt::format(R"({{"cluster": {{"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:{}"]}}}})", port));
+  const std::string token = write_file("token", "tls-run\n");
+  const std::vector<std::string> tls = {"--tls-cert", d + "/node.pem", "--tls-key", d + "/node.key",
+                                        "--tls-ca", d + "/ca.pem"};
+  std::vector<std::string> ps = {"ps", "--cluster", cluster, "--task", "ps:0", "--token-file", token};
+  ps.insert(ps.end(), tls.begin(), tls.end());
+  Proc shard = spawn(ps, test_path("ps.log"));
+  const std::string train = fmt::format("train --model mlp --dataset synthetic --synthetic-size 500 "
+                                        "--batch 16 --steps 3 --quiet --eval-every 0 --cluster {} "
+                                        "--task worker:0 --token-file {}", cluster, token);
+  std::string out;
+  EXPECT_NE(run_towers(train + " --rpc-timeout 3", &out), 0);
+  EXPECT_NE(out.find("agree on TLS"), std::string::npos) << out;
+  EXPECT_EQ(run_towers(fmt::format("{} --tls-cert {}/node.pem --tls-key {}/node.key --tls-ca {}/ca.pem",
+                                   train, d, d, d), &out), 0) << out << read_all(shard.log);
+  EXPECT_EQ(wait_for(shard, 30), 0) << read_all(shard.log);
+  EXPECT_NE(read_all(shard.log).find("(TLS)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace towers
+

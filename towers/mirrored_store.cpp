@@ -305,7 +305,7 @@ MirroredParameterStore::~MirroredParameterStore() = default;
 void MirroredParameterStore::attach(const std::vector<Tower*>&) {}
 void MirroredParameterStore::detach() {}
 int64_t MirroredParameterStore::pull(Tower&) { return version(); }
-int64_t MirroredParameterStore::push(const float*, float, CpuDevice&) { return advance(); }
+int64_t MirroredParameterStore::push(const float*, UpdateRecord&, CpuDevice&) { return advance(); }
 int64_t MirroredParameterStore::skip(UpdateRecord&) { return advance(); }
 const float* MirroredParameterStore::host_params() { return nullptr; }
 

@@ -49,8 +49,10 @@ class ShardSet {
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED)
       hint = "; this process's token (--token-file or TOWERS_TOKEN) is not the one the shard "
              "was started with";
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE)
-      hint = "; is the shard running, and is its address in the cluster file right?";
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
+      hint = "; is the shard running at that address, and do both sides agree on TLS "
+             "(--tls-cert/--tls-key/--tls-ca on every process, or on none)?";
     TOWERS_BAD_INPUT("ps:{} ({}): {} failed: {}{}", i, cfg_.cluster.ps[i], what, describe(s), hint);
   }
 
