@@ -145,9 +145,12 @@ TEST(Engine, AsyncTowersEachApplyAndLearn) {
 
 TEST(Engine, StalenessAwareLrDividesByTheStaleness) {
   const std::string m = test_path("aware.jsonl");
-  // A slow tower makes its gradients several versions stale, so the division shows.
+  // A slow tower makes its gradients several versions stale, so the division shows. Every
+  // tower sleeps, the slow one 6 times longer, so that the ratio of their step times (not the
+  // speed of the machine or the build) decides: the others make several updates during each of
+  // its steps, and the run lasts long enough for it to apply some.
   ASSERT_EQ(run_towers(kMlp + "--steps 60 --towers 3 --batch 16 --mode async --staleness-aware-lr "
-                "--slow-tower 0:15 --metrics " + m), 0);
+                "--slow-tower 0:60 --slow-tower 1:10 --slow-tower 2:10 --metrics " + m), 0);
   int64_t most = 0;
   for (const auto& s : metrics_events(m, "step")) {
     const double k = std::max<int64_t>(1, s["staleness"].get<int64_t>());

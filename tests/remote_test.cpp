@@ -292,18 +292,7 @@ bool eventually(double seconds, F pred) {
   return pred();
 }
 
-int free_port() {
-  // The launcher's own way is not exported; a port from the kernel, released at once.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+int free_port() { return remote::free_loopback_ports(1)[0]; }
 
 // The local addresses of the listening TCP sockets on port (from /proc/net/tcp and tcp6).
 std::vector<std::string> listeners(int port) {
@@ -391,20 +380,30 @@ std::map<std::string, pid_t> launched(const std::string& dir) {
   return out;
 }
 
+// Launches 2 workers of the mlp on synthetic data with the given extra flags, waits until
+// worker 1 has taken 5 steps, and kills it with kill -9; returns the launcher, still running.
+Proc launch_and_kill_worker_1(const std::string& dir, int ps, std::vector<std::string> flags) {
+  std::vector<std::string> args = {"launch", "--ps", std::to_string(ps), "--workers", "2", "--out",
+                                   dir, "--", "train", "--model", "mlp", "--dataset", "synthetic",
+                                   "--synthetic-size", "2000", "--batch", "16", "--eval-every",
+                                   "0", "--log-every", "1", "--heartbeat-timeout", "1"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  Proc l = spawn(args, test_path("launch.log"));
+  const bool stepping = eventually(60, [&] {
+    return metrics_events(dir + "/worker-1.jsonl", "step").size() >= 5 &&
+           launched(dir).count("worker:1");
+  });
+  EXPECT_TRUE(stepping) << read_all(l.log);
+  if (stepping) EXPECT_EQ(kill(launched(dir)["worker:1"], SIGKILL), 0);
+  return l;
+}
+
 // An async run goes on when a worker dies: the shards count it lost, the chief finishes the
 // run and says so.
 TEST(RemoteCli, AsyncRunFinishesWhenAWorkerIsKilled) {
   const std::string dir = test_path("launch");
-  Proc l = spawn({"launch", "--ps", "2", "--workers", "2", "--out", dir, "--", "train", "--model",
-                  "mlp", "--dataset", "synthetic", "--synthetic-size", "2000", "--batch", "16",
-                  "--mode", "async", "--steps", "600", "--eval-every", "0", "--log-every", "1",
-                  "--heartbeat-timeout", "1", "--slow-tower", "0:10"},
-                 test_path("launch.log"));
-  ASSERT_TRUE(eventually(60, [&] {
-    return metrics_events(dir + "/worker-1.jsonl", "step").size() >= 5 &&
-           launched(dir).count("worker:1");
-  })) << read_all(l.log);
-  ASSERT_EQ(kill(launched(dir)["worker:1"], SIGKILL), 0);
+  Proc l = launch_and_kill_worker_1(dir, 2, {"--mode", "async", "--steps", "600", "--slow-tower",
+                                             "0:10"});
   const int rc = wait_for(l, 120);
   const std::string out = read_all(l.log);
   EXPECT_EQ(rc, 0) << out;
@@ -419,16 +418,8 @@ TEST(RemoteCli, AsyncRunFinishesWhenAWorkerIsKilled) {
 // Plain sync cannot go on without a worker: the chief stops with an error that names it.
 TEST(RemoteCli, SyncStopsNamingTheLostWorker) {
   const std::string dir = test_path("launch");
-  Proc l = spawn({"launch", "--ps", "1", "--workers", "2", "--out", dir, "--", "train", "--model",
-                  "mlp", "--dataset", "synthetic", "--synthetic-size", "2000", "--batch", "16",
-                  "--mode", "sync", "--steps", "100000", "--eval-every", "0", "--log-every", "1",
-                  "--heartbeat-timeout", "1", "--checkpoint-dir", dir + "/ck"},
-                 test_path("launch.log"));
-  ASSERT_TRUE(eventually(60, [&] {
-    return metrics_events(dir + "/worker-1.jsonl", "step").size() >= 5 &&
-           launched(dir).count("worker:1");
-  })) << read_all(l.log);
-  ASSERT_EQ(kill(launched(dir)["worker:1"], SIGKILL), 0);
+  Proc l = launch_and_kill_worker_1(dir, 1, {"--mode", "sync", "--steps", "100000",
+                                             "--checkpoint-dir", dir + "/ck"});
   const int rc = wait_for(l, 120);
   const std::string out = read_all(l.log);
   EXPECT_EQ(rc, 1) << out;

@@ -1,6 +1,13 @@
 #include "towers/remote/cluster.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -178,6 +185,26 @@ std::vector<Range> shard_ranges(int64_t total, int shards) {
     out[s].end = std::min(total, blocks * (s + 1) / shards * kAlign);
   }
   return out;
+}
+
+std::vector<int> free_loopback_ports(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    TOWERS_REQUIRE(fd >= 0, "cannot open a socket to find a free port: {}", std::strerror(errno));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    TOWERS_REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                       getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0,
+                   "cannot find a free port on 127.0.0.1: {}", std::strerror(errno));
+    fds.push_back(fd);
+    ports.push_back(ntohs(a.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  return ports;
 }
 
 uint64_t layout_hash(const ParameterLayout& layout) {

@@ -65,6 +65,11 @@ struct Range {
 };
 std::vector<Range> shard_ranges(int64_t total, int shards);
 
+// n distinct free TCP ports on 127.0.0.1, as the kernel hands them out (each is bound to port
+// 0 and read back; all stay bound until every one is chosen, so none is handed out twice).
+// They are free when this returns; a process that binds them later may still lose one.
+std::vector<int> free_loopback_ports(int n);
+
 // A hash of the layout: every variable's name, shape, offset and trainability, and the total.
 // Two processes agree on the flat array exactly when their hashes agree.
 uint64_t layout_hash(const ParameterLayout& layout);

@@ -29,28 +29,6 @@ namespace {
 std::atomic<int> g_signals{0};
 void on_signal(int) { g_signals.fetch_add(1); }
 
-// n distinct free TCP ports on 127.0.0.1: each is bound to port 0 and read back, and all stay
-// bound until every one is chosen, so none is handed out twice.
-std::vector<int> free_ports(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    TOWERS_REQUIRE(fd >= 0, "launch: cannot open a socket to find a free port: {}", std::strerror(errno));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    socklen_t len = sizeof a;
-    TOWERS_REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-                       getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0,
-                   "launch: cannot find a free port on 127.0.0.1: {}", std::strerror(errno));
-    fds.push_back(fd);
-    ports.push_back(ntohs(a.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  return ports;
-}
-
 struct Child {
   std::string task;
   pid_t pid = -1;
@@ -165,7 +143,7 @@ int run_launch(const LaunchConfig& c) {
   // A launch is a new cluster: shard checkpoints of an earlier launch into the same folder
   // must not be restored by its shards (a resumed run re-initialises them from the chief).
   fs::remove_all(fs::path(c.out) / "ps-checkpoints", ec);
-  const std::vector<int> ports = free_ports(c.ps + c.workers);
+  const std::vector<int> ports = free_loopback_ports(c.ps + c.workers);
   nlohmann::json cluster = {{"worker", nlohmann::json::array()}, {"ps", nlohmann::json::array()}};
   for (int i = 0; i < c.workers; ++i) cluster["worker"].push_back(fmt::format("127.0.0.1:{}", ports[c.ps + i]));
   for (int i = 0; i < c.ps; ++i) cluster["ps"].push_back(fmt::format("127.0.0.1:{}", ports[i]));

@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/clock.h"
 #include "io/checkpoint.h"
+#include "towers/remote/messages.h"
 #include "towers/remote/towers.grpc.pb.h"
 
 namespace towers::remote {
@@ -49,16 +50,7 @@ PulledModel pull_model(const Cluster& cluster, const std::string& token, const T
                    "ps:{} ({}) serves another run than ps:0 ({} against {})", i, cluster.ps[i],
                    rep.run_id(), info.run_id());
   }
-  std::vector<ParamSpec> specs;
-  for (const VariableSpec& v : info.variables()) {
-    ParamSpec p;
-    p.name = v.name();
-    p.shape.assign(v.shape().begin(), v.shape().end());
-    p.weight_decay = v.weight_decay();
-    p.trainable = v.trainable();
-    specs.push_back(std::move(p));
-  }
-  m.layout = std::make_unique<ParameterLayout>(specs);
+  m.layout = std::make_unique<ParameterLayout>(param_specs(info.variables()));
   TOWERS_REQUIRE(layout_hash(*m.layout) == info.layout_hash(),
                  "ps:0 ({}) described a layout that does not give its own hash", cluster.ps[0]);
   m.model = info.model();

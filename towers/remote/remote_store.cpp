@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "core/clock.h"
+#include "towers/remote/messages.h"
 #include "towers/remote/towers.grpc.pb.h"
 
 namespace towers::remote {
@@ -171,13 +172,7 @@ void RemoteParameterStore::initialize_shards(int64_t version) {
   for (int i = 0; i < shards_->size(); ++i) {
     InitRequest& r = reqs[i];
     r.set_layout_hash(hash_);
-    for (const Variable& v : layout_.variables()) {
-      VariableSpec* s = r.add_variables();
-      s->set_name(v.spec.name);
-      for (int64_t d : v.spec.shape) s->add_shape(d);
-      s->set_weight_decay(v.spec.weight_decay);
-      s->set_trainable(v.spec.trainable);
-    }
+    add_variables(layout_, r.mutable_variables());
     RunSpec* run = r.mutable_run();
     run->set_mode(cfg_.mode);
     run->set_workers(cfg_.cluster.workers());

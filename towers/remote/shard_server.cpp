@@ -26,6 +26,7 @@
 #include "core/relaxed.h"
 #include "kernels/reduce.h"
 #include "optim/optimizer.h"
+#include "towers/remote/messages.h"
 #include "towers/remote/towers.grpc.pb.h"
 
 namespace towers::remote {
@@ -175,16 +176,7 @@ class ShardService final : public Shard::Service {
   // built and checked before the shard's state changes.
   Status init_from(const InitRequest& in, const std::string& from) {
     const InitRequest* req = &in;
-    std::vector<ParamSpec> specs;
-    for (const VariableSpec& v : req->variables()) {
-      ParamSpec p;
-      p.name = v.name();
-      p.shape.assign(v.shape().begin(), v.shape().end());
-      p.weight_decay = v.weight_decay();
-      p.trainable = v.trainable();
-      specs.push_back(std::move(p));
-    }
-    auto layout = std::make_unique<ParameterLayout>(specs);
+    auto layout = std::make_unique<ParameterLayout>(param_specs(req->variables()));
     if (layout_hash(*layout) != req->layout_hash())
       return {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: the variables sent do not give the layout hash sent ({:016x}); "
