@@ -40,10 +40,12 @@ print("  1 process x 2 towers:   " + ", ".join(f"{s['train_images_per_sec']:.0f}
       f"   median {statistics.median(s['train_images_per_sec'] for s in one):.0f}")
 print("  2 processes x 1 tower:  " + ", ".join(f"{w[0]['train_images_per_sec']:.0f}" for w in two) +
       f"   median {statistics.median(w[0]['train_images_per_sec'] for w in two):.0f}")
-print("per step of each worker (ms; the last round): compute (p50 tower step), push + barrier, pull")
+print("per step of each worker (ms; the last round): tower step (pull + compute, p50), of it the "
+      "pull (mean), then the push (mean; with the wait at the barrier)")
 for w, s in enumerate(two[-1]):
     t = s["remote"]
-    comp = s["towers"][0]["step_ms_p50"]
-    print(f"  worker {w}: compute {comp:.1f}, push {1e3 * t['push_seconds'] / max(t['pushes'], 1):.1f}, "
-          f"pull {1e3 * t['pull_seconds'] / max(t['pulls'], 1):.1f}")
+    step = s["towers"][0]["step_ms_p50"]
+    pull = 1e3 * t["pull_seconds"] / max(t["pulls"], 1)
+    push = 1e3 * t["push_seconds"] / max(t["pushes"], 1)
+    print(f"  worker {w}: step {step:.1f} = pull {pull:.1f} + compute {step - pull:.1f}; push {push:.1f}")
 PY
