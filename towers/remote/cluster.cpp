@@ -80,7 +80,6 @@ bool cluster_requested(const std::string& file) {
 ClusterTask read_cluster(const std::string& file, const std::string& task_flag) {
   std::string text, origin;
   if (!file.empty()) {
-    origin = "--cluster " + file;
     std::ifstream in(file);
     TOWERS_REQUIRE(in.good(), "--cluster: cannot read '{}'", file);
     std::stringstream ss;

@@ -12,27 +12,16 @@
 #include "core/clock.h"
 #include "io/checkpoint.h"
 #include "towers/remote/messages.h"
+#include "towers/remote/shard_set.h"
 #include "towers/remote/towers.grpc.pb.h"
 
 namespace towers::remote {
 
-namespace {
-
-[[noreturn]] void fail(const Cluster& c, int i, const char* what, const grpc::Status& s) {
-  std::string hint;
-  if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-      s.error_code() == grpc::StatusCode::PERMISSION_DENIED)
-    hint = "; give the run's token or its read-only one (--token-file or TOWERS_TOKEN)";
-  TOWERS_BAD_INPUT("ps:{} ({}): {} failed: {}{}", i, c.ps[i], what, describe(s), hint);
-}
-
-}  // namespace
 
 PulledModel pull_model(const Cluster& cluster, const std::string& token, const TlsFiles& tls,
                        double timeout) {
   const int n = static_cast<int>(cluster.ps.size());
-  std::vector<std::unique_ptr<Shard::Stub>> stubs;
-  for (const std::string& a : cluster.ps) stubs.push_back(Shard::NewStub(open_channel(a, tls)));
+  ShardSet shards(cluster.ps, token, tls);
   PulledModel m;
   // The layout, the model and the run, from shard 0; every shard must serve the same.
   InfoReply info;
@@ -41,8 +30,8 @@ PulledModel pull_model(const Cluster& cluster, const std::string& token, const T
     req.set_with_layout(i == 0);
     InfoReply rep;
     auto ctx = call_context(token, timeout);
-    const grpc::Status s = stubs[i]->Info(ctx.get(), req, &rep);
-    if (!s.ok()) fail(cluster, i, "Info", s);
+    const grpc::Status s = shards.stub(i).Info(ctx.get(), req, &rep);
+    if (!s.ok()) shards.fail(i, "Info", s);
     TOWERS_REQUIRE(rep.initialized(), "ps:{} ({}) has no parameters yet: the chief has not "
                    "initialised it", i, cluster.ps[i]);
     if (i == 0) info = rep;
@@ -63,31 +52,17 @@ PulledModel pull_model(const Cluster& cluster, const std::string& token, const T
   const std::vector<Range> ranges = shard_ranges(m.layout->total(), n);
   m.params.assign(m.layout->total(), 0.0f);
   m.versions.assign(n, 0);
-  // sync: every range at one round. A round may complete between two shards' replies; then
-  // read again, waiting for the highest version seen.
-  int64_t want = 0;
-  for (int attempt = 0;; ++attempt) {
-    for (int i = 0; i < n; ++i) {
-      PullRequest req;
-      req.set_layout_hash(info.layout_hash());
-      req.set_worker(-1);
-      if (m.mode == "sync") req.set_min_version(want);
-      PullReply rep;
-      auto ctx = call_context(token, timeout);
-      const grpc::Status s = stubs[i]->Pull(ctx.get(), req, &rep);
-      if (!s.ok()) fail(cluster, i, "Pull", s);
-      const Range& g = ranges[i];
-      TOWERS_REQUIRE(rep.params().size() == sizeof(float) * static_cast<size_t>(g.size()),
-                     "ps:{}: a pull of {} bytes for a range of {} floats", i, rep.params().size(),
-                     g.size());
-      std::memcpy(m.params.data() + g.begin, rep.params().data(), rep.params().size());
-      m.versions[i] = rep.version();
-    }
-    const auto [lo, hi] = std::minmax_element(m.versions.begin(), m.versions.end());
-    if (m.mode != "sync" || *lo == *hi) break;
-    TOWERS_REQUIRE(attempt < 20, "the shards' rounds kept moving while they were read (versions "
-                   "{} to {}); try again", *lo, *hi);
-    want = *hi;
+  PullRequest req;
+  req.set_layout_hash(info.layout_hash());
+  req.set_worker(-1);
+  const std::vector<PullReply> reps = shards.pull_all(req, m.mode == "sync", timeout);
+  for (int i = 0; i < n; ++i) {
+    const Range& g = ranges[i];
+    TOWERS_REQUIRE(reps[i].params().size() == sizeof(float) * static_cast<size_t>(g.size()),
+                   "ps:{}: a pull of {} bytes for a range of {} floats", i,
+                   reps[i].params().size(), g.size());
+    std::memcpy(m.params.data() + g.begin, reps[i].params().data(), reps[i].params().size());
+    m.versions[i] = reps[i].version();
   }
   return m;
 }

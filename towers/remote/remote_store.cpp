@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "core/clock.h"
 #include "towers/remote/messages.h"
+#include "towers/remote/shard_set.h"
 #include "towers/remote/towers.grpc.pb.h"
 
 namespace towers::remote {
@@ -31,97 +32,12 @@ std::string optimizer_json(const OptimizerConfig& c) {
 
 }  // namespace
 
-// One channel and stub per shard, and calls to all of them at once.
-class ShardSet {
- public:
-  ShardSet(const RemoteConfig& cfg) : cfg_(cfg) {
-    for (const std::string& a : cfg.cluster.ps) {
-      channels_.push_back(open_channel(a, cfg.tls));
-      stubs_.push_back(Shard::NewStub(channels_.back()));
-    }
-  }
-  int size() const { return static_cast<int>(stubs_.size()); }
-  Shard::Stub& stub(int i) { return *stubs_[i]; }
-
-  // The error of shard i's call, naming the shard, what was asked and, for a rejected token,
-  // where the token came from.
-  [[noreturn]] void fail(int i, const char* what, const grpc::Status& s) const {
-    std::string hint;
-    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED)
-      hint = "; this process's token (--token-file or TOWERS_TOKEN) is not the one the shard "
-             "was started with";
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
-      hint = "; is the shard running at that address, and do both sides agree on TLS "
-             "(--tls-cert/--tls-key/--tls-ca on every process, or on none)?";
-    TOWERS_BAD_INPUT("ps:{} ({}): {} failed: {}{}", i, cfg_.cluster.ps[i], what, describe(s), hint);
-  }
-
-  // Starts call(i, context, done) on every shard at once (the stub's callback API) and waits
-  // for all; throws the first failure. A shard that is unreachable (down, or restarting) is
-  // called again every 200 ms until the deadline: a restarted shard is reconnected to.
-  using Start = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
-  void all(const char* what, double timeout, const Start& start) {
-    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(timeout));
-    std::vector<int> todo(size());
-    for (int i = 0; i < size(); ++i) todo[i] = i;
-    for (;;) {
-      const int n = static_cast<int>(todo.size());
-      const double left = std::max(0.001, std::chrono::duration<double>(until - Clock::now()).count());
-      std::vector<std::unique_ptr<grpc::ClientContext>> ctx;
-      std::vector<grpc::Status> status(n);
-      std::mutex mu;
-      std::condition_variable cv;
-      int pending = n;
-      for (int k = 0; k < n; ++k) ctx.push_back(call_context(cfg_.token, left));
-      for (int k = 0; k < n; ++k)
-        start(todo[k], ctx[k].get(), [&, k](grpc::Status s) {
-          std::lock_guard<std::mutex> l(mu);
-          status[k] = std::move(s);
-          if (--pending == 0) cv.notify_all();
-        });
-      {
-        std::unique_lock<std::mutex> l(mu);
-        cv.wait(l, [&] { return pending == 0; });
-      }
-      std::vector<int> again;
-      for (int k = 0; k < n; ++k) {
-        if (status[k].ok()) continue;
-        const int i = todo[k];
-        if (status[k].error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= until)
-          fail(i, what, status[k]);
-        if (!unreachable_[i]) {
-          unreachable_[i] = true;
-          fmt::print(stderr, "towers: ps:{} ({}) is unreachable ({}); calling again until the "
-                     "deadline\n", i, cfg_.cluster.ps[i], describe(status[k]));
-        }
-        again.push_back(i);
-      }
-      if (again.empty()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      todo = std::move(again);
-    }
-    for (int i = 0; i < size(); ++i)
-      if (unreachable_[i] && std::find(todo.begin(), todo.end(), i) != todo.end()) {
-        unreachable_[i] = false;
-        fmt::print(stderr, "towers: ps:{} ({}) answers again\n", i, cfg_.cluster.ps[i]);
-      }
-  }
-
- private:
-  const RemoteConfig& cfg_;
-  std::vector<std::atomic<bool>> unreachable_ = std::vector<std::atomic<bool>>(cfg_.cluster.ps.size());
-  std::vector<std::shared_ptr<grpc::Channel>> channels_;
-  std::vector<std::unique_ptr<Shard::Stub>> stubs_;
-};
-
 RemoteParameterStore::RemoteParameterStore(RemoteConfig cfg, const ParameterLayout& layout,
                                            float* params, Optimizer& opt, UpdateAccess access)
     : cfg_(std::move(cfg)), layout_(layout), params_(params), opt_(opt), access_(access),
       hash_(layout_hash(layout)),
       ranges_(shard_ranges(layout.total(), static_cast<int>(cfg_.cluster.ps.size()))),
-      shards_(std::make_unique<ShardSet>(cfg_)) {
+      shards_(std::make_unique<ShardSet>(cfg_.cluster.ps, cfg_.token, cfg_.tls)) {
   keep_message_buffers();
   // Heartbeats from the start, so that a worker still loading its data is not counted lost.
   heartbeat_ = std::thread([this] {
@@ -380,26 +296,12 @@ int64_t RemoteParameterStore::push(const float* grads, UpdateRecord& rec, CpuDev
 int64_t RemoteParameterStore::skip(UpdateRecord& rec) { return push_ranges(nullptr, true, rec); }
 
 const float* RemoteParameterStore::host_params() {
-  std::vector<PullRequest> reqs(shards_->size());
-  std::vector<PullReply> reps(shards_->size());
-  for (auto& r : reqs) {
-    r.set_layout_hash(hash_);
-    r.set_worker(-1);
-    r.set_with_slots(true);
-  }
-  // sync: every shard at one round. With backup workers rounds go on while the chief reads
-  // (without it), so a shard may be a round ahead: read again, waiting for the highest.
-  for (int attempt = 0;; ++attempt) {
-    shards_->all("Pull", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-      shards_->stub(i).async()->Pull(ctx, &reqs[i], &reps[i], std::move(done));
-    });
-    int64_t lo = reps[0].version(), hi = lo;
-    for (const PullReply& r : reps) lo = std::min(lo, r.version()), hi = std::max(hi, r.version());
-    if (cfg_.mode != "sync" || lo == hi) break;
-    TOWERS_REQUIRE(attempt < 20, "the shards' rounds kept moving while the chief read them "
-                   "(versions {} to {})", lo, hi);
-    for (auto& r : reqs) r.set_min_version(hi);
-  }
+  PullRequest req;
+  req.set_layout_hash(hash_);
+  req.set_worker(-1);
+  req.set_with_slots(true);
+  // sync: every shard at one round (with backup workers, rounds go on while the chief reads).
+  const std::vector<PullReply> reps = shards_->pull_all(req, cfg_.mode == "sync", cfg_.rpc_timeout);
   const auto names = opt_.slot_names();
   for (int i = 0; i < shards_->size(); ++i) {
     const Range& g = ranges_[i];

@@ -47,7 +47,7 @@ struct RemoteConfig {
   std::string config;               // the run's configuration (JSON), likewise
 };
 
-class ShardSet;  // the channels and stubs (remote_store.cpp)
+class ShardSet;  // the channels and stubs (shard_set.h)
 
 class RemoteParameterStore final : public ParameterStore {
  public:

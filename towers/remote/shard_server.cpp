@@ -316,20 +316,19 @@ class ShardService final : public Shard::Service {
         return s;
     }
     const size_t n = static_cast<size_t>(range_.size());
+    // sync: no update runs while the copy is taken (the shared lock), so it is one copy
+    // straight into the message; async: updates race with the copy (Hogwild), read as
+    // relaxed atomics like every reader of the store (the lock is never held exclusively).
+    std::shared_lock<std::shared_mutex> l(apply_mu_);
+    rep->set_version(version_.load());
     if (run_.mode() == "sync") {
-      // No update runs while the copy is taken: one copy straight into the message.
-      std::shared_lock<std::shared_mutex> l(apply_mu_);
-      rep->set_version(version_.load());
       rep->set_params(params_.data(), sizeof(float) * n);
-      if (req->with_slots()) copy_slots(*rep);
     } else {
-      // Updates race with the copy (Hogwild): relaxed loads, as every reader of the store.
-      rep->set_version(version_.load());
       std::string* out = rep->mutable_params();
       out->resize(sizeof(float) * n);
       load_relaxed(params_.data(), reinterpret_cast<float*>(out->data()), static_cast<int64_t>(n));
-      if (req->with_slots()) copy_slots(*rep);
     }
+    if (req->with_slots()) copy_slots(*rep);
     return Status::OK;
   }
 

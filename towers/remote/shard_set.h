@@ -1,0 +1,47 @@
+// shard_set.h — a client's channels to every shard of a remote tower group, and calls to all
+// of them at once: what the worker's store (remote_store.h) and the readers of the live model
+// (reader.h) share.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "towers/remote/rpc.h"
+#include "towers/remote/towers.grpc.pb.h"
+
+namespace towers::remote {
+
+class ShardSet {
+ public:
+  // addresses: the cluster's ps entries; token: what every call carries.
+  ShardSet(std::vector<std::string> addresses, std::string token, const TlsFiles& tls);
+  int size() const { return static_cast<int>(stubs_.size()); }
+  Shard::Stub& stub(int i) { return *stubs_[i]; }
+  const std::string& token() const { return token_; }
+
+  // The error of shard i's call, naming the shard, what was asked and what to check.
+  [[noreturn]] void fail(int i, const char* what, const grpc::Status& s) const;
+
+  // Starts call(i, context, done) on every shard at once (the stub's callback API) and waits
+  // for all; throws the first failure. A shard that is unreachable (down, or restarting) is
+  // called again every 200 ms until the deadline: a restarted shard is reconnected to.
+  using Start = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
+  void all(const char* what, double timeout, const Start& start);
+
+  // Pulls every shard's range at once, as `request` asks (a reader's pull: worker -1). With
+  // one_round (sync mode), every shard is read at the same version: a round may complete
+  // between two shards' replies, and then all are read again, waiting for the highest.
+  std::vector<PullReply> pull_all(PullRequest request, bool one_round, double timeout);
+
+ private:
+  std::vector<std::string> addresses_;
+  std::string token_;
+  std::vector<std::atomic<bool>> unreachable_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<Shard::Stub>> stubs_;
+};
+
+}  // namespace towers::remote
