@@ -17,10 +17,12 @@
 
 #include "core/check.h"
 #include "io/json_source.h"
+#include "layers/batchnorm.h"
 #include "layers/gelu.h"
 #include "layers/global_avg_pool.h"
 #include "layers/lrn.h"
 #include "layers/maxpool.h"
+#include "layers/relu.h"
 #include "towers/placement.h"
 
 namespace towers {
@@ -190,7 +192,9 @@ class Reader {
   void lrn(const Node& n, Chain& c, LayerSpec& out) const;
   void dense(const Node& n, Chain& c, LayerSpec& out) const;
   void gelu(const Node& n, Chain& c, LayerSpec& out) const;
+  void relu(const Node& n, Chain& c, LayerSpec& out) const;
   void global_avg_pool(const Node& n, Chain& c, LayerSpec& out) const;
+  void batchnorm(const Node& n, Chain& c, LayerSpec& out) const;
 
   const JsonSource& doc_;
 };
@@ -230,7 +234,14 @@ const std::vector<Reader::LayerType>& Reader::layer_types() {
        &Reader::dense,
        "units"},
       {"gelu", {}, &Reader::gelu, ""},
+      {"relu", {}, &Reader::relu, ""},
       {"global_avg_pool", {}, &Reader::global_avg_pool, ""},
+      {"batchnorm",
+       {{"momentum", "the running statistics' decay, in [0, 1) (default 0.9)"},
+        {"epsilon", "added to the variance, > 0 (default 1e-5)"},
+        {"weight_decay", "the L2 factor on gamma and beta (default 0)"}},
+       &Reader::batchnorm,
+       ""},
   };
   return types;
 }
@@ -507,10 +518,27 @@ void Reader::gelu(const Node&, Chain& c, LayerSpec& out) const {
   out.config = GeluConfig{};
 }
 
+void Reader::relu(const Node&, Chain& c, LayerSpec& out) const {
+  out.out = c.shape;
+  out.config = ReluConfig{};
+}
+
 void Reader::global_avg_pool(const Node& n, Chain& c, LayerSpec& out) const {
   const Shape& in = image_input(n, c);
   out.out = {in[0], 1, 1};
   out.config = GlobalAvgPoolConfig{};
+}
+
+// Per channel of a (C) or (C, H, W) input; the shape is kept.
+void Reader::batchnorm(const Node& n, Chain& c, LayerSpec& out) const {
+  BatchNormConfig cfg;
+  cfg.momentum = number(n, "momentum", 0.9f, 0.0);
+  if (cfg.momentum >= 1.0) fail_field(n, "momentum", fmt::format("must be below 1, got {}", cfg.momentum));
+  cfg.eps = number(n, "epsilon", 1e-5f, 0.0, /*above=*/true);
+  cfg.weight_decay = number(n, "weight_decay", 0.0f, 0.0);
+  add_parameters(n, "type", 4.0 * static_cast<double>(c.shape[0]), c);
+  out.out = c.shape;
+  out.config = cfg;
 }
 
 LayerSpec Reader::layer(size_t i, Chain& c, Node* node) const {
@@ -663,8 +691,12 @@ std::unique_ptr<Graph> build_graph(const ModelSpec& spec) {
       g->add<Lrn>(l.name, *lrn);
     else if (std::holds_alternative<GeluConfig>(l.config))
       g->add<Gelu>(l.name);
+    else if (std::holds_alternative<ReluConfig>(l.config))
+      g->add<Relu>(l.name);
     else if (std::holds_alternative<GlobalAvgPoolConfig>(l.config))
       g->add<GlobalAvgPool>(l.name);
+    else if (const auto* bn = std::get_if<BatchNormConfig>(&l.config))
+      g->add<BatchNorm>(l.name, *bn);
     else
       g->add<Dense>(l.name, std::get<DenseConfig>(l.config));
     TOWERS_CHECK(g->layers().back()->out_shape() == l.out,

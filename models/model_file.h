@@ -24,6 +24,7 @@
 #include "graph/graph.h"
 #include "kernels/conv.h"
 #include "kernels/lrn.h"
+#include "layers/batchnorm.h"
 #include "layers/conv2d.h"
 #include "layers/dense.h"
 
@@ -36,13 +37,14 @@ struct MaxPoolConfig {
 
 // The layers without fields besides name, type and inputs.
 struct GeluConfig {};
+struct ReluConfig {};
 struct GlobalAvgPoolConfig {};
 
 // One layer of a model file, checked, with its output shape (per example).
 struct LayerSpec {
   std::string name;
   std::variant<Conv2DConfig, MaxPoolConfig, kernels::LrnParams, DenseConfig, GeluConfig,
-               GlobalAvgPoolConfig>
+               GlobalAvgPoolConfig, BatchNormConfig, ReluConfig>
       config;
   Shape out;
 };

@@ -22,6 +22,7 @@
 #include "cli_util.h"
 #include "io/checkpoint.h"
 #include "models/builtin_models.h"
+#include "models/model_file.h"
 #include "models/models.h"
 
 namespace towers {
@@ -362,6 +363,53 @@ TEST(CliModelFile, GeluGlobalAvgPoolNetLearns) {
   for (int i = 0; i < 10; ++i) first += loss[i] / 10, last += loss[loss.size() - 10 + i] / 10;
   std::printf("  mean loss: first ten steps %.4f, last ten %.4f\n", first, last);
   EXPECT_LT(last, 0.8 * first);
+}
+
+// conv2d -> batchnorm -> relu -> global_avg_pool -> dense from a file: it learns, its running
+// statistics move off their initial values and are checkpointed, and eval (which normalizes
+// with them) reads the checkpoint. Sync over 2 towers runs the same net.
+TEST(CliModelFile, BatchNormNetLearnsAndCheckpointsItsRunningStatistics) {
+  const std::string dir = temp_dir();
+  const std::string file = dir + "/bn.json";
+  write_bytes_plain(file, R"({"name": "bn", "input": [1, 12, 12], "classes": 10, "layers": [
+  {"name": "conv", "type": "conv2d", "filters": 16, "kernel": 3, "relu": false,
+   "weight_init": {"stddev": 0.2}},
+  {"name": "bn", "type": "batchnorm"},
+  {"name": "act", "type": "relu"},
+  {"name": "gap", "type": "global_avg_pool"},
+  {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.1}}]})");
+  for (const std::string towers : {"1", "2"}) {
+    SCOPED_TRACE("towers " + towers);
+    const std::string run = dir + "/t" + towers;
+    auto r = run_towers("train --model " + file + " --towers " + towers +
+                        " --dataset synthetic --synthetic-size 640 --batch 32 --optimizer adam "
+                        "--lr 0.03 --steps 150 --quiet --seed 3 --checkpoint-dir " + run +
+                        " --metrics " + run + "/m.jsonl");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::vector<double> loss;
+    for (const auto& l : read_jsonl(run + "/m.jsonl"))
+      if (l["event"] == "step") loss.push_back(l["loss"].get<double>());
+    ASSERT_EQ(loss.size(), 150u);
+    double first = 0, last = 0;
+    for (int i = 0; i < 10; ++i) first += loss[i] / 10, last += loss[loss.size() - 10 + i] / 10;
+    std::printf("  %s tower(s): mean loss first ten steps %.4f, last ten %.4f\n", towers.c_str(),
+                first, last);
+    EXPECT_LT(last, 0.8 * first);
+    const std::string ckpt = run + "/ckpt-000000150.safetensors";
+    const auto g = build_graph(read_model_file(file));
+    const auto c = io::load_checkpoint(ckpt, g->layout(), {"m", "v"});
+    const Variable& mean = g->layout().find("bn/moving_mean");
+    const Variable& var = g->layout().find("bn/moving_variance");
+    int moved = 0;
+    for (int64_t i = 0; i < 16; ++i) {
+      moved += c.params.data()[mean.offset + i] != 0.0f;
+      const float v = c.params.data()[var.offset + i];
+      moved += v != 1.0f && v > 0.0f && std::isfinite(v);
+    }
+    EXPECT_EQ(moved, 32);
+    auto e = run_towers("eval --checkpoint " + ckpt);
+    EXPECT_EQ(e.exit_code, 0) << e.output;
+  }
 }
 
 TEST(CliBadInput, ModelFile) {

@@ -37,7 +37,7 @@ std::vector<int64_t> sample_indices(int64_t n, int64_t count, uint64_t seed);
 
 // Checks d(sum(y * r))/d(x, w, b) of a bound layer on a random batch of n examples:
 // random inputs in [-1, 1], random parameters, random r. Returns one result per tensor
-// checked (input, then each variable).
+// checked (input, then each trainable variable; state is not a function the loss depends on).
 std::vector<GradCheckResult> check_layer(const Layer& layer, int64_t n, uint64_t seed,
                                          int64_t samples_per_tensor = 200);
 

@@ -77,6 +77,33 @@ TEST(Optimizer, SgdWithWeightDecay) {
   EXPECT_FLOAT_EQ(f.w[1], -2.0f - 0.1f * (0.2f + 0.5f * -2.0f));
 }
 
+// State variables (running statistics) take state += state_rate x delta at every update, in
+// apply and apply_shared alike, whatever the lr and the optimizer; their slots stay untouched,
+// and a state variable of rate 0 never changes.
+TEST(Optimizer, StateVariablesFollowTheirRunningAverage) {
+  ParamSpec w{"l/weight", {3}, Init::constant(0), 0.0f};
+  ParamSpec mean{"l/moving_mean", {2}, Init::constant(0), 0.0f};
+  ParamSpec frozen{"l/frozen", {2}, Init::constant(0), 0.0f};
+  mean.trainable = frozen.trainable = false;
+  mean.state_rate = 0.25f;
+  const ParameterLayout layout({w, mean, frozen});
+  for (bool shared : {false, true}) {
+    std::vector<float> p(layout.total(), 1.0f), g(layout.total(), 0.5f);
+    const int64_t m = layout.find("l/moving_mean").offset, fz = layout.find("l/frozen").offset;
+    g[m] = 2.0f, g[m + 1] = -4.0f;
+    Optimizer opt(layout, {"momentum"});
+    if (shared)
+      opt.apply_shared(p.data(), g.data(), 0.1f, false);
+    else
+      opt.apply(p.data(), g.data(), 0.1f);
+    EXPECT_FLOAT_EQ(p[0], 1.0f - 0.1f * 0.5f) << shared;
+    EXPECT_EQ(p[m], 1.0f + 0.25f * 2.0f) << shared;
+    EXPECT_EQ(p[m + 1], 1.0f + 0.25f * -4.0f) << shared;
+    EXPECT_EQ(p[fz], 1.0f) << shared;
+    EXPECT_EQ(opt.slot("momentum")[m], 0.0f) << shared;
+  }
+}
+
 TEST(Optimizer, MomentumAndNesterovTwoSteps) {
   for (bool nesterov : {false, true}) {
     OptFixture f;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include "core/check.h"
 #include "core/rng.h"
@@ -13,12 +14,14 @@
 #include "kernels/conv.h"
 #include "kernels/lrn.h"
 #include "kernels/pool.h"
+#include "layers/batchnorm.h"
 #include "layers/conv2d.h"
 #include "layers/dense.h"
 #include "layers/gelu.h"
 #include "layers/global_avg_pool.h"
 #include "layers/lrn.h"
 #include "layers/maxpool.h"
+#include "layers/relu.h"
 
 namespace towers {
 namespace {
@@ -288,6 +291,159 @@ TEST(GlobalAvgPool, GradientsMatchNumerical) {
   GlobalAvgPool one("gap");  // a 1x1 plane: the identity
   one.bind({6, 1, 1});
   expect_gradients_ok(one, 2, 62);
+}
+
+// ---- batchnorm -------------------------------------------------------------------------------
+
+// The per-channel statistics of x (n, c, hw) in double: mean and biased variance.
+void channel_moments(const std::vector<float>& x, int64_t n, int64_t c, int64_t hw, int64_t ch,
+                     double& mean, double& var) {
+  double s = 0.0, q = 0.0;
+  for (int64_t e = 0; e < n; ++e)
+    for (int64_t i = 0; i < hw; ++i) s += x[(e * c + ch) * hw + i];
+  mean = s / static_cast<double>(n * hw);
+  for (int64_t e = 0; e < n; ++e)
+    for (int64_t i = 0; i < hw; ++i) {
+      const double d = x[(e * c + ch) * hw + i] - mean;
+      q += d * d;
+    }
+  var = q / static_cast<double>(n * hw);
+}
+
+struct BnRun {
+  std::vector<float> y, dx, dgamma, dbeta, dmean, dvar;
+};
+
+// One training forward and backward (or an evaluation forward) of a bound batchnorm layer.
+BnRun run_batchnorm(const BatchNorm& bn, int64_t n, const std::vector<float>& x,
+                    const std::vector<float>& gamma, const std::vector<float>& beta,
+                    const std::vector<float>& rmean, const std::vector<float>& rvar,
+                    const std::vector<float>& dy, bool training, float state_weight = 1.0f) {
+  const int64_t c = bn.in_shape()[0];
+  BnRun r;
+  r.y.assign(x.size(), NAN);
+  ForwardArgs f;
+  f.n = n, f.x = x.data(), f.y = r.y.data(), f.training = training;
+  f.params = {gamma.data(), beta.data(), rmean.data(), rvar.data()};
+  bn.forward(f);
+  if (!training) return r;
+  r.dx.assign(x.size(), NAN);
+  r.dgamma.assign(c, NAN), r.dbeta.assign(c, NAN), r.dmean.assign(c, NAN), r.dvar.assign(c, NAN);
+  BackwardArgs b;
+  b.n = n, b.x = x.data(), b.y = r.y.data(), b.dy = dy.data(), b.dx = r.dx.data();
+  b.params = f.params;
+  b.grads = {r.dgamma.data(), r.dbeta.data(), r.dmean.data(), r.dvar.data()};
+  b.state_weight = state_weight;
+  bn.backward(b);
+  return r;
+}
+
+TEST(BatchNorm, TrainingNormalizesWithTheBatchAndEvaluationWithTheRunningStatistics) {
+  const int64_t n = 5, c = 3, hw = 6;
+  BatchNorm bn("bn", {});
+  bn.bind({c, 2, 3});
+  ASSERT_EQ(bn.out_shape(), (Shape{c, 2, 3}));
+  const std::vector<float> x = random_vec(n * c * hw, 71, -2.0f, 3.0f);
+  const std::vector<float> gamma = {1.5f, -0.5f, 2.0f}, beta = {0.25f, 0.0f, -1.0f};
+  const std::vector<float> rmean = {0.1f, -0.2f, 0.3f}, rvar = {0.5f, 2.0f, 1.0f};
+  const BnRun t = run_batchnorm(bn, n, x, gamma, beta, rmean, rvar, std::vector<float>(x.size(), 0.0f),
+                          true);
+  const BnRun eval = run_batchnorm(bn, n, x, gamma, beta, rmean, rvar, {}, false);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double mean, var;
+    channel_moments(x, n, c, hw, ch, mean, var);
+    for (int64_t e = 0; e < n; ++e)
+      for (int64_t i = 0; i < hw; ++i) {
+        const int64_t k = (e * c + ch) * hw + i;
+        EXPECT_NEAR(t.y[k], gamma[ch] * (x[k] - mean) / std::sqrt(var + 1e-5) + beta[ch], 2e-6)
+            << k;
+        EXPECT_NEAR(eval.y[k], gamma[ch] * (x[k] - rmean[ch]) / std::sqrt(rvar[ch] + 1e-5) + beta[ch],
+                    2e-6)
+            << k;
+      }
+  }
+}
+
+TEST(BatchNorm, GradientsMatchNumerical) {
+  BatchNorm image("bn", {});
+  image.bind({3, 5, 4});
+  expect_gradients_ok(image, 4, 81);
+  BatchNorm flat("bn", {});  // after a dense layer: (units)
+  flat.bind({7});
+  expect_gradients_ok(flat, 6, 82);
+}
+
+// Backward writes the running statistics' deltas: state_weight x (batch mean - running mean)
+// and state_weight x (unbiased batch variance - running variance).
+TEST(BatchNorm, BackwardWritesTheRunningStatisticsDeltas) {
+  const int64_t n = 4, c = 2, hw = 9;
+  BatchNorm bn("bn", {});
+  bn.bind({c, 3, 3});
+  const std::vector<float> x = random_vec(n * c * hw, 91, -1.0f, 4.0f);
+  const std::vector<float> dy = random_vec(n * c * hw, 92);
+  const std::vector<float> gamma = {1.0f, 2.0f}, beta = {0.0f, 1.0f};
+  const std::vector<float> rmean = {0.5f, -1.0f}, rvar = {1.0f, 3.0f};
+  const BnRun r = run_batchnorm(bn, n, x, gamma, beta, rmean, rvar, dy, true, 0.25f);
+  const double m = n * hw;
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double mean, var;
+    channel_moments(x, n, c, hw, ch, mean, var);
+    EXPECT_NEAR(r.dmean[ch], 0.25 * (mean - rmean[ch]), 1e-6);
+    EXPECT_NEAR(r.dvar[ch], 0.25 * (var * m / (m - 1) - rvar[ch]), 1e-6);
+  }
+  // The params() contract: gamma, beta trainable; the statistics state with rate 1 - momentum.
+  BatchNorm slow("slow", {0.99, 1e-3, 0.0f});
+  slow.bind({c});
+  const auto specs = slow.params();
+  ASSERT_EQ(specs.size(), 4u);
+  EXPECT_EQ(specs[2].name, "slow/moving_mean");
+  EXPECT_TRUE(specs[0].trainable && specs[1].trainable);
+  EXPECT_FALSE(specs[2].trainable || specs[3].trainable);
+  EXPECT_FLOAT_EQ(specs[3].state_rate, 0.01f);
+}
+
+// Any split of the channels between threads gives the same bits: each channel is summed by one
+// thread in its lanes' order.
+TEST(BatchNorm, OneThreadAndManyGiveTheSameBits) {
+  const int64_t n = 8, c = 9, hw = 50;
+  BatchNorm bn("bn", {});
+  bn.bind({c, 5, 10});
+  const std::vector<float> x = random_vec(n * c * hw, 95, -3.0f, 3.0f), dy = random_vec(n * c * hw, 96);
+  const std::vector<float> gamma = random_vec(c, 97), beta = random_vec(c, 98);
+  const std::vector<float> rmean(c, 0.0f), rvar(c, 1.0f);
+  const BnRun many = run_batchnorm(bn, n, x, gamma, beta, rmean, rvar, dy, true);
+  BnRun one;
+  {
+    oneapi::tbb::task_arena arena(1);
+    arena.execute([&] { one = run_batchnorm(bn, n, x, gamma, beta, rmean, rvar, dy, true); });
+  }
+  EXPECT_EQ(many.y, one.y);
+  EXPECT_EQ(many.dx, one.dx);
+  EXPECT_EQ(many.dgamma, one.dgamma);
+  EXPECT_EQ(many.dvar, one.dvar);
+}
+
+TEST(BatchNorm, BadConfigurationsAreRefused) {
+  BatchNorm momentum("bn", {1.0, 1e-5, 0.0f});
+  EXPECT_THROW(momentum.bind({4}), InternalError);
+  BatchNorm eps("bn", {0.9, 0.0, 0.0f});
+  EXPECT_THROW(eps.bind({4}), InternalError);
+  BatchNorm two_d("bn", {});
+  EXPECT_THROW(two_d.bind({4, 4}), InternalError);
+}
+
+TEST(Relu, ForwardClampsAndGradientsMatchNumerical) {
+  Relu r("relu");
+  r.bind({2, 3, 3});
+  const std::vector<float> x = {-1.0f, 0.0f, 2.5f, -0.1f, 3.0f, 0.2f};
+  std::vector<float> y(x.size());
+  Relu flat("relu");
+  flat.bind({6});
+  ForwardArgs a;
+  a.n = 1, a.x = x.data(), a.y = y.data();
+  flat.forward(a);
+  EXPECT_EQ(y, (std::vector<float>{0.0f, 0.0f, 2.5f, 0.0f, 3.0f, 0.2f}));
+  expect_gradients_ok(r, 4, 99);
 }
 
 }  // namespace

@@ -203,9 +203,10 @@ std::string only_checkpoint(const std::string& dir) {
 
 // W workers x T towers in sync mode give bitwise the parameters, slots and losses of one
 // process with W x T towers: the same global batches, and the same tree over the towers.
-void expect_launch_matches_one_process(int workers, int towers_per_worker, int ps) {
+void expect_launch_matches_one_process(int workers, int towers_per_worker, int ps,
+                                       const std::string& model = "fashion") {
   const std::string flags =
-      "--model fashion --dataset synthetic --synthetic-size 1500 --mode sync --steps 12 "
+      "--model " + model + " --dataset synthetic --synthetic-size 1500 --mode sync --steps 12 "
       "--seed 3 --batch 16 --eval-every 0 --log-every 1 --quiet --optimizer adam --lr 0.001";
   const std::string one = test_path("one"), many = test_path("many");
   std::string out;
@@ -231,6 +232,18 @@ void expect_launch_matches_one_process(int workers, int towers_per_worker, int p
 TEST(RemoteCli, SyncTwoWorkersEqualTwoTowersBitwise) { expect_launch_matches_one_process(2, 1, 2); }
 TEST(RemoteCli, SyncTwoWorkersOfTwoTowersEqualFourTowersBitwise) {
   expect_launch_matches_one_process(2, 2, 3);
+}
+// With batch normalization, the running statistics (state) are updated on the shards from the
+// deltas the workers push, bitwise as in one process.
+TEST(RemoteCli, SyncBatchNormStatisticsEqualOneProcessBitwise) {
+  const std::string file = test_path("bn.json");
+  std::ofstream(file) << R"({"name": "bn", "input": [1, 28, 28], "classes": 10, "layers": [
+  {"name": "conv", "type": "conv2d", "filters": 8, "kernel": 3, "stride": 2, "relu": false,
+   "weight_init": {"stddev": 0.2}},
+  {"name": "bn", "type": "batchnorm", "momentum": 0.8},
+  {"name": "act", "type": "relu"},
+  {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.05}}]})";
+  expect_launch_matches_one_process(2, 1, 2, file);
 }
 
 // A child process of the test, with its output in a file.

@@ -110,10 +110,11 @@ void CudaTower::enqueue_step(int64_t n, float grad_scale) {
   for (size_t i = layers.size(); i-- > 0;) {
     kernels::cuda::spin_delay(c, placement_.test_backward_delay_ns);
     layers[i]->backward_gpu(exec_,
-                            backward_args(i, n, images_d_.data(), cur, params_d_.data(), grads_d_.data()));
+                            backward_args(i, n, images_d_.data(), cur, params_d_.data(),
+                                          grads_d_.data(), grad_scale));
     cur = 1 - cur;
     if (grads_to_host_ && has_grads(i)) {
-      // The layer's trainable variables, with the layout's alignment padding between them.
+      // The layer's variables, with the layout's alignment padding between them.
       const auto [lo, hi] = grad_span_[i];
       CUDA_CHECK(cudaEventRecord(layer_done_[i], c));
       CUDA_CHECK(cudaStreamWaitEvent(k, layer_done_[i], 0));

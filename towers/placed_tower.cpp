@@ -214,6 +214,7 @@ void PlacedTower::backward(Part& part, int m, int64_t b0, int64_t b1, const floa
       a.dx = parts_[part.pos - 1]->err.data() + b0 * numel(layers[i]->in_shape());
     }
     bind_variables(i, part.params.data(), g, part.lo, a);
+    a.state_weight = static_cast<float>(b1 - b0) * grad_scale;
     a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
     layers[i]->backward(a);
     dy = a.dx;

@@ -20,7 +20,6 @@ Tower::Tower(const Graph& graph, int64_t max_batch) : graph_(graph), max_batch_(
     for (const ParamSpec& spec : l->params()) {
       const Variable& v = layout.find(spec.name);
       vs.push_back(&v);
-      if (!spec.trainable) continue;
       lo = std::min(lo, v.offset);
       hi = std::max(hi, v.offset + v.size);
     }
@@ -74,14 +73,15 @@ void Tower::bind_variables(size_t i, const float* params, float* grads, int64_t 
   for (size_t k = 0; k < vars_[i].size(); ++k) {
     const Variable& v = *vars_[i][k];
     a.params[k] = params + (v.offset - origin);
-    if (v.spec.trainable) a.grads[k] = grads + (v.offset - origin);
+    a.grads[k] = grads + (v.offset - origin);  // state: its running average's delta
   }
 }
 
 BackwardArgs Tower::backward_args(size_t i, int64_t n, const float* images, int cur,
-                                  const float* params, float* grads) {
+                                  const float* params, float* grads, float grad_scale) {
   BackwardArgs a;
   a.n = n;
+  a.state_weight = static_cast<float>(n) * grad_scale;
   a.x = i == 0 ? images : act_[i - 1].data();
   a.y = act_[i].data();
   a.dy = dact_[cur].data();
@@ -146,7 +146,8 @@ StepStats CpuTower::compute_gradients(const float* images, const int32_t* labels
     const auto& layers = graph().layers();
     int cur = 0;
     for (size_t i = layers.size(); i-- > 0;) {
-      layers[i]->backward(backward_args(i, n, images, cur, params_.data(), grads_.data()));
+      layers[i]->backward(
+          backward_args(i, n, images, cur, params_.data(), grads_.data(), grad_scale));
       cur = 1 - cur;
     }
     return StepStats{r.loss_sum, r.correct, n};

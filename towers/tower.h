@@ -76,17 +76,17 @@ class Tower {
   ForwardArgs forward_args(size_t i, int64_t n, const float* x, const float* params,
                            bool training);
   BackwardArgs backward_args(size_t i, int64_t n, const float* images, int cur,
-                             const float* params, float* grads);
+                             const float* params, float* grads, float grad_scale);
 
   // Layer i's variables as views into arrays that hold the layout from offset `origin` on (0:
   // the whole flat layout; a placed tower's part holds only its span): a.params, the writable
-  // a.state among them and, for backward, the trainable ones' a.grads.
+  // a.state among them and, for backward, a.grads (state variables' deltas among them).
   void bind_variables(size_t i, float* params, int64_t origin, ForwardArgs& a) const;
   void bind_variables(size_t i, const float* params, float* grads, int64_t origin,
                       BackwardArgs& a) const;
 
   // Per layer: its variables (params() order) as layout entries, and the span [lo, hi) of
-  // the flat array its trainable ones cover (lo == hi: none).
+  // the flat array they cover (lo == hi: none); backward writes all of it.
   std::vector<std::vector<const Variable*>> vars_;
   std::vector<std::pair<int64_t, int64_t>> grad_span_;
   bool has_grads(size_t i) const { return grad_span_[i].first < grad_span_[i].second; }

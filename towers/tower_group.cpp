@@ -84,13 +84,26 @@ TowerGroup::~TowerGroup() { store_.detach(); }
 
 namespace {
 // The L2 norm of x, in double, over fixed chunks summed in chunk order: the same bits for any
-// number of threads.
-double l2_norm(const float* x, int64_t n) {
+// number of threads. The state variables' deltas (running statistics) are no gradient and
+// count 0.
+double l2_norm(const float* x, const ParameterLayout& layout) {
+  const int64_t n = layout.total();
   constexpr int64_t kChunk = 1 << 15;
   std::vector<double> part(static_cast<size_t>(ceil_div(n, kChunk)), 0.0);
+  std::vector<std::pair<int64_t, int64_t>> state;
+  for (const Variable& v : layout.variables())
+    if (!v.spec.trainable) state.emplace_back(v.offset, v.offset + v.size);
   for_chunks(n, kChunk, [&](int64_t k, int64_t b, int64_t e) {
     double s = 0.0;
-    for (int64_t j = b; j < e; ++j) s += static_cast<double>(x[j]) * x[j];
+    size_t next = 0;  // the first state range that may lie at or after j (layout order)
+    for (int64_t j = b; j < e; ++j) {
+      while (next < state.size() && state[next].second <= j) ++next;
+      if (next < state.size() && j >= state[next].first) {
+        j = state[next].second - 1;  // skip the range
+        continue;
+      }
+      s += static_cast<double>(x[j]) * x[j];
+    }
     part[k] = s;
   });
   double s = 0.0;
@@ -105,7 +118,7 @@ void TowerGroup::guarded_push(const float* grads, int tower, UpdateRecord& rec) 
   bool finite = std::isfinite(rec.loss);
   // grads is null when the store averages the towers' gradients itself (then neither is set).
   if (finite && (cfg_.clip_grad_norm > 0.0 || cfg_.check_grad_norm)) {
-    rec.grad_norm = host.execute([&] { return l2_norm(grads, total); });
+    rec.grad_norm = host.execute([&] { return l2_norm(grads, graph_.layout()); });
     finite = std::isfinite(rec.grad_norm);
   }
   if (!finite) {
@@ -125,6 +138,8 @@ void TowerGroup::guarded_push(const float* grads, int tower, UpdateRecord& rec) 
         for (int64_t j = b; j < e; ++j) dst[j] = grads[j] * scale;
       });
     });
+    for (const Variable& v : graph_.layout().variables())  // state deltas are not clipped
+      if (!v.spec.trainable) std::copy(grads + v.offset, grads + v.offset + v.size, dst + v.offset);
     grads = dst;
   }
   rec.version = store_.push(grads, rec, host);

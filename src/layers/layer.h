@@ -6,8 +6,11 @@
 // kMaxLayerVars), trainable ones and non-trainable state (ParamSpec::trainable = false: running
 // statistics, say), all in the one flat layout, so state is checkpointed and pulled like
 // parameters. A call sees them as params[k], in params() order; backward writes grads[k] for
-// the trainable ones, and a training forward may update state[k] (the same memory as
-// params[k], writable, non-null only for non-trainable variables).
+// every variable: the loss gradient of a trainable one, the delta of a state variable's running
+// average (ParamSpec::state_rate; the update applies it, so forwards never write state, and
+// towers that share parameters never race on it). state[k] (the same memory as params[k],
+// non-null only for non-trainable variables) is there for a layer that must write its state
+// in forward; none does.
 //
 // What forward keeps for backward is the `saved` buffer: saved_per_example() floats per
 // example, owned by the tower and allocated once (so a CUDA graph can capture the step); the
@@ -47,8 +50,13 @@ struct BackwardArgs {
   const float* dy = nullptr;  // (n, out_shape)
   float* dx = nullptr;        // (n, in_shape), overwritten; null for the first layer
   VarViews params{};          // as in forward
-  MutableVarViews grads{};    // gradient views of the trainable variables, overwritten
+  MutableVarViews grads{};    // gradient views of the variables, overwritten; for state, the
+                              // delta its running average takes (ParamSpec::state_rate)
   const float* saved = nullptr;
+  // The share of the update this call's state deltas carry: n x the loss gradient's scale
+  // (1 when one call makes the update, 1/T for each of T sync towers), so that the update
+  // averages them as it averages the gradients.
+  float state_weight = 1.0f;
 };
 
 class Layer {

@@ -72,6 +72,38 @@ void Optimizer::for_each_part(F&& f) const {
   }
 }
 
+template <class F>
+void Optimizer::for_each_state_part(F&& f) const {
+  for (const Variable& v : layout_.variables()) {
+    if (v.spec.trainable || v.spec.state_rate == 0.0f) continue;
+    const int64_t b = std::max(v.offset, begin_), e = std::min(v.offset + v.size, end_);
+    if (b < e) f(v, b - begin_, e - b);
+  }
+}
+
+namespace {
+// A running average's step: state + rate x delta, in double, rounded once.
+inline float state_step(float state, float rate, float delta) {
+  return static_cast<float>(static_cast<double>(state) +
+                            static_cast<double>(rate) * static_cast<double>(delta));
+}
+}  // namespace
+
+void Optimizer::apply_state(float* params, const float* grads, bool shared) const {
+  for_each_state_part([&](const Variable& v, int64_t at, int64_t size) {
+    const float rate = v.spec.state_rate;
+    for (int64_t i = at; i < at + size; ++i) {
+      if (!shared) {
+        params[i] = state_step(params[i], rate, grads[i]);
+        continue;
+      }
+      std::atomic_ref<float> p(params[i]);
+      p.store(state_step(p.load(std::memory_order_relaxed), rate, grads[i]),
+              std::memory_order_relaxed);
+    }
+  });
+}
+
 void Optimizer::apply(float* params, const float* grads, float lr) {
   kernels::RuleArgs r = def_->args(cfg_, lr, ++updates_);
   float* s0 = slot_buffers_.size() > 0 ? slot_buffers_[0].data() : nullptr;
@@ -85,6 +117,7 @@ void Optimizer::apply(float* params, const float* grads, float lr) {
                                      s1 ? s1 + o : nullptr, grads + o, r);
     });
   });
+  apply_state(params, grads, false);
 }
 
 void Optimizer::apply_shared(float* params, const float* grads, float lr, bool use_locking) {
@@ -111,6 +144,7 @@ void Optimizer::apply_shared(float* params, const float* grads, float lr, bool u
       if (s1) store_relaxed(c.data(), s1 + o, n);
     });
   });
+  apply_state(params, grads, true);
 }
 
 nlohmann::json Optimizer::state() const {

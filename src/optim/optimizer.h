@@ -59,7 +59,8 @@ class Optimizer {
 
   const OptimizerConfig& config() const { return cfg_; }
   const ParameterLayout& layout() const { return layout_; }
-  // params -= update(grads, lr); grads has the layout too. Increments the update count.
+  // params -= update(grads, lr); grads has the layout too. Increments the update count. State
+  // variables take their running-average step (ParamSpec::state_rate), at any lr.
   // The caller has the parameters and slots to itself (sync mode).
   void apply(float* params, const float* grads, float lr);
   // The same update while other threads read and apply to the same arrays (async, Hogwild):
@@ -92,6 +93,13 @@ class Optimizer {
   // part of every trainable variable inside [begin_, end_).
   template <class F>
   void for_each_part(F&& f) const;
+  // f(variable, range-relative offset, elements) for the part of every state variable with a
+  // running average (ParamSpec::state_rate > 0) inside [begin_, end_).
+  template <class F>
+  void for_each_state_part(F&& f) const;
+  // The state variables' running averages: state += state_rate x delta (grads holds the
+  // update's deltas); shared: as relaxed atomics, like apply_shared.
+  void apply_state(float* params, const float* grads, bool shared) const;
 
   const ParameterLayout& layout_;
   OptimizerConfig cfg_;

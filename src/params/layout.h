@@ -23,9 +23,13 @@ struct ParamSpec {
   Shape shape;       // conv weight [out, in, kh, kw]; linear weight [out, in]; bias [out]
   Init init;
   float weight_decay = 0.0f;
-  // false: state a layer keeps (running statistics), not learned: no gradient, no update,
-  // but checkpointed and pulled like a parameter.
+  // false: state a layer keeps (running statistics), not learned by the optimizer, but
+  // checkpointed and pulled like a parameter. Its "gradient" is a delta the layer's backward
+  // writes (weighted by the call's share of the update, BackwardArgs::state_weight), and an
+  // update adds state_rate x the update's delta to it: a running average with rate state_rate
+  // (0: the state is never updated).
   bool trainable = true;
+  float state_rate = 0.0f;
 };
 
 struct Variable {

@@ -23,6 +23,8 @@
 #include "emu_runtime.h"
 #include "kernels/activation.h"
 #include "kernels/activation_rules.h"
+#include "kernels/batchnorm.h"
+#include "kernels/batchnorm_rules.h"
 #include "kernels/bias.h"
 #include "kernels/conv.h"
 #include "kernels/debug.h"
@@ -396,6 +398,37 @@ void standardize(CUstream_st* s, int64_t n, int64_t m, const float* x, float* y)
       standardize_stats(block_sum(sum), block_sum(sumsq), m, mean, inv);
       for (int64_t i = 0; i < m; ++i) yi[i] = standardize_at(xi[i], mean, inv);
     }
+  });
+}
+
+// ---- batchnorm.cu -------------------------------------------------------------------------
+
+// Channel by channel, each one's lanes walked in order on one thread: the sums the CUDA block
+// takes one lane per thread (kernels/batchnorm_rules.h).
+void batchnorm_forward_train(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
+                             const float* beta, float* y) {
+  if (s.c == 0 || s.n * s.hw == 0) return;
+  submit(st, [=] {
+    for (int64_t ch = 0; ch < s.c; ++ch) bn_channel_forward_train(s, ch, x, gamma, beta, y);
+  });
+}
+
+void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
+                            const float* beta, const float* mean, const float* var, float* y) {
+  if (s.n * s.c * s.hw == 0) return;
+  submit(st, [=] {
+    for (int64_t ch = 0; ch < s.c; ++ch)
+      bn_channel_forward_eval(s, ch, x, gamma, beta, mean, var, y);
+  });
+}
+
+void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
+                        const float* gamma, const float* running_mean, const float* running_var,
+                        const BnGrads& g) {
+  if (s.c == 0 || s.n * s.hw == 0) return;
+  submit(st, [=] {
+    for (int64_t ch = 0; ch < s.c; ++ch)
+      bn_channel_backward(s, ch, x, dy, gamma, running_mean, running_var, g);
   });
 }
 

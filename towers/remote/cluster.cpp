@@ -219,6 +219,7 @@ uint64_t layout_hash(const ParameterLayout& layout) {
     for (int64_t d : v.spec.shape) mix_int(d);
     mix_int(v.offset);
     mix_int(v.spec.trainable ? 1 : 0);
+    mix(&v.spec.state_rate, sizeof v.spec.state_rate);
   }
   mix_int(layout.total());
   return h;

@@ -18,6 +18,7 @@ inline std::vector<ParamSpec> param_specs(
     p.shape.assign(v.shape().begin(), v.shape().end());
     p.weight_decay = v.weight_decay();
     p.trainable = v.trainable();
+    p.state_rate = v.state_rate();
     specs.push_back(std::move(p));
   }
   return specs;
@@ -31,6 +32,7 @@ inline void add_variables(const ParameterLayout& layout,
     for (int64_t d : v.spec.shape) s->add_shape(d);
     s->set_weight_decay(v.spec.weight_decay);
     s->set_trainable(v.spec.trainable);
+    s->set_state_rate(v.spec.state_rate);
   }
 }
 

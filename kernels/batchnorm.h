@@ -1,0 +1,62 @@
+// batchnorm.h — batch normalization over the channels of (n, C, HW) activations, CPU and CUDA
+// twins (the CUDA twin takes its stream first). The per-channel rules are in
+// kernels/batchnorm_rules.h: every channel's sums are taken in kBnLanes strided lanes in double
+// and the lanes summed in order, by the CPU loop, the CUDA block and the emulator alike, so the
+// twins agree bitwise (their files are built without FMA contraction).
+//
+// Training normalizes with the batch's statistics (mean and biased variance over n x HW);
+// evaluation with the running ones. Backward recomputes the batch statistics from the forward
+// input (nothing is saved) and writes, besides dx, dgamma and dbeta, the deltas of the running
+// statistics: state_weight x (batch mean - running mean) and state_weight x (unbiased batch
+// variance - running variance). The optimizer adds state_rate x their average over the update
+// (ParamSpec::state_rate), so the running averages follow the towers' batches through any
+// parameter store.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/hd.h"
+
+namespace towers::kernels {
+
+struct BnShape {
+  int64_t n = 0;   // examples
+  int64_t c = 0;   // channels
+  int64_t hw = 1;  // positions per channel and example
+  double eps = 1e-5;
+};
+
+// The state a training backward writes, per channel (device or host pointers, as the call).
+struct BnGrads {
+  float* dx = nullptr;  // (n, C, HW); null: not wanted (the first layer)
+  float* dgamma = nullptr;
+  float* dbeta = nullptr;
+  float* dmean = nullptr;  // running-statistics deltas, scaled by state_weight
+  float* dvar = nullptr;
+  float state_weight = 1.0f;
+};
+
+namespace cpu {
+// Channels [c0, c1) of each call: a caller may split the channels between threads.
+void batchnorm_forward_train(const BnShape& s, int64_t c0, int64_t c1, const float* x,
+                             const float* gamma, const float* beta, float* y);
+void batchnorm_forward_eval(const BnShape& s, int64_t c0, int64_t c1, const float* x,
+                            const float* gamma, const float* beta, const float* mean,
+                            const float* var, float* y);
+void batchnorm_backward(const BnShape& s, int64_t c0, int64_t c1, const float* x, const float* dy,
+                        const float* gamma, const float* running_mean, const float* running_var,
+                        const BnGrads& g);
+}  // namespace cpu
+
+namespace cuda {
+void batchnorm_forward_train(CUstream_st* stream, const BnShape& s, const float* x,
+                             const float* gamma, const float* beta, float* y);
+void batchnorm_forward_eval(CUstream_st* stream, const BnShape& s, const float* x,
+                            const float* gamma, const float* beta, const float* mean,
+                            const float* var, float* y);
+void batchnorm_backward(CUstream_st* stream, const BnShape& s, const float* x, const float* dy,
+                        const float* gamma, const float* running_mean, const float* running_var,
+                        const BnGrads& g);
+}  // namespace cuda
+
+}  // namespace towers::kernels

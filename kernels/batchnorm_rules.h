@@ -1,0 +1,161 @@
+// batchnorm_rules.h — the per-channel rules of batch normalization (kernels/batchnorm.h), run by
+// the CPU loop (kernels/cpu/batchnorm.cpp), the CUDA kernels (kernels/cuda/batchnorm.cu, one
+// block of kBnLanes threads per channel) and the emulator. Plain C++17 with TOWERS_HD.
+//
+// Element j of channel ch (j in [0, n x HW)) is x[((j / HW) x C + ch) x HW + j % HW]. A
+// channel sum is taken in kBnLanes lanes: lane l adds the elements j = l, l + kBnLanes, ... in
+// order, in double; then the lanes are added in order 0, 1, ... (bn_lanes_total). The CUDA
+// block runs one lane per thread, the CPU walks the same lanes, so the sums agree bitwise.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/batchnorm.h"
+#include "kernels/hd.h"
+
+namespace towers::kernels {
+
+inline constexpr int kBnLanes = 256;
+
+TOWERS_HD int64_t bn_index(const BnShape& s, int64_t ch, int64_t j) {
+  return ((j / s.hw) * s.c + ch) * s.hw + j % s.hw;
+}
+
+TOWERS_HD double bn_lanes_total(const double* lanes) {
+  double t = 0.0;
+  for (int l = 0; l < kBnLanes; ++l) t += lanes[l];
+  return t;
+}
+
+TOWERS_HD double bn_invstd(double var, double eps) { return 1.0 / sqrt(var + eps); }
+
+// y of one element from its statistics (batch or running).
+TOWERS_HD float bn_normalize(float x, double mean, double invstd, float gamma, float beta) {
+  const double xhat = (static_cast<double>(x) - mean) * invstd;
+  return static_cast<float>(xhat * static_cast<double>(gamma) + static_cast<double>(beta));
+}
+
+TOWERS_HD double bn_xhat(float x, double mean, double invstd) {
+  return (static_cast<double>(x) - mean) * invstd;
+}
+
+// dx of one element: gamma x invstd / m x (m dy - sum dy - xhat sum(dy xhat)).
+TOWERS_HD float bn_dx(float dy, double xhat, double m, double gamma_invstd, double sdy,
+                      double sdyx) {
+  const double inner = m * static_cast<double>(dy) - sdy - xhat * sdyx;
+  return static_cast<float>(gamma_invstd / m * inner);
+}
+
+// The unbiased variance the running average follows (the biased one of a single element).
+TOWERS_HD double bn_unbiased(double var, double m) { return m > 1.0 ? var * m / (m - 1.0) : var; }
+
+// ---- one channel, lane by lane, on one thread (the CPU loop and the emulator) ----------------
+
+// The lane sums of x (what = 0), of (x - mean)^2 (what = 1).
+inline void bn_channel_lanes(const BnShape& s, int64_t ch, const float* x, double mean, int what,
+                             double* lanes) {
+  for (int l = 0; l < kBnLanes; ++l) lanes[l] = 0.0;
+  int l = 0;
+  for (int64_t e = 0, j = 0; e < s.n; ++e) {
+    const float* xe = x + (e * s.c + ch) * s.hw;
+    for (int64_t i = 0; i < s.hw; ++i, ++j) {
+      const double v = static_cast<double>(xe[i]);
+      if (what == 0) {
+        lanes[l] += v;
+      } else {
+        const double d = v - mean;
+        lanes[l] += d * d;
+      }
+      l = l + 1 == kBnLanes ? 0 : l + 1;
+    }
+  }
+}
+
+// The batch mean and biased variance of channel ch.
+inline void bn_channel_moments(const BnShape& s, int64_t ch, const float* x, double& mean,
+                               double& var) {
+  double lanes[kBnLanes];
+  const double m = static_cast<double>(s.n * s.hw);
+  bn_channel_lanes(s, ch, x, 0.0, 0, lanes);
+  mean = bn_lanes_total(lanes) / m;
+  bn_channel_lanes(s, ch, x, mean, 1, lanes);
+  var = bn_lanes_total(lanes) / m;
+}
+
+// The lane sums of dy and of dy x xhat over channel ch.
+inline void bn_channel_backward_sums(const BnShape& s, int64_t ch, const float* x, const float* dy,
+                                     double mean, double invstd, double& sdy, double& sdyx) {
+  double a[kBnLanes], b[kBnLanes];
+  for (int l = 0; l < kBnLanes; ++l) a[l] = b[l] = 0.0;
+  int l = 0;
+  for (int64_t e = 0; e < s.n; ++e) {
+    const int64_t o = (e * s.c + ch) * s.hw;
+    for (int64_t i = 0; i < s.hw; ++i) {
+      const double g = static_cast<double>(dy[o + i]);
+      a[l] += g;
+      b[l] += g * bn_xhat(x[o + i], mean, invstd);
+      l = l + 1 == kBnLanes ? 0 : l + 1;
+    }
+  }
+  sdy = bn_lanes_total(a);
+  sdyx = bn_lanes_total(b);
+}
+
+// The whole training forward of channel ch.
+inline void bn_channel_forward_train(const BnShape& s, int64_t ch, const float* x,
+                                     const float* gamma, const float* beta, float* y) {
+  double mean, var;
+  bn_channel_moments(s, ch, x, mean, var);
+  const double invstd = bn_invstd(var, s.eps);
+  for (int64_t e = 0; e < s.n; ++e) {
+    const int64_t o = (e * s.c + ch) * s.hw;
+    for (int64_t i = 0; i < s.hw; ++i)
+      y[o + i] = bn_normalize(x[o + i], mean, invstd, gamma[ch], beta[ch]);
+  }
+}
+
+inline void bn_channel_forward_eval(const BnShape& s, int64_t ch, const float* x,
+                                    const float* gamma, const float* beta, const float* mean,
+                                    const float* var, float* y) {
+  const double mu = mean[ch], invstd = bn_invstd(var[ch], s.eps);
+  for (int64_t e = 0; e < s.n; ++e) {
+    const int64_t o = (e * s.c + ch) * s.hw;
+    for (int64_t i = 0; i < s.hw; ++i) y[o + i] = bn_normalize(x[o + i], mu, invstd, gamma[ch], beta[ch]);
+  }
+}
+
+// Writes channel ch's gradients and state deltas (the per-channel outputs of g are written by
+// whoever finishes the channel's sums).
+TOWERS_HD void bn_channel_outputs(const BnShape& s, int64_t ch, double mean, double var,
+                                  double sdy, double sdyx, const float* running_mean,
+                                  const float* running_var, const BnGrads& g) {
+  const double m = static_cast<double>(s.n * s.hw), w = g.state_weight;
+  if (g.dgamma != nullptr) g.dgamma[ch] = static_cast<float>(sdyx);
+  if (g.dbeta != nullptr) g.dbeta[ch] = static_cast<float>(sdy);
+  if (g.dmean != nullptr)
+    g.dmean[ch] = static_cast<float>((mean - static_cast<double>(running_mean[ch])) * w);
+  if (g.dvar != nullptr)
+    g.dvar[ch] =
+        static_cast<float>((bn_unbiased(var, m) - static_cast<double>(running_var[ch])) * w);
+}
+
+inline void bn_channel_backward(const BnShape& s, int64_t ch, const float* x, const float* dy,
+                                const float* gamma, const float* running_mean,
+                                const float* running_var, const BnGrads& g) {
+  double mean, var, sdy, sdyx;
+  bn_channel_moments(s, ch, x, mean, var);
+  const double invstd = bn_invstd(var, s.eps);
+  bn_channel_backward_sums(s, ch, x, dy, mean, invstd, sdy, sdyx);
+  bn_channel_outputs(s, ch, mean, var, sdy, sdyx, running_mean, running_var, g);
+  if (g.dx == nullptr) return;
+  const double m = static_cast<double>(s.n * s.hw);
+  const double gi = static_cast<double>(gamma[ch]) * invstd;
+  for (int64_t e = 0; e < s.n; ++e) {
+    const int64_t o = (e * s.c + ch) * s.hw;
+    for (int64_t i = 0; i < s.hw; ++i)
+      g.dx[o + i] = bn_dx(dy[o + i], bn_xhat(x[o + i], mean, invstd), m, gi, sdy, sdyx);
+  }
+}
+
+}  // namespace towers::kernels

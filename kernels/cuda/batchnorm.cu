@@ -1,0 +1,117 @@
+// batchnorm.cu — batch normalization on the GPU: one block of kBnLanes threads per channel.
+// Thread l is lane l of kernels/batchnorm_rules.h: it sums the elements l, l + kBnLanes, ... of
+// its channel in order in double, thread 0 adds the lanes in order, and every thread then
+// writes its own elements. Built without FMA contraction, so the sums and outputs are the CPU
+// twin's bit for bit. Evaluation is one thread per element.
+#include "kernels/batchnorm.h"
+#include "kernels/batchnorm_rules.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace towers::kernels::cuda {
+
+namespace {
+
+// The block's total of each thread's v, by thread 0 in lane order; every thread gets it.
+__device__ double block_total(double v, double* lanes) {
+  __syncthreads();  // lanes may still be read from the previous total
+  lanes[threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) lanes[kBnLanes] = bn_lanes_total(lanes);
+  __syncthreads();
+  return lanes[kBnLanes];
+}
+
+// The batch mean and biased variance of channel blockIdx.x, in every thread.
+__device__ void block_moments(const BnShape& s, const float* x, double* lanes, double& mean,
+                              double& var) {
+  const int64_t ch = blockIdx.x, m = s.n * s.hw;
+  double a = 0.0;
+  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) a += static_cast<double>(x[bn_index(s, ch, j)]);
+  mean = block_total(a, lanes) / static_cast<double>(m);
+  double q = 0.0;
+  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
+    const double d = static_cast<double>(x[bn_index(s, ch, j)]) - mean;
+    q += d * d;
+  }
+  var = block_total(q, lanes) / static_cast<double>(m);
+}
+
+__global__ void __launch_bounds__(kBnLanes)
+    forward_train_kernel(BnShape s, const float* __restrict__ x, const float* __restrict__ gamma,
+                         const float* __restrict__ beta, float* __restrict__ y) {
+  __shared__ double lanes[kBnLanes + 1];
+  const int64_t ch = blockIdx.x, m = s.n * s.hw;
+  double mean, var;
+  block_moments(s, x, lanes, mean, var);
+  const double invstd = bn_invstd(var, s.eps);
+  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
+    const int64_t i = bn_index(s, ch, j);
+    y[i] = bn_normalize(x[i], mean, invstd, gamma[ch], beta[ch]);
+  }
+}
+
+__global__ void forward_eval_kernel(BnShape s, const float* __restrict__ x,
+                                    const float* __restrict__ gamma, const float* __restrict__ beta,
+                                    const float* __restrict__ mean, const float* __restrict__ var,
+                                    float* __restrict__ y) {
+  TOWERS_GRID_STRIDE(i, s.n * s.c * s.hw) {
+    const int64_t ch = (i / s.hw) % s.c;
+    y[i] = bn_normalize(x[i], mean[ch], bn_invstd(var[ch], s.eps), gamma[ch], beta[ch]);
+  }
+}
+
+__global__ void __launch_bounds__(kBnLanes)
+    backward_kernel(BnShape s, const float* __restrict__ x, const float* __restrict__ dy,
+                    const float* __restrict__ gamma, const float* __restrict__ running_mean,
+                    const float* __restrict__ running_var, BnGrads g) {
+  __shared__ double lanes[kBnLanes + 1];
+  const int64_t ch = blockIdx.x, m = s.n * s.hw;
+  double mean, var;
+  block_moments(s, x, lanes, mean, var);
+  const double invstd = bn_invstd(var, s.eps);
+  double a = 0.0, b = 0.0;
+  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
+    const int64_t i = bn_index(s, ch, j);
+    const double d = static_cast<double>(dy[i]);
+    a += d;
+    b += d * bn_xhat(x[i], mean, invstd);
+  }
+  const double sdy = block_total(a, lanes);
+  const double sdyx = block_total(b, lanes);
+  if (threadIdx.x == 0)
+    bn_channel_outputs(s, ch, mean, var, sdy, sdyx, running_mean, running_var, g);
+  if (g.dx == nullptr) return;
+  const double md = static_cast<double>(m), gi = static_cast<double>(gamma[ch]) * invstd;
+  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
+    const int64_t i = bn_index(s, ch, j);
+    g.dx[i] = bn_dx(dy[i], bn_xhat(x[i], mean, invstd), md, gi, sdy, sdyx);
+  }
+}
+
+}  // namespace
+
+void batchnorm_forward_train(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
+                             const float* beta, float* y) {
+  if (s.c == 0 || s.n * s.hw == 0) return;
+  forward_train_kernel<<<static_cast<unsigned>(s.c), kBnLanes, 0, st>>>(s, x, gamma, beta, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
+                            const float* beta, const float* mean, const float* var, float* y) {
+  const int64_t count = s.n * s.c * s.hw;
+  if (count == 0) return;
+  forward_eval_kernel<<<grid_for(count), kBlock, 0, st>>>(s, x, gamma, beta, mean, var, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
+                        const float* gamma, const float* running_mean, const float* running_var,
+                        const BnGrads& g) {
+  if (s.c == 0 || s.n * s.hw == 0) return;
+  backward_kernel<<<static_cast<unsigned>(s.c), kBnLanes, 0, st>>>(s, x, dy, gamma, running_mean,
+                                                                   running_var, g);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace towers::kernels::cuda

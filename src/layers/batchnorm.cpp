@@ -1,0 +1,92 @@
+#include "layers/batchnorm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+#include "core/gpu.h"
+#include "core/parallel.h"
+#include "kernels/batchnorm.h"
+
+namespace towers {
+
+namespace {
+// Channels per CPU task: each channel is one thread's in-order sums, so any split is exact.
+constexpr int64_t kChannelsPerTask = 4;
+
+kernels::BnGrads bn_grads(const BackwardArgs& a) {
+  kernels::BnGrads g;
+  g.dx = a.dx;
+  g.dgamma = a.grads[BatchNorm::kGamma];
+  g.dbeta = a.grads[BatchNorm::kBeta];
+  g.dmean = a.grads[BatchNorm::kMean];
+  g.dvar = a.grads[BatchNorm::kVar];
+  g.state_weight = a.state_weight;
+  return g;
+}
+}  // namespace
+
+Shape BatchNorm::infer(const Shape& in) {
+  TOWERS_CHECK((in.size() == 1 || in.size() == 3) && numel(in) > 0,
+               "{}: batchnorm needs (C) or (C, H, W), got {}", name(), to_string(in));
+  TOWERS_CHECK(cfg_.momentum >= 0.0 && cfg_.momentum < 1.0,
+               "{}: batchnorm momentum must be in [0, 1), got {}", name(), cfg_.momentum);
+  TOWERS_CHECK(cfg_.eps > 0.0 && std::isfinite(cfg_.eps), "{}: batchnorm epsilon must be > 0, got {}",
+               name(), cfg_.eps);
+  c_ = in[0];
+  hw_ = in.size() == 3 ? in[1] * in[2] : 1;
+  return in;
+}
+
+std::vector<ParamSpec> BatchNorm::params() const {
+  const float rate = static_cast<float>(1.0 - cfg_.momentum);
+  ParamSpec gamma{name() + "/gamma", {c_}, Init::constant(1.0f), cfg_.weight_decay};
+  ParamSpec beta{name() + "/beta", {c_}, Init::constant(0.0f), cfg_.weight_decay};
+  ParamSpec mean{name() + "/moving_mean", {c_}, Init::constant(0.0f), 0.0f};
+  ParamSpec var{name() + "/moving_variance", {c_}, Init::constant(1.0f), 0.0f};
+  mean.trainable = var.trainable = false;
+  mean.state_rate = var.state_rate = rate;
+  return {gamma, beta, mean, var};
+}
+
+void BatchNorm::forward(const ForwardArgs& a) const {
+  const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
+  for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
+    if (a.training)
+      kernels::cpu::batchnorm_forward_train(s, c0, c1, a.x, a.params[kGamma], a.params[kBeta], a.y);
+    else
+      kernels::cpu::batchnorm_forward_eval(s, c0, c1, a.x, a.params[kGamma], a.params[kBeta],
+                                           a.params[kMean], a.params[kVar], a.y);
+  });
+}
+
+void BatchNorm::backward(const BackwardArgs& a) const {
+  const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
+  const kernels::BnGrads g = bn_grads(a);
+  for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
+    kernels::cpu::batchnorm_backward(s, c0, c1, a.x, a.dy, a.params[kGamma], a.params[kMean],
+                                     a.params[kVar], g);
+  });
+}
+
+#if TOWERS_HAVE_CUDA
+// ---- the GPU twin ----------------------------------------------------------------------------
+namespace kc = kernels::cuda;
+
+void BatchNorm::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
+  const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
+  if (a.training)
+    kc::batchnorm_forward_train(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.y);
+  else
+    kc::batchnorm_forward_eval(e.stream, s, a.x, a.params[kGamma], a.params[kBeta],
+                               a.params[kMean], a.params[kVar], a.y);
+}
+
+void BatchNorm::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
+  const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
+  kc::batchnorm_backward(e.stream, s, a.x, a.dy, a.params[kGamma], a.params[kMean],
+                         a.params[kVar], bn_grads(a));
+}
+#endif  // TOWERS_HAVE_CUDA
+
+}  // namespace towers

@@ -1,0 +1,46 @@
+// batchnorm.h — batch normalization (Ioffe & Szegedy) over the channels of (C, H, W) or (C)
+// inputs: y = gamma (x - mean) / sqrt(var + eps) + beta, with the batch's statistics in
+// training and the running ones in evaluation. Variables (TF's names): gamma, beta (trainable)
+// and moving_mean, moving_variance (state: ParamSpec::trainable = false).
+//
+// The running statistics are never written by a forward. Backward writes their deltas as the
+// variables' gradients (kernels/batchnorm.h); the optimizer adds (1 - momentum) x the update's
+// average of them. So they are updated where every parameter is updated (the host, a shard,
+// ...), once per update, from the statistics of the towers behind it: per tower by default,
+// as TF's multi-GPU towers compute them; a sync update follows the mean of its towers' batch
+// statistics. Nothing is saved for backward: it recomputes the statistics from the input.
+#pragma once
+
+#include "layers/layer.h"
+
+namespace towers {
+
+struct BatchNormConfig {
+  double momentum = 0.9;  // running = momentum x running + (1 - momentum) x batch
+  double eps = 1e-5;
+  float weight_decay = 0.0f;  // on gamma and beta
+};
+
+class BatchNorm : public Layer {
+ public:
+  static constexpr int kGamma = 0, kBeta = 1, kMean = 2, kVar = 3;  // params() order
+  BatchNorm(std::string name, BatchNormConfig cfg) : Layer(std::move(name)), cfg_(cfg) {}
+  std::string kind() const override { return "batchnorm"; }
+  std::vector<ParamSpec> params() const override;
+  int64_t flops_per_example() const override { return 4 * c_ * hw_; }
+  void forward(const ForwardArgs& a) const override;
+  void backward(const BackwardArgs& a) const override;
+#if TOWERS_HAVE_CUDA
+  void forward_gpu(const GpuExec& exec, const ForwardArgs& a) const override;
+  void backward_gpu(const GpuExec& exec, const BackwardArgs& a) const override;
+#endif
+
+ protected:
+  Shape infer(const Shape& in) override;
+
+ private:
+  BatchNormConfig cfg_;
+  int64_t c_ = 0, hw_ = 1;
+};
+
+}  // namespace towers

@@ -1,0 +1,116 @@
+// GPU twin of batch normalization (kernels/cuda/batchnorm.cu, through the layer's
+// forward_gpu/backward_gpu) against the CPU twin: training forward, evaluation forward and
+// backward (dx, dgamma, dbeta and the running statistics' deltas). Both take every channel sum
+// in the same lanes in double and add the lanes in order, without FMA contraction
+// (kernels/batchnorm_rules.h), so they agree bitwise. Skips without a CUDA device.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "core/gpu.h"
+#include "gpu_test_util.h"
+#include "layers/batchnorm.h"
+
+namespace towers {
+namespace {
+
+using gputest::DeviceArray;
+using gputest::random_floats;
+using gputest::Stream;
+
+struct BnCase {
+  std::string name;
+  int64_t n;
+  Shape in;
+};
+
+// Shapes with fewer and with many more elements per channel than the 256 lanes, a dense (C)
+// input, and the production shape of a 3x3 convolution's output at batch 128.
+const std::vector<BnCase> kCases = {
+    {"3x4x5x5", 3, {4, 5, 5}},
+    {"16x7", 16, {7}},
+    {"9x5x13x11", 9, {5, 13, 11}},
+    {"128x64x16x16", 128, {64, 16, 16}},
+};
+
+int64_t count_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  int64_t d = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    d += !(a[i] == b[i] || (a[i] != a[i] && b[i] != b[i]));
+  return d;
+}
+
+TEST(BatchNormGpu, ForwardAndBackwardMatchCpuTwinBitwise) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream st;
+  uint64_t seed = 120;
+  for (const BnCase& k : kCases) {
+    SCOPED_TRACE(k.name);
+    BatchNorm layer("bn", {});
+    layer.bind(k.in);
+    const int64_t c = k.in[0], count = k.n * numel(k.in);
+    const std::vector<float> x = random_floats(count, ++seed, -2.0f, 5.0f);
+    const std::vector<float> dy = random_floats(count, ++seed);
+    const std::vector<float> gamma = random_floats(c, ++seed, 0.5f, 2.0f);
+    const std::vector<float> beta = random_floats(c, ++seed);
+    const std::vector<float> rmean = random_floats(c, ++seed);
+    const std::vector<float> rvar = random_floats(c, ++seed, 0.5f, 3.0f);
+    const float weight = 0.5f;
+
+    // CPU: training forward, backward, evaluation forward.
+    std::vector<float> y(count), yeval(count), dx(count), dg(c), db(c), dm(c), dv(c);
+    ForwardArgs f;
+    f.n = k.n, f.x = x.data(), f.y = y.data();
+    f.params = {gamma.data(), beta.data(), rmean.data(), rvar.data()};
+    layer.forward(f);
+    BackwardArgs b;
+    b.n = k.n, b.x = x.data(), b.y = y.data(), b.dy = dy.data(), b.dx = dx.data();
+    b.params = f.params;
+    b.grads = {dg.data(), db.data(), dm.data(), dv.data()};
+    b.state_weight = weight;
+    layer.backward(b);
+    ForwardArgs fe = f;
+    fe.y = yeval.data(), fe.training = false;
+    layer.forward(fe);
+
+    // GPU: the same calls on device arrays (NaN-filled outputs: a missed write shows).
+    DeviceArray<float> x_d(x), dy_d(dy), g_d(gamma), b_d(beta), m_d(rmean), v_d(rvar);
+    DeviceArray<float> y_d(count), ye_d(count), dx_d(count), dg_d(c), db_d(c), dm_d(c), dv_d(c);
+    GpuExec e;
+    e.stream = st.s;
+    ForwardArgs gf;
+    gf.n = k.n, gf.x = x_d.get(), gf.y = y_d.get();
+    gf.params = {g_d.get(), b_d.get(), m_d.get(), v_d.get()};
+    layer.forward_gpu(e, gf);
+    BackwardArgs gb;
+    gb.n = k.n, gb.x = x_d.get(), gb.y = y_d.get(), gb.dy = dy_d.get(), gb.dx = dx_d.get();
+    gb.params = gf.params;
+    gb.grads = {dg_d.get(), db_d.get(), dm_d.get(), dv_d.get()};
+    gb.state_weight = weight;
+    layer.backward_gpu(e, gb);
+    ForwardArgs gfe = gf;
+    gfe.y = ye_d.get(), gfe.training = false;
+    layer.forward_gpu(e, gfe);
+
+    const int64_t d_y = count_diff(y_d.download(), y), d_ye = count_diff(ye_d.download(), yeval);
+    const int64_t d_dx = count_diff(dx_d.download(), dx);
+    const int64_t d_c = count_diff(dg_d.download(), dg) + count_diff(db_d.download(), db) +
+                        count_diff(dm_d.download(), dm) + count_diff(dv_d.download(), dv);
+    std::printf("  %s: differing y %lld, eval y %lld, dx %lld of %lld; per-channel %lld of %lld\n",
+                k.name.c_str(), static_cast<long long>(d_y), static_cast<long long>(d_ye),
+                static_cast<long long>(d_dx), static_cast<long long>(count),
+                static_cast<long long>(d_c), static_cast<long long>(4 * c));
+    EXPECT_EQ(d_y, 0);
+    EXPECT_EQ(d_ye, 0);
+    EXPECT_EQ(d_dx, 0);
+    EXPECT_EQ(d_c, 0);
+  }
+}
+
+}  // namespace
+}  // namespace towers
