@@ -23,6 +23,7 @@
 #include "layers/lrn.h"
 #include "layers/maxpool.h"
 #include "layers/relu.h"
+#include "layers/residual.h"
 #include "towers/placement.h"
 
 namespace towers {
@@ -67,7 +68,8 @@ struct Chain {
   Shape shape;                           // the next layer's input, per example
   std::string from = "the model input";  // what gives it, for messages
   std::string previous = "input";        // its name, as "inputs" names it
-  std::map<std::string, size_t> names;   // layer name -> index
+  std::map<std::string, std::string> names;  // layer name -> its label ("layers[3]") and pointer
+  std::map<std::string, std::string> name_pointers;
   double parameters = 0;
 };
 
@@ -180,7 +182,10 @@ class Reader {
   void inputs(const Node& n, const Chain& c) const;
   void placement(const Node& top, ModelSpec& spec) const;
 
-  LayerSpec layer(size_t i, Chain& c, Node* node) const;
+  // Layer i of the array `list` at list_pointer; `where` prefixes its label ("" at the top,
+  // "layers[2].", inside a residual block).
+  LayerSpec layer(const json& list, const std::string& list_pointer, const std::string& where,
+                  size_t i, Chain& c, Node* node) const;
   // The layer's input, which must be an image (C, H, W).
   const Shape& image_input(const Node& n, const Chain& c) const;
   kernels::Window window(const Node& n, const Chain& c, int64_t side, int64_t kernel,
@@ -195,6 +200,7 @@ class Reader {
   void relu(const Node& n, Chain& c, LayerSpec& out) const;
   void global_avg_pool(const Node& n, Chain& c, LayerSpec& out) const;
   void batchnorm(const Node& n, Chain& c, LayerSpec& out) const;
+  void residual(const Node& n, Chain& c, LayerSpec& out) const;
 
   const JsonSource& doc_;
 };
@@ -236,6 +242,10 @@ const std::vector<Reader::LayerType>& Reader::layer_types() {
       {"gelu", {}, &Reader::gelu, ""},
       {"relu", {}, &Reader::relu, ""},
       {"global_avg_pool", {}, &Reader::global_avg_pool, ""},
+      {"residual",
+       {{"layers", "the inner layers, whose output has the block's input shape"}},
+       &Reader::residual,
+       ""},
       {"batchnorm",
        {{"momentum", "the running statistics' decay, in [0, 1) (default 0.9)"},
         {"epsilon", "added to the variance, > 0 (default 1e-5)"},
@@ -541,11 +551,51 @@ void Reader::batchnorm(const Node& n, Chain& c, LayerSpec& out) const {
   out.config = cfg;
 }
 
-LayerSpec Reader::layer(size_t i, Chain& c, Node* node) const {
-  const std::string pointer = JsonSource::child("/layers", i);
-  const json& v = doc_.root()["layers"][i];
+// y = x + f(x): the inner layers, read like the model's (names unique in the whole model),
+// must give the block's input shape back.
+void Reader::residual(const Node& n, Chain& c, LayerSpec& out) const {
+  const json& list = require(n, "layers");
+  if (!list.is_array() || list.empty())
+    fail_field(n, "layers",
+               fmt::format("expected a non-empty array of layers, got {}", describe(list)));
+  const Shape in = c.shape;
+  const std::string from = c.from, previous = c.previous;
+  const std::string where = n.label.substr(0, n.label.find(' ')) + ".";
+  const std::string pointer = JsonSource::child(n.pointer, "layers");
+  ResidualConfig cfg;
+  int vars = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    Node inner;
+    cfg.layers.push_back(layer(list, pointer, where, i, c, &inner));
+    const LayerSpec& l = cfg.layers.back();
+    if (std::holds_alternative<ResidualConfig>(l.config))
+      fail_field(inner, "type", "a residual block inside a residual block is not supported");
+    vars += std::holds_alternative<BatchNormConfig>(l.config)                              ? 4
+            : std::holds_alternative<Conv2DConfig>(l.config) || std::holds_alternative<DenseConfig>(l.config) ? 2
+                                                                                             : 0;
+    if (vars > kMaxLayerVars)
+      fail_field(inner, "type",
+                 fmt::format("a residual block holds at most {} variables (a conv2d or dense has "
+                             "2, a batchnorm 4)",
+                             kMaxLayerVars));
+  }
+  if (c.shape != in)
+    fail_field(n, "layers",
+               fmt::format("the inner layers give {}, but the block's shortcut carries its input "
+                           "{}: they must match",
+                           to_string(c.shape), to_string(in)));
+  c.from = from, c.previous = previous;
+  out.out = in;
+  out.config = std::move(cfg);
+}
+
+LayerSpec Reader::layer(const json& list, const std::string& list_pointer,
+                        const std::string& where, size_t i, Chain& c, Node* node) const {
+  const std::string pointer = JsonSource::child(list_pointer, i);
+  const json& v = list[i];
+  const std::string at = fmt::format("{}layers[{}]", where, i);
   Node& n = *node;
-  n = Node{&v, pointer, fmt::format("layers[{}]: ", i), "", kLayerFields};
+  n = Node{&v, pointer, fmt::format("{}: ", at), "", kLayerFields};
   if (!v.is_object())
     fail(doc_.value_pos(pointer), n,
          fmt::format("expected a layer (an object), got {}", describe(v)));
@@ -555,7 +605,7 @@ LayerSpec Reader::layer(size_t i, Chain& c, Node* node) const {
   if (name_value != nullptr && name_value->is_string() &&
       valid_name(name_value->get<std::string>()))
     label_name = fmt::format(" '{}'", name_value->get<std::string>());
-  n.label = fmt::format("layers[{}]{}: ", i, label_name);
+  n.label = fmt::format("{}{}: ", at, label_name);
 
   const std::vector<std::string_view> types = type_names();
   if (find(n, "type") == nullptr)
@@ -569,7 +619,7 @@ LayerSpec Reader::layer(size_t i, Chain& c, Node* node) const {
     fail_field(n, "type",
                fmt::format("unknown layer type '{}' ({}known: {})", type_name.substr(0, 40),
                            suggestion(type_name, types), fmt::join(types, ", ")));
-  n.label = fmt::format("layers[{}]{} ({}): ", i, label_name, type->type);
+  n.label = fmt::format("{}{} ({}): ", at, label_name, type->type);
   n.fields.insert(n.fields.end(), type->fields.begin(), type->fields.end());
   check_fields(n);
 
@@ -579,9 +629,8 @@ LayerSpec Reader::layer(size_t i, Chain& c, Node* node) const {
     fail_field(n, "name", "'input' names the model's input; a layer needs another name");
   if (auto it = c.names.find(out.name); it != c.names.end())
     fail_field(n, "name",
-               fmt::format("'{}' is already the name of layers[{}] (line {})", out.name, it->second,
-                           doc_.value_pos(JsonSource::child(
-                                              JsonSource::child("/layers", it->second), "name"))
+               fmt::format("'{}' is already the name of {} (line {})", out.name, it->second,
+                           doc_.value_pos(JsonSource::child(c.name_pointers.at(out.name), "name"))
                                .line));
   if (find(n, "inputs") != nullptr) inputs(n, c);
   (this->*(type->read))(n, c, out);
@@ -589,9 +638,10 @@ LayerSpec Reader::layer(size_t i, Chain& c, Node* node) const {
                to_string(out.out));
 
   c.shape = out.out;
-  c.from = fmt::format("layers[{}] '{}'", i, out.name);
+  c.from = fmt::format("{} '{}'", at, out.name);
   c.previous = out.name;
-  c.names[out.name] = i;
+  c.names[out.name] = at;
+  c.name_pointers[out.name] = pointer;
   return out;
 }
 
@@ -617,7 +667,8 @@ ModelSpec Reader::read() const {
   Chain c;
   c.shape = spec.input;
   Node last;
-  for (size_t i = 0; i < layers.size(); ++i) spec.layers.push_back(layer(i, c, &last));
+  for (size_t i = 0; i < layers.size(); ++i)
+    spec.layers.push_back(layer(layers, "/layers", "", i, c, &last));
 
   // The last layer's outputs are the logits.
   if (numel(c.shape) != spec.classes) {
@@ -680,25 +731,33 @@ ModelSpec read_model_file(const std::string& path) {
   return parse_model(text, path);
 }
 
+namespace {
+std::unique_ptr<Layer> make_layer(const LayerSpec& l) {
+  if (const auto* conv = std::get_if<Conv2DConfig>(&l.config))
+    return std::make_unique<Conv2D>(l.name, *conv);
+  if (const auto* pool = std::get_if<MaxPoolConfig>(&l.config))
+    return std::make_unique<MaxPool>(l.name, pool->kernel, pool->stride, pool->padding);
+  if (const auto* lrn = std::get_if<kernels::LrnParams>(&l.config))
+    return std::make_unique<Lrn>(l.name, *lrn);
+  if (std::holds_alternative<GeluConfig>(l.config)) return std::make_unique<Gelu>(l.name);
+  if (std::holds_alternative<ReluConfig>(l.config)) return std::make_unique<Relu>(l.name);
+  if (std::holds_alternative<GlobalAvgPoolConfig>(l.config))
+    return std::make_unique<GlobalAvgPool>(l.name);
+  if (const auto* bn = std::get_if<BatchNormConfig>(&l.config))
+    return std::make_unique<BatchNorm>(l.name, *bn);
+  if (const auto* res = std::get_if<ResidualConfig>(&l.config)) {
+    std::vector<std::unique_ptr<Layer>> inner;
+    for (const LayerSpec& i : res->layers) inner.push_back(make_layer(i));
+    return std::make_unique<Residual>(l.name, std::move(inner));
+  }
+  return std::make_unique<Dense>(l.name, std::get<DenseConfig>(l.config));
+}
+}  // namespace
+
 std::unique_ptr<Graph> build_graph(const ModelSpec& spec) {
   auto g = std::make_unique<Graph>(spec.name, spec.input, spec.classes);
   for (const LayerSpec& l : spec.layers) {
-    if (const auto* conv = std::get_if<Conv2DConfig>(&l.config))
-      g->add<Conv2D>(l.name, *conv);
-    else if (const auto* pool = std::get_if<MaxPoolConfig>(&l.config))
-      g->add<MaxPool>(l.name, pool->kernel, pool->stride, pool->padding);
-    else if (const auto* lrn = std::get_if<kernels::LrnParams>(&l.config))
-      g->add<Lrn>(l.name, *lrn);
-    else if (std::holds_alternative<GeluConfig>(l.config))
-      g->add<Gelu>(l.name);
-    else if (std::holds_alternative<ReluConfig>(l.config))
-      g->add<Relu>(l.name);
-    else if (std::holds_alternative<GlobalAvgPoolConfig>(l.config))
-      g->add<GlobalAvgPool>(l.name);
-    else if (const auto* bn = std::get_if<BatchNormConfig>(&l.config))
-      g->add<BatchNorm>(l.name, *bn);
-    else
-      g->add<Dense>(l.name, std::get<DenseConfig>(l.config));
+    g->add_layer(make_layer(l));
     TOWERS_CHECK(g->layers().back()->out_shape() == l.out,
                  "{}: the layer gives {}, the model file {}", l.name,
                  to_string(g->layers().back()->out_shape()), to_string(l.out));

@@ -6,8 +6,9 @@
 // layer (index and name) and the field:
 //   nets/small.json:12:17: layers[3] 'conv2' (conv2d): field 'kernel': a 9x9 kernel does not
 //   fit the 6x6 input with padding "valid"
-// Models are chains today: each layer takes the previous layer's output. The optional per-layer
-// field "inputs" is where other graphs (residual nets) will name their inputs. The optional
+// Models are chains: each layer takes the previous layer's output (a residual block is one
+// layer holding an inner chain, layers/residual.h). The optional per-layer field "inputs"
+// names the previous layer. The optional
 // top-level field "placement" puts each tower's layers on devices, in --placement's syntax
 // (towers/placement.h); it is checked against the layers as --placement is, and a run uses it
 // unless --placement says otherwise.
@@ -40,11 +41,17 @@ struct GeluConfig {};
 struct ReluConfig {};
 struct GlobalAvgPoolConfig {};
 
+struct LayerSpec;
+// A residual block's inner layers (y = x + f(x)).
+struct ResidualConfig {
+  std::vector<LayerSpec> layers;
+};
+
 // One layer of a model file, checked, with its output shape (per example).
 struct LayerSpec {
   std::string name;
   std::variant<Conv2DConfig, MaxPoolConfig, kernels::LrnParams, DenseConfig, GeluConfig,
-               GlobalAvgPoolConfig, BatchNormConfig, ReluConfig>
+               GlobalAvgPoolConfig, BatchNormConfig, ReluConfig, ResidualConfig>
       config;
   Shape out;
 };

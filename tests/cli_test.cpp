@@ -412,6 +412,52 @@ TEST(CliModelFile, BatchNormNetLearnsAndCheckpointsItsRunningStatistics) {
   }
 }
 
+// A small residual net from a file (conv, then a block of conv -> batchnorm -> relu -> conv
+// with the identity shortcut, relu, global average pooling, dense) learns through the CLI.
+TEST(CliModelFile, ResidualNetLearns) {
+  const std::string dir = temp_dir();
+  const std::string file = dir + "/res.json";
+  write_bytes_plain(file, R"({"name": "res", "input": [1, 12, 12], "classes": 10, "layers": [
+  {"name": "stem", "type": "conv2d", "filters": 8, "kernel": 3, "weight_init": {"stddev": 0.3}},
+  {"name": "block", "type": "residual", "layers": [
+    {"name": "c1", "type": "conv2d", "filters": 8, "kernel": 3, "relu": false,
+     "weight_init": {"stddev": 0.1}},
+    {"name": "bn1", "type": "batchnorm"},
+    {"name": "r1", "type": "relu"},
+    {"name": "c2", "type": "conv2d", "filters": 8, "kernel": 3, "relu": false,
+     "weight_init": {"stddev": 0.1}}]},
+  {"name": "act", "type": "relu"},
+  {"name": "gap", "type": "global_avg_pool"},
+  {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.1}}]})");
+  auto r = run_towers("train --model " + file +
+                      " --dataset synthetic --synthetic-size 640 --batch 32 --optimizer adam "
+                      "--lr 0.03 --steps 150 --quiet --seed 3 --metrics " + dir + "/m.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<double> loss;
+  for (const auto& l : read_jsonl(dir + "/m.jsonl"))
+    if (l["event"] == "step") loss.push_back(l["loss"].get<double>());
+  ASSERT_EQ(loss.size(), 150u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 10; ++i) first += loss[i] / 10, last += loss[loss.size() - 10 + i] / 10;
+  std::printf("  mean loss: first ten steps %.4f, last ten %.4f\n", first, last);
+  EXPECT_LT(last, 0.8 * first);
+  // A block whose inner layers change the shape is named with its inner layer's place.
+  const std::string bad = dir + "/bad.json";
+  write_bytes_plain(bad, R"({"name": "bad", "input": [1, 12, 12], "classes": 10, "layers": [
+  {"name": "block", "type": "residual", "layers": [
+    {"name": "c1", "type": "conv2d", "filters": 4, "kernel": 3, "weight_init": {"stddev": 0.1}}]},
+  {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.1}}]})");
+  expect_error(run_towers("train --dataset synthetic --steps 2 --model " + bad),
+               {bad + ":2:", "layers[0] 'block' (residual)", "field 'layers'", "[4, 12, 12]",
+                "[1, 12, 12]"});
+  write_bytes_plain(bad, R"({"name": "bad", "input": [1, 12, 12], "classes": 10, "layers": [
+  {"name": "block", "type": "residual", "layers": [
+    {"name": "c1", "type": "conv2d", "filter": 1, "kernel": 3, "weight_init": {"stddev": 0.1}}]},
+  {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.1}}]})");
+  expect_error(run_towers("train --dataset synthetic --steps 2 --model " + bad),
+               {bad + ":3:", "layers[0].layers[0] 'c1' (conv2d)", "unknown field 'filter'"});
+}
+
 TEST(CliBadInput, ModelFile) {
   const std::string dir = temp_dir();
   const std::string m = " --metrics " + dir + "/m.jsonl";

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <memory>
 #include <oneapi/tbb/task_arena.h>
 
 #include "core/check.h"
@@ -22,6 +23,7 @@
 #include "layers/lrn.h"
 #include "layers/maxpool.h"
 #include "layers/relu.h"
+#include "layers/residual.h"
 
 namespace towers {
 namespace {
@@ -444,6 +446,83 @@ TEST(Relu, ForwardClampsAndGradientsMatchNumerical) {
   flat.forward(a);
   EXPECT_EQ(y, (std::vector<float>{0.0f, 0.0f, 2.5f, 0.0f, 3.0f, 0.2f}));
   expect_gradients_ok(r, 4, 99);
+}
+
+// ---- residual blocks -------------------------------------------------------------------------
+
+// conv -> batchnorm -> relu -> conv, all 'same', channels kept: the basic block of a ResNet.
+std::unique_ptr<Residual> basic_block(int64_t channels) {
+  std::vector<std::unique_ptr<Layer>> inner;
+  Conv2DConfig c{channels, 3, 1, Padding::Same, false, 0.3f, 0.0f, 0.0f};
+  inner.push_back(std::make_unique<Conv2D>("b_conv1", c));
+  inner.push_back(std::make_unique<BatchNorm>("b_bn", BatchNormConfig{}));
+  inner.push_back(std::make_unique<Relu>("b_relu"));
+  inner.push_back(std::make_unique<Conv2D>("b_conv2", c));
+  return std::make_unique<Residual>("block", std::move(inner));
+}
+
+// The block's output is x plus its inner chain's output, each inner layer run on its own.
+TEST(Residual, ForwardIsTheInputPlusTheInnerChain) {
+  const int64_t n = 3, c = 4;
+  auto block = basic_block(c);
+  block->bind({c, 5, 6});
+  ASSERT_EQ(block->out_shape(), (Shape{c, 5, 6}));
+  const auto specs = block->params();
+  ASSERT_EQ(specs.size(), 8u);
+  EXPECT_EQ(specs[0].name, "b_conv1/weight");
+  EXPECT_EQ(specs[4].name, "b_bn/moving_mean");
+  std::vector<std::vector<float>> vars;
+  for (size_t k = 0; k < specs.size(); ++k) vars.push_back(random_vec(numel(specs[k].shape), 200 + k));
+  const std::vector<float> x = random_vec(n * numel(block->in_shape()), 210);
+  std::vector<float> y(x.size()), saved(n * block->saved_per_example());
+  ForwardArgs a;
+  a.n = n, a.x = x.data(), a.y = y.data(), a.saved = saved.data();
+  for (size_t k = 0; k < vars.size(); ++k) a.params[k] = vars[k].data();
+  block->forward(a);
+  // The inner layers one by one.
+  std::vector<float> cur = x;
+  size_t v = 0;
+  for (const auto& l : block->inner()) {
+    std::vector<float> out(n * numel(l->out_shape())), sv(n * l->saved_per_example() + 1);
+    ForwardArgs f;
+    f.n = n, f.x = cur.data(), f.y = out.data(), f.saved = sv.data();
+    for (size_t k = 0; k < l->params().size(); ++k) f.params[k] = vars[v++].data();
+    l->forward(f);
+    cur = out;
+  }
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], x[i] + cur[i]) << i;
+}
+
+TEST(Residual, GradientsMatchNumerical) {
+  auto block = basic_block(3);
+  block->bind({3, 4, 5});
+  // The batchnorm after b_conv1 makes the loss scale-invariant in b_conv1's weights and so
+  // strongly curved along each one: the checker skips most of them as curved (about 50 of 80
+  // here), so only the checked ones are held to the tolerance.
+  for (const auto& r : testing::check_layer(*block, 4, 220)) {
+    EXPECT_TRUE(r.ok()) << r.worst << " (error " << r.max_error << ")";
+    EXPECT_GT(r.checked, 0);
+  }
+  std::vector<std::unique_ptr<Layer>> plain;  // conv -> relu -> conv: the skip guard holds
+  Conv2DConfig c{3, 3, 1, Padding::Same, true, 0.3f, 0.0f, 0.0f};
+  plain.push_back(std::make_unique<Conv2D>("p_conv1", c));
+  c.relu = false;
+  plain.push_back(std::make_unique<Conv2D>("p_conv2", c));
+  Residual convs("convs", std::move(plain));
+  convs.bind({3, 4, 5});
+  expect_gradients_ok(convs, 4, 222);
+  std::vector<std::unique_ptr<Layer>> dense;  // a block on a flat input
+  dense.push_back(std::make_unique<Dense>("d", DenseConfig{6, true, 0.4f, 0.0f, 0.0f}));
+  Residual flat("flat", std::move(dense));
+  flat.bind({6});
+  expect_gradients_ok(flat, 5, 221);
+}
+
+TEST(Residual, InnerLayersMustGiveTheInputShapeBack) {
+  std::vector<std::unique_ptr<Layer>> inner;
+  inner.push_back(std::make_unique<Dense>("d", DenseConfig{4, true, 0.4f, 0.0f, 0.0f}));
+  Residual r("r", std::move(inner));
+  EXPECT_THROW(r.bind({6}), InternalError);
 }
 
 }  // namespace

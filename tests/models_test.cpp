@@ -427,7 +427,7 @@ const std::vector<BadModel>& bad_models() {
            .replace(net().find("\"maxpool\""), 9, "\"maxpol\""),
        "\"maxpol\"",
        {"layers[1] 'p1': field 'type'", "unknown layer type 'maxpol'", "did you mean 'maxpool'?",
-        "known: conv2d, maxpool, lrn, dense, gelu, relu, global_avg_pool, batchnorm"}},
+        "known: conv2d, maxpool, lrn, dense, gelu, relu, global_avg_pool, residual, batchnorm"}},
       {"missing_field",
        net(R"("kernel": 3)"),
        "{\"name\": \"c1\"",

@@ -28,6 +28,12 @@ class Graph {
     return ref;
   }
 
+  Layer& add_layer(std::unique_ptr<Layer> layer) {
+    Layer& ref = *layer;
+    append(std::move(layer));
+    return ref;
+  }
+
   const std::string& model() const { return model_; }
   const Shape& input_shape() const { return input_; }
   int num_classes() const { return num_classes_; }

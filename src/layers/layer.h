@@ -29,7 +29,7 @@ namespace towers {
 
 struct GpuExec;  // core/gpu.h
 
-inline constexpr int kMaxLayerVars = 8;
+inline constexpr int kMaxLayerVars = 16;
 using VarViews = std::array<const float*, kMaxLayerVars>;
 using MutableVarViews = std::array<float*, kMaxLayerVars>;
 
