@@ -30,14 +30,14 @@ TOWERS_HD double bn_lanes_total(const double* lanes) {
 
 TOWERS_HD double bn_invstd(double var, double eps) { return 1.0 / sqrt(var + eps); }
 
-// y of one element from its statistics (batch or running).
-TOWERS_HD float bn_normalize(float x, double mean, double invstd, float gamma, float beta) {
-  const double xhat = (static_cast<double>(x) - mean) * invstd;
-  return static_cast<float>(xhat * static_cast<double>(gamma) + static_cast<double>(beta));
-}
-
 TOWERS_HD double bn_xhat(float x, double mean, double invstd) {
   return (static_cast<double>(x) - mean) * invstd;
+}
+
+// y of one element from its statistics (batch or running).
+TOWERS_HD float bn_normalize(float x, double mean, double invstd, float gamma, float beta) {
+  return static_cast<float>(bn_xhat(x, mean, invstd) * static_cast<double>(gamma) +
+                            static_cast<double>(beta));
 }
 
 // dx of one element: gamma x invstd / m x (m dy - sum dy - xhat sum(dy xhat)).
@@ -52,21 +52,16 @@ TOWERS_HD double bn_unbiased(double var, double m) { return m > 1.0 ? var * m / 
 
 // ---- one channel, lane by lane, on one thread (the CPU loop and the emulator) ----------------
 
-// The lane sums of x (what = 0), of (x - mean)^2 (what = 1).
-inline void bn_channel_lanes(const BnShape& s, int64_t ch, const float* x, double mean, int what,
-                             double* lanes) {
+// The lane sums of x, or (squares) of (x - mean)^2.
+inline void bn_channel_lanes(const BnShape& s, int64_t ch, const float* x, double mean,
+                             bool squares, double* lanes) {
   for (int l = 0; l < kBnLanes; ++l) lanes[l] = 0.0;
   int l = 0;
-  for (int64_t e = 0, j = 0; e < s.n; ++e) {
+  for (int64_t e = 0; e < s.n; ++e) {
     const float* xe = x + (e * s.c + ch) * s.hw;
-    for (int64_t i = 0; i < s.hw; ++i, ++j) {
-      const double v = static_cast<double>(xe[i]);
-      if (what == 0) {
-        lanes[l] += v;
-      } else {
-        const double d = v - mean;
-        lanes[l] += d * d;
-      }
+    for (int64_t i = 0; i < s.hw; ++i) {
+      const double d = static_cast<double>(xe[i]) - mean;
+      lanes[l] += squares ? d * d : d;
       l = l + 1 == kBnLanes ? 0 : l + 1;
     }
   }
@@ -77,9 +72,9 @@ inline void bn_channel_moments(const BnShape& s, int64_t ch, const float* x, dou
                                double& var) {
   double lanes[kBnLanes];
   const double m = static_cast<double>(s.n * s.hw);
-  bn_channel_lanes(s, ch, x, 0.0, 0, lanes);
+  bn_channel_lanes(s, ch, x, 0.0, false, lanes);
   mean = bn_lanes_total(lanes) / m;
-  bn_channel_lanes(s, ch, x, mean, 1, lanes);
+  bn_channel_lanes(s, ch, x, mean, true, lanes);
   var = bn_lanes_total(lanes) / m;
 }
 

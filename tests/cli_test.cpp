@@ -337,6 +337,22 @@ TEST(CliModelFile, TrainsBitwiseLikeTheBuiltInName) {
   EXPECT_EQ(e.exit_code, 0) << e.output;
 }
 
+// The step losses of a run's metrics file and the means of its first and last ten, printed
+// under `label`.
+struct LossTrend {
+  std::vector<double> loss;
+  double first = 0, last = 0;
+};
+LossTrend loss_trend(const std::string& metrics, const std::string& label) {
+  LossTrend t;
+  for (const auto& l : read_jsonl(metrics))
+    if (l["event"] == "step") t.loss.push_back(l["loss"].get<double>());
+  if (t.loss.size() < 10) return t;
+  for (int i = 0; i < 10; ++i) t.first += t.loss[i] / 10, t.last += t.loss[t.loss.size() - 10 + i] / 10;
+  std::printf("  %smean loss: first ten steps %.4f, last ten %.4f\n", label.c_str(), t.first, t.last);
+  return t;
+}
+
 // A net of the newer layers, conv2d -> gelu -> global_avg_pool -> dense, read from a file,
 // trains through the CLI: the mean loss of its last ten steps is well below that of its first
 // ten, and every loss is finite.
@@ -354,15 +370,10 @@ TEST(CliModelFile, GeluGlobalAvgPoolNetLearns) {
                       "--lr 0.03 --steps 60 --quiet --seed 3 --metrics " +
                       dir + "/m.jsonl");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::vector<double> loss;
-  for (const auto& l : read_jsonl(dir + "/m.jsonl"))
-    if (l["event"] == "step") loss.push_back(l["loss"].get<double>());
-  ASSERT_EQ(loss.size(), 60u);
-  for (double v : loss) ASSERT_TRUE(std::isfinite(v));
-  double first = 0, last = 0;
-  for (int i = 0; i < 10; ++i) first += loss[i] / 10, last += loss[loss.size() - 10 + i] / 10;
-  std::printf("  mean loss: first ten steps %.4f, last ten %.4f\n", first, last);
-  EXPECT_LT(last, 0.8 * first);
+  const LossTrend t = loss_trend(dir + "/m.jsonl", "");
+  ASSERT_EQ(t.loss.size(), 60u);
+  for (double v : t.loss) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_LT(t.last, 0.8 * t.first);
 }
 
 // conv2d -> batchnorm -> relu -> global_avg_pool -> dense from a file: it learns, its running
@@ -386,15 +397,9 @@ TEST(CliModelFile, BatchNormNetLearnsAndCheckpointsItsRunningStatistics) {
                         "--lr 0.03 --steps 150 --quiet --seed 3 --checkpoint-dir " + run +
                         " --metrics " + run + "/m.jsonl");
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    std::vector<double> loss;
-    for (const auto& l : read_jsonl(run + "/m.jsonl"))
-      if (l["event"] == "step") loss.push_back(l["loss"].get<double>());
-    ASSERT_EQ(loss.size(), 150u);
-    double first = 0, last = 0;
-    for (int i = 0; i < 10; ++i) first += loss[i] / 10, last += loss[loss.size() - 10 + i] / 10;
-    std::printf("  %s tower(s): mean loss first ten steps %.4f, last ten %.4f\n", towers.c_str(),
-                first, last);
-    EXPECT_LT(last, 0.8 * first);
+    const LossTrend t = loss_trend(run + "/m.jsonl", towers + " tower(s): ");
+    ASSERT_EQ(t.loss.size(), 150u);
+    EXPECT_LT(t.last, 0.8 * t.first);
     const std::string ckpt = run + "/ckpt-000000150.safetensors";
     const auto g = build_graph(read_model_file(file));
     const auto c = io::load_checkpoint(ckpt, g->layout(), {"m", "v"});
@@ -433,14 +438,9 @@ TEST(CliModelFile, ResidualNetLearns) {
                       " --dataset synthetic --synthetic-size 640 --batch 32 --optimizer adam "
                       "--lr 0.03 --steps 150 --quiet --seed 3 --metrics " + dir + "/m.jsonl");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::vector<double> loss;
-  for (const auto& l : read_jsonl(dir + "/m.jsonl"))
-    if (l["event"] == "step") loss.push_back(l["loss"].get<double>());
-  ASSERT_EQ(loss.size(), 150u);
-  double first = 0, last = 0;
-  for (int i = 0; i < 10; ++i) first += loss[i] / 10, last += loss[loss.size() - 10 + i] / 10;
-  std::printf("  mean loss: first ten steps %.4f, last ten %.4f\n", first, last);
-  EXPECT_LT(last, 0.8 * first);
+  const LossTrend t = loss_trend(dir + "/m.jsonl", "");
+  ASSERT_EQ(t.loss.size(), 150u);
+  EXPECT_LT(t.last, 0.8 * t.first);
   // A block whose inner layers change the shape is named with its inner layer's place.
   const std::string bad = dir + "/bad.json";
   write_bytes_plain(bad, R"({"name": "bad", "input": [1, 12, 12], "classes": 10, "layers": [

@@ -83,26 +83,18 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
 TowerGroup::~TowerGroup() { store_.detach(); }
 
 namespace {
-// The L2 norm of x, in double, over fixed chunks summed in chunk order: the same bits for any
-// number of threads. The state variables' deltas (running statistics) are no gradient and
-// count 0.
+// The L2 norm of x over the trainable variables (a state variable's delta is no gradient), in
+// double, over fixed chunks summed in chunk order: the same bits for any number of threads.
 double l2_norm(const float* x, const ParameterLayout& layout) {
-  const int64_t n = layout.total();
   constexpr int64_t kChunk = 1 << 15;
-  std::vector<double> part(static_cast<size_t>(ceil_div(n, kChunk)), 0.0);
-  std::vector<std::pair<int64_t, int64_t>> state;
-  for (const Variable& v : layout.variables())
-    if (!v.spec.trainable) state.emplace_back(v.offset, v.offset + v.size);
-  for_chunks(n, kChunk, [&](int64_t k, int64_t b, int64_t e) {
+  const auto& vars = layout.variables();
+  std::vector<double> part(static_cast<size_t>(ceil_div(layout.total(), kChunk)), 0.0);
+  for_chunks(layout.total(), kChunk, [&](int64_t k, int64_t b, int64_t e) {
     double s = 0.0;
-    size_t next = 0;  // the first state range that may lie at or after j (layout order)
-    for (int64_t j = b; j < e; ++j) {
-      while (next < state.size() && state[next].second <= j) ++next;
-      if (next < state.size() && j >= state[next].first) {
-        j = state[next].second - 1;  // skip the range
-        continue;
-      }
-      s += static_cast<double>(x[j]) * x[j];
+    for (const Variable& v : vars) {
+      if (!v.spec.trainable) continue;
+      for (int64_t j = std::max(b, v.offset); j < std::min(e, v.offset + v.size); ++j)
+        s += static_cast<double>(x[j]) * x[j];
     }
     part[k] = s;
   });

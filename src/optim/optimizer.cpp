@@ -72,15 +72,6 @@ void Optimizer::for_each_part(F&& f) const {
   }
 }
 
-template <class F>
-void Optimizer::for_each_state_part(F&& f) const {
-  for (const Variable& v : layout_.variables()) {
-    if (v.spec.trainable || v.spec.state_rate == 0.0f) continue;
-    const int64_t b = std::max(v.offset, begin_), e = std::min(v.offset + v.size, end_);
-    if (b < e) f(v, b - begin_, e - b);
-  }
-}
-
 namespace {
 // A running average's step: state + rate x delta, in double, rounded once.
 inline float state_step(float state, float rate, float delta) {
@@ -90,18 +81,21 @@ inline float state_step(float state, float rate, float delta) {
 }  // namespace
 
 void Optimizer::apply_state(float* params, const float* grads, bool shared) const {
-  for_each_state_part([&](const Variable& v, int64_t at, int64_t size) {
-    const float rate = v.spec.state_rate;
-    for (int64_t i = at; i < at + size; ++i) {
+  for (const Variable& v : layout_.variables()) {
+    if (v.spec.trainable || v.spec.state_rate == 0.0f) continue;
+    // The variable's part inside [begin_, end_), range-relative.
+    const int64_t b = std::max(v.offset, begin_) - begin_;
+    const int64_t e = std::min(v.offset + v.size, end_) - begin_;
+    for (int64_t i = b; i < e; ++i) {
       if (!shared) {
-        params[i] = state_step(params[i], rate, grads[i]);
+        params[i] = state_step(params[i], v.spec.state_rate, grads[i]);
         continue;
       }
       std::atomic_ref<float> p(params[i]);
-      p.store(state_step(p.load(std::memory_order_relaxed), rate, grads[i]),
+      p.store(state_step(p.load(std::memory_order_relaxed), v.spec.state_rate, grads[i]),
               std::memory_order_relaxed);
     }
-  });
+  }
 }
 
 void Optimizer::apply(float* params, const float* grads, float lr) {

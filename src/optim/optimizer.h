@@ -93,12 +93,9 @@ class Optimizer {
   // part of every trainable variable inside [begin_, end_).
   template <class F>
   void for_each_part(F&& f) const;
-  // f(variable, range-relative offset, elements) for the part of every state variable with a
-  // running average (ParamSpec::state_rate > 0) inside [begin_, end_).
-  template <class F>
-  void for_each_state_part(F&& f) const;
-  // The state variables' running averages: state += state_rate x delta (grads holds the
-  // update's deltas); shared: as relaxed atomics, like apply_shared.
+  // The running averages of the state variables (ParamSpec::state_rate > 0) inside
+  // [begin_, end_): state += state_rate x delta (grads holds the update's deltas); shared: as
+  // relaxed atomics, like apply_shared.
   void apply_state(float* params, const float* grads, bool shared) const;
 
   const ParameterLayout& layout_;
