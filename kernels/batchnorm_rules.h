@@ -8,6 +8,7 @@
 // block runs one lane per thread, the CPU walks the same lanes, so the sums agree bitwise.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -52,19 +53,39 @@ TOWERS_HD double bn_unbiased(double var, double m) { return m > 1.0 ? var * m / 
 
 // ---- one channel, lane by lane, on one thread (the CPU loop and the emulator) ----------------
 
+// Calls f(lane, first element, count) for the runs of one example's HW elements that land on
+// consecutive lanes: element j goes to lane j % kBnLanes, so a run ends where the lanes wrap.
+// Walking the examples in order keeps each lane's additions in order j = l, l + kBnLanes, ...;
+// the runs only let the compiler vectorize across lanes.
+template <class F>
+inline void bn_channel_runs(const BnShape& s, F&& f) {
+  int64_t l = 0;
+  for (int64_t e = 0; e < s.n; ++e) {
+    for (int64_t i = 0; i < s.hw;) {
+      const int64_t len = std::min<int64_t>(s.hw - i, kBnLanes - l);
+      f(e, l, i, len);
+      i += len;
+      l = l + len == kBnLanes ? 0 : l + len;
+    }
+  }
+}
+
 // The lane sums of x, or (squares) of (x - mean)^2.
 inline void bn_channel_lanes(const BnShape& s, int64_t ch, const float* x, double mean,
                              bool squares, double* lanes) {
   for (int l = 0; l < kBnLanes; ++l) lanes[l] = 0.0;
-  int l = 0;
-  for (int64_t e = 0; e < s.n; ++e) {
-    const float* xe = x + (e * s.c + ch) * s.hw;
-    for (int64_t i = 0; i < s.hw; ++i) {
-      const double d = static_cast<double>(xe[i]) - mean;
-      lanes[l] += squares ? d * d : d;
-      l = l + 1 == kBnLanes ? 0 : l + 1;
+  bn_channel_runs(s, [&](int64_t e, int64_t l, int64_t i, int64_t len) {
+    const float* xe = x + (e * s.c + ch) * s.hw + i;
+    double* a = lanes + l;
+    if (squares) {
+      for (int64_t k = 0; k < len; ++k) {
+        const double d = static_cast<double>(xe[k]) - mean;
+        a[k] += d * d;
+      }
+    } else {
+      for (int64_t k = 0; k < len; ++k) a[k] += static_cast<double>(xe[k]) - mean;
     }
-  }
+  });
 }
 
 // The batch mean and biased variance of channel ch.
@@ -83,16 +104,14 @@ inline void bn_channel_backward_sums(const BnShape& s, int64_t ch, const float* 
                                      double mean, double invstd, double& sdy, double& sdyx) {
   double a[kBnLanes], b[kBnLanes];
   for (int l = 0; l < kBnLanes; ++l) a[l] = b[l] = 0.0;
-  int l = 0;
-  for (int64_t e = 0; e < s.n; ++e) {
-    const int64_t o = (e * s.c + ch) * s.hw;
-    for (int64_t i = 0; i < s.hw; ++i) {
-      const double g = static_cast<double>(dy[o + i]);
-      a[l] += g;
-      b[l] += g * bn_xhat(x[o + i], mean, invstd);
-      l = l + 1 == kBnLanes ? 0 : l + 1;
+  bn_channel_runs(s, [&](int64_t e, int64_t l, int64_t i, int64_t len) {
+    const int64_t o = (e * s.c + ch) * s.hw + i;
+    for (int64_t k = 0; k < len; ++k) {
+      const double g = static_cast<double>(dy[o + k]);
+      a[l + k] += g;
+      b[l + k] += g * bn_xhat(x[o + k], mean, invstd);
     }
-  }
+  });
   sdy = bn_lanes_total(a);
   sdyx = bn_lanes_total(b);
 }

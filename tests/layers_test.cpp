@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "gradcheck.h"
 #include "kernels/activation_rules.h"
+#include "kernels/batchnorm_rules.h"
 #include "kernels/conv.h"
 #include "kernels/lrn.h"
 #include "kernels/pool.h"
@@ -423,6 +424,52 @@ TEST(BatchNorm, OneThreadAndManyGiveTheSameBits) {
   EXPECT_EQ(many.dx, one.dx);
   EXPECT_EQ(many.dgamma, one.dgamma);
   EXPECT_EQ(many.dvar, one.dvar);
+}
+
+// The CPU loop walks each example's elements in runs of consecutive lanes; the CUDA kernel's
+// thread l adds the elements j = l, l + kBnLanes, ... Both must give the same lane sums, so the
+// moments and backward sums are checked against that strided walk, for plane sizes that divide
+// kBnLanes, exceed it, and wrap it in the middle of an example.
+TEST(BatchNorm, LaneSumsFollowTheStridedOrderOfTheGpuBlock) {
+  using namespace kernels;
+  for (const int64_t hw : {1, 7, 49, 196, 256, 300, 784}) {
+    const BnShape s{5, 3, hw, 1e-5};
+    const std::vector<float> x = random_vec(s.n * s.c * hw, 11 + hw, -2.0f, 3.0f);
+    const std::vector<float> dy = random_vec(s.n * s.c * hw, 12 + hw);
+    const int64_t m = s.n * hw;
+    for (int64_t ch = 0; ch < s.c; ++ch) {
+      double lanes[kBnLanes], sq[kBnLanes], a[kBnLanes], b[kBnLanes];
+      for (int l = 0; l < kBnLanes; ++l) {
+        lanes[l] = 0.0;
+        for (int64_t j = l; j < m; j += kBnLanes) lanes[l] += static_cast<double>(x[bn_index(s, ch, j)]);
+      }
+      const double mean = bn_lanes_total(lanes) / static_cast<double>(m);
+      for (int l = 0; l < kBnLanes; ++l) {
+        sq[l] = 0.0;
+        for (int64_t j = l; j < m; j += kBnLanes) {
+          const double d = static_cast<double>(x[bn_index(s, ch, j)]) - mean;
+          sq[l] += d * d;
+        }
+      }
+      const double var = bn_lanes_total(sq) / static_cast<double>(m);
+      const double invstd = bn_invstd(var, s.eps);
+      for (int l = 0; l < kBnLanes; ++l) {
+        a[l] = b[l] = 0.0;
+        for (int64_t j = l; j < m; j += kBnLanes) {
+          const double g = static_cast<double>(dy[bn_index(s, ch, j)]);
+          a[l] += g;
+          b[l] += g * bn_xhat(x[bn_index(s, ch, j)], mean, invstd);
+        }
+      }
+      double got_mean = 0, got_var = 0, sdy = 0, sdyx = 0;
+      bn_channel_moments(s, ch, x.data(), got_mean, got_var);
+      bn_channel_backward_sums(s, ch, x.data(), dy.data(), mean, invstd, sdy, sdyx);
+      EXPECT_EQ(got_mean, mean) << "hw " << hw << " channel " << ch;
+      EXPECT_EQ(got_var, var) << "hw " << hw << " channel " << ch;
+      EXPECT_EQ(sdy, bn_lanes_total(a)) << "hw " << hw << " channel " << ch;
+      EXPECT_EQ(sdyx, bn_lanes_total(b)) << "hw " << hw << " channel " << ch;
+    }
+  }
 }
 
 TEST(BatchNorm, BadConfigurationsAreRefused) {

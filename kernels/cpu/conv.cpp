@@ -43,6 +43,7 @@ static inline void valid_range(const Window& w, int64_t kk, int64_t& lo, int64_t
 void im2col(const ConvGeometry& g, const float* x, float* col, int64_t ld) {
   const Window& R = g.rows;
   const Window& C = g.cols;
+  const bool whole_rows = R.stride == 1 && C.stride == 1 && C.out == g.width;
   int64_t row = 0;
   for (int64_t c = 0; c < g.channels; ++c) {
     const float* plane = x + c * g.height * g.width;
@@ -53,6 +54,24 @@ void im2col(const ConvGeometry& g, const float* x, float* col, int64_t ld) {
         float* dst = col + row * ld;
         int64_t ox_lo, ox_hi;
         valid_range(C, kx, ox_lo, ox_hi);
+        if (whole_rows && oy_lo < oy_hi && ox_lo < ox_hi) {
+          // Stride 1 with as many output as input columns: the row is the plane shifted by
+          // (ky - pad) rows and (kx - pad) columns, so one copy fills [oy_lo, oy_hi), reading
+          // only inside the plane; then the wrapped columns and the rows outside are zeroed.
+          const int64_t first = oy_lo * C.out + ox_lo, last = (oy_hi - 1) * C.out + ox_hi;
+          const int64_t shift = (ky - R.pad_before) * g.width + kx - C.pad_before;
+          std::memset(dst, 0, sizeof(float) * first);
+          std::memcpy(dst + first, plane + first + shift, sizeof(float) * (last - first));
+          std::memset(dst + last, 0, sizeof(float) * (R.out * C.out - last));
+          for (int64_t oy = oy_lo; oy < oy_hi; ++oy) {
+            float* d = dst + oy * C.out;
+            if (oy > oy_lo)
+              for (int64_t ox = 0; ox < ox_lo; ++ox) d[ox] = 0.0f;
+            if (oy + 1 < oy_hi)
+              for (int64_t ox = ox_hi; ox < C.out; ++ox) d[ox] = 0.0f;
+          }
+          continue;
+        }
         for (int64_t oy = 0; oy < R.out; ++oy) {
           float* d = dst + oy * C.out;
           if (oy < oy_lo || oy >= oy_hi) {
@@ -92,7 +111,12 @@ void col2im(const ConvGeometry& g, const float* col, int64_t ld, float* dx) {
         for (int64_t oy = oy_lo; oy < oy_hi; ++oy) {
           const float* s = src_row + oy * C.out;
           float* d = plane + (oy * R.stride - R.pad_before + ky) * g.width;
-          for (int64_t ox = ox_lo; ox < ox_hi; ++ox) d[ox * C.stride - C.pad_before + kx] += s[ox];
+          if (C.stride == 1) {
+            float* __restrict__ dd = d + kx - C.pad_before;
+            for (int64_t ox = ox_lo; ox < ox_hi; ++ox) dd[ox] += s[ox];
+          } else {
+            for (int64_t ox = ox_lo; ox < ox_hi; ++ox) d[ox * C.stride - C.pad_before + kx] += s[ox];
+          }
         }
       }
     }
