@@ -14,10 +14,11 @@ struct XentResult {
   int64_t correct = 0;    // argmax(logits) == label
 };
 
-// logits (n, k), labels (n) in [0, k). dlogits (n, k) = (softmax - onehot) * grad_scale
-// (grad_scale = 1/global_batch for a mean loss); dlogits may be null for evaluation.
+// logits (n, k), labels (n) in [0, k). dlogits (n, k) = (softmax - q) * grad_scale with the
+// target q = (1 - smoothing) onehot + smoothing / k (grad_scale = 1/global_batch for a mean
+// loss); dlogits may be null for evaluation.
 XentResult softmax_xent(int64_t n, int64_t k, const float* logits, const int32_t* labels,
-                        float grad_scale, float* dlogits);
+                        float smoothing, float grad_scale, float* dlogits);
 
 }  // namespace cpu
 
@@ -26,8 +27,8 @@ namespace cuda {
 // caller, per example: row_loss (n doubles) and row_correct (n int32), all device memory;
 // sum_rows adds them on the host in the CPU twin's order.
 void softmax_xent(CUstream_st* s, int64_t n, int64_t k, const float* logits,
-                  const int32_t* labels, float grad_scale, float* dlogits, double* row_loss,
-                  int32_t* row_correct);
+                  const int32_t* labels, float smoothing, float grad_scale, float* dlogits,
+                  double* row_loss, int32_t* row_correct);
 // The launcher's argument checks (host code; the emulator's twin makes the same ones).
 void check_softmax_xent_args(int64_t k, const double* row_loss, const int32_t* row_correct);
 }  // namespace cuda

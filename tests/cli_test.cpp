@@ -20,10 +20,13 @@
 #include <unistd.h>
 
 #include "cli_util.h"
+#include "data/load.h"
+#include "data/pipeline.h"
 #include "io/checkpoint.h"
 #include "models/builtin_models.h"
 #include "models/model_file.h"
 #include "models/models.h"
+#include "towers/tower.h"
 
 namespace towers {
 namespace {
@@ -117,6 +120,112 @@ TEST(Cli, ResumeContinuesExactlyWhereItStopped) {
   EXPECT_EQ(ca.meta.optimizer_state, cb.meta.optimizer_state);
 }
 
+// The recipe flags: label smoothing, Nesterov momentum, the weights' moving average and
+// Lookahead. Their slots ("ema", "lookahead") are checkpointed, so a resumed run ends bitwise
+// where the uninterrupted one does; evaluations, and `towers eval` of the checkpoint, read the
+// averaged weights.
+TEST(Cli, RecipeFlagsResumeExactlyAndEvaluateTheAverage) {
+  const std::string a = temp_dir() + "/a", b = temp_dir() + "/b";
+  const std::string run =
+      "train --model mlp --dataset synthetic --synthetic-size 2000 --batch 32 --optimizer "
+      "momentum --nesterov --lr 0.02 --label-smoothing 0.1 --ema 0.99 --lookahead 5 --quiet "
+      "--seed 9 --steps 100 ";
+  auto ra = run_towers(run + "--checkpoint-dir " + a + " --metrics " + a + "/m.jsonl");
+  ASSERT_EQ(ra.exit_code, 0) << ra.output;
+  ASSERT_EQ(run_towers(run + "--stop-at-step 70 --checkpoint-dir " + b).exit_code, 0);
+  auto r = run_towers(run + "--resume --checkpoint-dir " + b);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto g = build_model("mlp");
+  const std::vector<std::string> slots = {"momentum", "ema", "lookahead"};
+  auto ca = io::load_checkpoint(a + "/ckpt-000000100.safetensors", g->layout(), slots);
+  auto cb = io::load_checkpoint(b + "/ckpt-000000100.safetensors", g->layout(), slots);
+  const size_t bytes = sizeof(float) * g->layout().total();
+  EXPECT_EQ(std::memcmp(ca.params.data(), cb.params.data(), bytes), 0) << "parameters differ";
+  for (size_t s = 0; s < slots.size(); ++s)
+    EXPECT_EQ(std::memcmp(ca.slots[s].second.data(), cb.slots[s].second.data(), bytes), 0)
+        << "slot " << slots[s] << " differs";
+  // The average is not the weights (it lags them), and the run's own evaluation is of it.
+  EXPECT_NE(std::memcmp(ca.params.data(), ca.slots[1].second.data(), bytes), 0);
+  const double summary = read_jsonl(a + "/m.jsonl").back()["test_accuracy"].get<double>();
+  EXPECT_GT(summary, 0.5);
+  auto e = run_towers("eval --checkpoint " + a + "/ckpt-000000100.safetensors --metrics " + a +
+                      "/e.json");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const auto ev = read_jsonl(a + "/e.json").at(0);
+  EXPECT_EQ(ev["test_accuracy"].get<double>(), summary);
+  EXPECT_EQ(ev["weights"], "ema");
+  // Resuming with the wrappers switched is refused by name.
+  expect_error(run_towers(run + "--ema 0 --resume --checkpoint-dir " + b), {"--ema"});
+}
+
+// --tta flip changes what evaluations measure and nothing else: the training is bitwise the
+// run's without it, `towers eval` follows the run's choice unless told otherwise, and the
+// flipped score is the mean of each image's and its mirror image's logits, recomputed here
+// from the tower's own logits.
+TEST(Cli, FlipTestTimeAugmentationScoresTheMeanOfEachImageAndItsMirror) {
+  const std::string a = temp_dir() + "/a", b = temp_dir() + "/b";
+  const std::string run = "train --model mlp --dataset synthetic --synthetic-size 1000 --batch 32 "
+                          "--lr 0.05 --quiet --seed 4 --steps 2 ";
+  ASSERT_EQ(run_towers(run + "--tta flip --checkpoint-dir " + a + " --metrics " + a + "/m.jsonl")
+                .exit_code, 0);
+  ASSERT_EQ(run_towers(run + "--checkpoint-dir " + b + " --metrics " + b + "/m.jsonl").exit_code, 0);
+  auto g = build_model("mlp");
+  const std::string file = "/ckpt-000000002.safetensors";
+  auto ca = io::load_checkpoint(a + file, g->layout(), {});
+  auto cb = io::load_checkpoint(b + file, g->layout(), {});
+  ASSERT_EQ(std::memcmp(ca.params.data(), cb.params.data(), sizeof(float) * g->layout().total()), 0);
+  const double flipped = read_jsonl(a + "/m.jsonl").back()["test_accuracy"].get<double>();
+  const double plain = read_jsonl(b + "/m.jsonl").back()["test_accuracy"].get<double>();
+
+  ASSERT_EQ(run_towers("eval --checkpoint " + a + file + " --metrics " + a + "/e.json").exit_code, 0);
+  ASSERT_EQ(run_towers("eval --tta none --checkpoint " + a + file + " --metrics " + a + "/n.json")
+                .exit_code, 0);
+  const auto e = read_jsonl(a + "/e.json").at(0), n = read_jsonl(a + "/n.json").at(0);
+  EXPECT_EQ(e["tta"], "flip");
+  EXPECT_EQ(e["test_accuracy"].get<double>(), flipped);
+  EXPECT_EQ(n["tta"], "none");
+  EXPECT_EQ(n["test_accuracy"].get<double>(), plain);
+
+  // The same score by hand: the synthetic test split as the run drew it, its logits and its
+  // mirror images' logits from a tower, averaged, argmax against the label.
+  data::DatasetRequest req;
+  req.name = "synthetic";
+  req.synthetic_shape = g->input_shape();
+  req.synthetic_train = 1000;
+  req.synthetic_test = 200;
+  req.seed = 4;
+  const data::DataSplit split = data::load_dataset(req);
+  const data::Transforms tf = data::transforms_for("none", "synthetic", g->input_shape(), split.test, "mlp");
+  const int64_t count = split.test.size(), per = numel(g->input_shape()), k = 10;
+  const int64_t w = g->input_shape().back();
+  std::vector<float> images(count * per), mirrored(count * per), z(count * k), zm(count * k);
+  std::vector<int32_t> labels(count);
+  data::make_eval_batch(split.test, tf.eval, 0, count, images.data(), labels.data());
+  for (int64_t r = 0; r < count * per / w; ++r)
+    for (int64_t x = 0; x < w; ++x) mirrored[r * w + x] = images[r * w + (w - 1 - x)];
+  CpuTower tower(*g, count, 1);
+  tower.load_params(ca.params.data());
+  tower.evaluate(images.data(), labels.data(), count);
+  tower.copy_logits(z.data(), count);
+  tower.evaluate(mirrored.data(), labels.data(), count);
+  tower.copy_logits(zm.data(), count);
+  int64_t correct = 0, changed = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t best = 0, best_plain = 0;
+    for (int64_t j = 1; j < k; ++j) {
+      if (0.5f * (z[i * k + j] + zm[i * k + j]) > 0.5f * (z[i * k + best] + zm[i * k + best])) best = j;
+      if (z[i * k + j] > z[i * k + best_plain]) best_plain = j;
+    }
+    correct += best == labels[i];
+    changed += best != best_plain;
+  }
+  EXPECT_EQ(flipped, static_cast<double>(correct) / static_cast<double>(count));
+  EXPECT_GT(changed, 0) << "the mirror images never changed a prediction: the check is blind";
+
+  expect_error(run_towers(run + "--tta mirror"), {"--tta", "mirror"});
+  expect_error(run_towers("eval --tta crop --checkpoint " + a + file), {"--tta", "crop"});
+}
+
 TEST(Cli, FreshRunRefusesADirectoryOfAnotherRunsCheckpoints) {
   const std::string dir = temp_dir();
   ASSERT_EQ(run_towers(kQuick + "--steps 3 --checkpoint-dir " + dir).exit_code, 0);
@@ -163,6 +272,7 @@ TEST(CliBadInput, NonsenseFlags) {
   expect_error(run_towers(gpu + "--towers 2 --mode async" + m), {"--params mirrored", "--mode async"});
   expect_error(run_towers(gpu + "--towers 3 --replicas-to-aggregate 2" + m), {"--params mirrored", "--replicas-to-aggregate"});
   expect_error(run_towers(gpu + "--clip-grad-norm 1" + m), {"--params mirrored", "--clip-grad-norm"});
+  expect_error(run_towers(gpu + "--ema 0.99" + m), {"--params mirrored", "--ema"});
   const std::string plain = "train --model mlp --dataset synthetic --synthetic-size 200 --quiet ";
   expect_error(run_towers(plain + "--steps 5 --lr -0.1" + m), {"--lr", "-0.1"});
   expect_error(run_towers(kQuick + "--steps 5 --batch 0" + m), {"--batch"});
@@ -179,6 +289,11 @@ TEST(CliBadInput, NonsenseFlags) {
   EXPECT_EQ(syntax.exit_code, 2) << "flag syntax errors exit with 2";
   EXPECT_EQ(run_towers(kQuick + "--steps ten").exit_code, 2);
   expect_error(run_towers(kQuick + "--steps 5 --momentum 1.5" + m), {"--momentum"});
+  expect_error(run_towers(kQuick + "--steps 5 --label-smoothing 1" + m), {"--label-smoothing"});
+  expect_error(run_towers(kQuick + "--steps 5 --ema 1.5" + m), {"--ema"});
+  expect_error(run_towers(kQuick + "--steps 5 --lookahead -2" + m), {"--lookahead"});
+  expect_error(run_towers(kQuick + "--steps 5 --lookahead 5 --lookahead-alpha 0" + m),
+               {"--lookahead-alpha"});
   // A checkpoint "directory" that is a file is found before training, not after.
   write_bytes_plain(dir + "/afile", "x");
   auto ck = run_towers(kQuick + "--steps 5 --checkpoint-dir " + dir + "/afile" + m);

@@ -22,6 +22,7 @@
 #include "data/cifar10.h"
 #include "data/dataset.h"
 #include "data/idx.h"
+#include "data/load.h"
 #include "data/pipeline.h"
 #include "data/synthetic.h"
 
@@ -511,6 +512,36 @@ TEST(Augment, RandomCropIsAWindowOfThePaddedImage) {
     EXPECT_GE(matches, 1) << "draw " << t;
   }
   for (int n : seen) EXPECT_GT(n, 0);
+}
+
+// --augment airbench on a full-size image: a translation by -2..2 pixels each way (zeros
+// come in at the edge) and a flip; every one of the 5 x 5 x 2 outcomes occurs.
+TEST(Augment, AirbenchTranslatesByUpToTwoPixelsAndFlips) {
+  const Dataset d = grid_dataset(1, 6, 6);
+  Transforms t = transforms_for("airbench", "grid", {1, 6, 6}, d, "m");
+  EXPECT_FALSE(t.eval.random_crop || t.eval.flip);
+  t.train.standardize = false;
+  std::vector<int> seen(5 * 5 * 2, 0);
+  std::vector<float> out(36);
+  for (int k = 0; k < 600; ++k) {
+    Rng rng(5, 0, k);
+    augment_train(t.train, d, 0, rng, out.data());
+    int matches = 0;
+    for (int dy = -2; dy <= 2; ++dy)
+      for (int dx = -2; dx <= 2; ++dx)
+        for (int flip = 0; flip < 2; ++flip) {
+          bool ok = true;
+          for (int y = 0; y < 6 && ok; ++y)
+            for (int x = 0; x < 6 && ok; ++x) {
+              const int sy = y + dy, sx = dx + (flip ? 5 - x : x);
+              ok = out[y * 6 + x] == (sy >= 0 && sy < 6 && sx >= 0 && sx < 6 ? sy * 10 + sx : 0.0f);
+            }
+          if (ok) ++matches, ++seen[((dy + 2) * 5 + dx + 2) * 2 + flip];
+        }
+    EXPECT_GE(matches, 1) << "draw " << k;
+  }
+  for (int n : seen) EXPECT_GT(n, 0);
+  EXPECT_THROW(transforms_for("jitter", "grid", {1, 6, 6}, d, "m"), Error);
 }
 
 TEST(Augment, StandardizedOutputHasZeroMeanUnitStd) {

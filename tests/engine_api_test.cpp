@@ -63,6 +63,7 @@ class IntegerTower final : public Tower {
     return StepStats{loss, correct, n};
   }
   StepStats evaluate(const float*, const int32_t*, int64_t n) override { return {0, 0, n}; }
+  void copy_logits(float* out, int64_t n) override { std::fill(out, out + n * 10, 0.0f); }
 
  private:
   CpuDevice cpu_;

@@ -22,7 +22,7 @@ TEST(SoftmaxXent, LossAndAccuracyOnKnownLogits) {
   // logits (2, 3): uniform row gives log 3; a confident right answer gives ~0.
   std::vector<float> z = {0, 0, 0, 10, -10, -10};
   std::vector<int32_t> y = {1, 0};
-  auto r = kernels::cpu::softmax_xent(2, 3, z.data(), y.data(), 0.0f, nullptr);
+  auto r = kernels::cpu::softmax_xent(2, 3, z.data(), y.data(), 0.0f, 0.0f, nullptr);
   EXPECT_NEAR(r.loss_sum, std::log(3.0) + std::log(1 + 2 * std::exp(-20.0)), 1e-6);
   EXPECT_EQ(r.correct, 1);  // argmax of the uniform row is 0, label 1
 }
@@ -34,11 +34,49 @@ TEST(SoftmaxXent, GradientMatchesNumerical) {
   std::vector<int32_t> y(n);
   for (float& v : z) v = rng.uniform(-3, 3);
   for (auto& v : y) v = static_cast<int32_t>(rng.below(k));
-  kernels::cpu::softmax_xent(n, k, z.data(), y.data(), 1.0f / n, g.data());
-  auto loss = [&] { return kernels::cpu::softmax_xent(n, k, z.data(), y.data(), 0, nullptr).loss_sum / n; };
+  kernels::cpu::softmax_xent(n, k, z.data(), y.data(), 0.0f, 1.0f / n, g.data());
+  auto loss = [&] { return kernels::cpu::softmax_xent(n, k, z.data(), y.data(), 0.0f, 0.0f, nullptr).loss_sum / n; };
   auto r = testing::check_gradient(loss, z.data(), g.data(), testing::sample_indices(n * k, 100, 1), "logits");
   EXPECT_TRUE(r.ok()) << r.worst;
   EXPECT_EQ(r.checked, n * k);
+}
+
+// Label smoothing eps: the target is q = (1 - eps) onehot + eps / k; the loss is -sum q log p,
+// computed here from the softmax directly, and the gradient is its derivative.
+TEST(SoftmaxXent, LabelSmoothingLossAndGradient) {
+  const int64_t n = 6, k = 5;
+  const float eps = 0.2f;
+  Rng rng(4);
+  std::vector<float> z(n * k), g(n * k);
+  std::vector<int32_t> y(n);
+  for (float& v : z) v = rng.uniform(-4, 4);
+  for (auto& v : y) v = static_cast<int32_t>(rng.below(k));
+  const auto r = kernels::cpu::softmax_xent(n, k, z.data(), y.data(), eps, 1.0f / n, g.data());
+  double want = 0.0;
+  for (int64_t b = 0; b < n; ++b) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < k; ++j) sum += std::exp(static_cast<double>(z[b * k + j]));
+    for (int64_t j = 0; j < k; ++j) {
+      const double q = (j == y[b] ? 1.0 - eps : 0.0) + eps / static_cast<double>(k);
+      want -= q * std::log(std::exp(static_cast<double>(z[b * k + j])) / sum);
+    }
+  }
+  EXPECT_NEAR(r.loss_sum, want, 1e-9 * want);
+  // Smoothing moves the loss off the plain cross-entropy, and the gradient rows still sum to 0.
+  const auto plain = kernels::cpu::softmax_xent(n, k, z.data(), y.data(), 0.0f, 0.0f, nullptr);
+  EXPECT_GT(std::abs(r.loss_sum - plain.loss_sum), 1e-3);
+  for (int64_t b = 0; b < n; ++b) {
+    double row = 0.0;
+    for (int64_t j = 0; j < k; ++j) row += g[b * k + j];
+    EXPECT_NEAR(row, 0.0, 1e-6);
+  }
+  auto loss = [&] {
+    return kernels::cpu::softmax_xent(n, k, z.data(), y.data(), eps, 0.0f, nullptr).loss_sum / n;
+  };
+  auto c = testing::check_gradient(loss, z.data(), g.data(), testing::sample_indices(n * k, 100, 1),
+                                   "logits");
+  EXPECT_TRUE(c.ok()) << c.worst;
+  EXPECT_EQ(c.checked, n * k);
 }
 
 TEST(Standardize, ZeroMeanUnitStdAndTheFloor) {
@@ -101,6 +139,66 @@ TEST(Optimizer, StateVariablesFollowTheirRunningAverage) {
     EXPECT_EQ(p[m + 1], 1.0f + 0.25f * -4.0f) << shared;
     EXPECT_EQ(p[fz], 1.0f) << shared;
     EXPECT_EQ(opt.slot("momentum")[m], 0.0f) << shared;
+  }
+}
+
+// --ema: the average starts at the weights before the first update and follows TF's
+// ExponentialMovingAverage with num_updates; state variables are averaged too; the slot is
+// checkpointed as "ema". Shared (Hogwild) applies compute the same values.
+TEST(Optimizer, EmaStartsAtTheInitialWeightsWithTfWarmup) {
+  ParamSpec w{"l/weight", {3}, Init::constant(0), 0.0f};
+  ParamSpec mean{"l/moving_mean", {2}, Init::constant(0), 0.0f};
+  mean.trainable = false;
+  mean.state_rate = 0.5f;
+  const ParameterLayout layout({w, mean});
+  for (bool shared : {false, true}) {
+    OptimizerConfig c{"sgd"};
+    c.ema = 0.5;
+    Optimizer opt(layout, c);
+    ASSERT_EQ(opt.slot_names(), (std::vector<std::string>{"ema"}));
+    std::vector<float> p(layout.total(), 2.0f), g(layout.total(), 1.0f);
+    double e = 2.0, em = 2.0, x = 2.0, m = 2.0;
+    for (int t = 1; t <= 4; ++t) {
+      if (shared)
+        opt.apply_shared(p.data(), g.data(), 0.25f, false);
+      else
+        opt.apply(p.data(), g.data(), 0.25f);
+      x -= 0.25, m += 0.5;
+      const double d = std::min(0.5, (1.0 + t) / (10.0 + t));  // 2/11, 3/12, 4/13, then 0.5
+      e = d * e + (1 - d) * x, em = d * em + (1 - d) * m;
+      EXPECT_NEAR(opt.slot("ema")[0], e, 1e-6) << shared << " update " << t;
+      EXPECT_NEAR(opt.slot("ema")[layout.find("l/moving_mean").offset], em, 1e-6) << shared;
+    }
+  }
+}
+
+// --lookahead K: every K updates the fast weights go back to slow + alpha (fast - slow), which
+// becomes the slow weights; state variables are left to their running averages.
+TEST(Optimizer, LookaheadPullsTheFastWeightsBackEveryKUpdates) {
+  ParamSpec w{"l/weight", {2}, Init::constant(0), 0.0f};
+  ParamSpec mean{"l/moving_mean", {1}, Init::constant(0), 0.0f};
+  mean.trainable = false;
+  mean.state_rate = 1.0f;
+  const ParameterLayout layout({w, mean});
+  for (bool shared : {false, true}) {
+    OptimizerConfig c{"sgd"};
+    c.lookahead_k = 3;
+    c.lookahead_alpha = 0.5f;
+    Optimizer opt(layout, c);
+    std::vector<float> p(layout.total(), 1.0f), g(layout.total(), 1.0f);
+    const int64_t m = layout.find("l/moving_mean").offset;
+    double slow = 1.0, fast = 1.0;
+    for (int t = 1; t <= 7; ++t) {
+      if (shared)
+        opt.apply_shared(p.data(), g.data(), 0.125f, false);
+      else
+        opt.apply(p.data(), g.data(), 0.125f);
+      fast -= 0.125;
+      if (t % 3 == 0) fast = slow = slow + 0.5 * (fast - slow);
+      EXPECT_NEAR(p[0], fast, 1e-6) << shared << " update " << t;
+      EXPECT_NEAR(opt.slot("lookahead")[1], slow, 1e-6) << shared << " update " << t;
+      EXPECT_EQ(p[m], 1.0f + static_cast<float>(t)) << "state is not pulled back";
+    }
   }
 }
 

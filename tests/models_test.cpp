@@ -221,7 +221,8 @@ std::unique_ptr<Graph> reference_net(const std::string& model) {
 }
 
 TEST(ModelFile, BuiltInsAreTheModelsOfModelsFolder) {
-  EXPECT_EQ(model_names(), (std::vector<std::string>{"cifar10", "fashion", "mlp"}));
+  EXPECT_EQ(model_names(), (std::vector<std::string>{"airbench", "cifar10", "fashion", "mlp",
+                                                      "resnet-small-cifar", "resnet-small"}));  // file-name order: '-' < '.'
   for (const BuiltinModel& m : builtin_models()) {
     EXPECT_EQ(m.file, "models/" + std::string(m.name) + ".json");
     const ModelSpec spec = parse_model(m.text, std::string(m.file));
@@ -250,6 +251,46 @@ TEST(ModelFile, BuiltInsMatchTheFilesOfTheSourceTree) {
     EXPECT_TRUE(found) << e.path() << " is not compiled in: re-run cmake";
   }
   EXPECT_EQ(files, builtin_models().size());
+}
+
+// The nets beyond the tutorial: where each stage ends, and BatchNorm's running statistics as
+// state variables next to the trainable ones.
+TEST(ModelFile, ResNetAndAirbenchHaveTheirLayouts) {
+  struct Stop {
+    const char* layer;
+    Shape out;
+  };
+  const std::vector<std::pair<std::string, std::vector<Stop>>> nets = {
+      {"resnet-small",
+       {{"conv1", {24, 28, 28}}, {"res1", {24, 28, 28}}, {"pool1", {24, 14, 14}},
+        {"res2", {48, 14, 14}}, {"pool2", {48, 7, 7}}, {"res3", {96, 7, 7}}, {"pool", {96, 1, 1}},
+        {"logits", {10}}}},
+      {"resnet-small-cifar",
+       {{"conv1", {24, 32, 32}}, {"pool1", {24, 16, 16}}, {"res3", {96, 8, 8}}, {"logits", {10}}}},
+      {"airbench",
+       {{"whiten", {24, 31, 31}}, {"group1_pool", {64, 15, 15}}, {"group2_pool", {256, 7, 7}},
+        {"group3_gelu2", {256, 3, 3}}, {"pool", {256, 1, 1}}, {"logits", {10}}}}};
+  for (const auto& [model, stops] : nets) {
+    SCOPED_TRACE(model);
+    auto g = build_model(model);
+    for (const Stop& stop : stops) {
+      const auto it = std::find_if(g->layers().begin(), g->layers().end(),
+                                   [&](const auto& l) { return l->name() == stop.layer; });
+      ASSERT_NE(it, g->layers().end()) << stop.layer;
+      EXPECT_EQ((*it)->out_shape(), stop.out) << stop.layer;
+    }
+    int trainable = 0, state = 0;
+    for (const Variable& v : g->layout().variables()) {
+      trainable += v.spec.trainable;
+      state += !v.spec.trainable && v.spec.state_rate > 0.0f;
+    }
+    // conv and dense: weight and bias; batchnorm: gamma and beta, and two running statistics.
+    const int convs = model == "airbench" ? 7 : 9, bns = model == "airbench" ? 6 : 9;
+    EXPECT_EQ(trainable, 2 * (convs + 1) + 2 * bns);
+    EXPECT_EQ(state, 2 * bns);
+  }
+  // 271,258 weights and biases (9 convolutions, the dense layer) and 4 x 504 of BatchNorm.
+  EXPECT_EQ(build_model("resnet-small")->layout().count(), 273'274);
 }
 
 TEST(ModelFile, BuiltInsHaveTheTutorialsLayouts) {
@@ -284,9 +325,9 @@ TEST(ModelFile, BuiltInsHaveTheTutorialsLayouts) {
 }
 
 // Same initial parameters, and the same logits, loss and gradients bit for bit, as the nets
-// written in C++.
+// written in C++ (the tutorial's; the others exist only as files).
 TEST(ModelFile, BuiltInsComputeExactlyLikeTheNetsWrittenInCpp) {
-  for (const std::string& model : model_names()) {
+  for (const std::string model : {"cifar10", "fashion", "mlp"}) {
     SCOPED_TRACE(model);
     auto file = build_model(model);
     auto ref = reference_net(model);

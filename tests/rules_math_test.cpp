@@ -244,11 +244,11 @@ TEST(XentRows, SumRowsOfPerExampleResultsEqualsTheBatchResultBitwise) {
   std::vector<int32_t> row_correct(n);
   for (int64_t b = 0; b < n; ++b) {
     auto r =
-        kernels::cpu::softmax_xent(1, k, logits.data() + b * k, labels.data() + b, 0.0f, nullptr);
+        kernels::cpu::softmax_xent(1, k, logits.data() + b * k, labels.data() + b, 0.0f, 0.0f, nullptr);
     row_loss[b] = r.loss_sum;
     row_correct[b] = static_cast<int32_t>(r.correct);
   }
-  const auto want = kernels::cpu::softmax_xent(n, k, logits.data(), labels.data(), 0.0f, nullptr);
+  const auto want = kernels::cpu::softmax_xent(n, k, logits.data(), labels.data(), 0.0f, 0.0f, nullptr);
   const auto got = kernels::sum_rows(n, row_loss.data(), row_correct.data());
   EXPECT_EQ(got.loss_sum, want.loss_sum);  // bitwise: the same additions in the same order
   EXPECT_EQ(got.correct, want.correct);

@@ -41,6 +41,7 @@ class CudaTower final : public Tower {
   StepStats compute_gradients(const float* images, const int32_t* labels, int64_t n,
                               float grad_scale) override;
   StepStats evaluate(const float* images, const int32_t* labels, int64_t n) override;
+  void copy_logits(float* out, int64_t n) override;
 
   // For an all-reduce among GPUs: with grads_to_host off, compute_gradients leaves the
   // gradients on the device only.

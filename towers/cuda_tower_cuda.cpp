@@ -193,6 +193,15 @@ void CudaTower::capture(int64_t n, float grad_scale) {
   ++captures_;
 }
 
+void CudaTower::copy_logits(float* out, int64_t n) {
+  check_batch(n);
+  dev_.activate();
+  cudaStream_t c = dev_.compute();
+  CUDA_CHECK(cudaMemcpyAsync(out, act_.back().data(), sizeof(float) * n * graph().num_classes(),
+                             cudaMemcpyDeviceToHost, c));
+  CUDA_CHECK(cudaStreamSynchronize(c));
+}
+
 StepStats CudaTower::evaluate(const float* images, const int32_t* labels, int64_t n) {
   check_batch(n);
   dev_.activate();

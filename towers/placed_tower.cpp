@@ -1,6 +1,7 @@
 #include "towers/placed_tower.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <mutex>
 
@@ -309,6 +310,12 @@ StepStats PlacedTower::compute_gradients(const float* images, const int32_t* lab
   stats_.step_seconds += seconds_since(t0);
   for (size_t p = 0; p < parts_.size(); ++p) stats_.parts[p].busy_seconds += parts_[p]->busy;
   return r;
+}
+
+void PlacedTower::copy_logits(float* out, int64_t n) {
+  check_batch(n);
+  std::memcpy(out, output(graph().layers().size() - 1, 0),
+              sizeof(float) * n * graph().num_classes());
 }
 
 StepStats PlacedTower::evaluate(const float* images, const int32_t* labels, int64_t n) {

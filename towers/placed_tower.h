@@ -74,6 +74,7 @@ class PlacedTower final : public Tower {
                               float grad_scale) override;
   // Forward only, micro-batched through the parts like a training step.
   StepStats evaluate(const float* images, const int32_t* labels, int64_t n) override;
+  void copy_logits(float* out, int64_t n) override;
 
   int micro_batches() const { return micro_batches_; }
   int parts() const { return static_cast<int>(parts_.size()); }

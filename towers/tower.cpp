@@ -154,6 +154,11 @@ StepStats CpuTower::compute_gradients(const float* images, const int32_t* labels
   });
 }
 
+void CpuTower::copy_logits(float* out, int64_t n) {
+  check_batch(n);
+  std::memcpy(out, logits(), sizeof(float) * n * graph().num_classes());
+}
+
 StepStats CpuTower::evaluate(const float* images, const int32_t* labels, int64_t n) {
   return device_.execute([&] {
     LossArgs la;

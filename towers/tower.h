@@ -62,6 +62,9 @@ class Tower {
                                       float grad_scale) = 0;
   // Forward only.
   virtual StepStats evaluate(const float* images, const int32_t* labels, int64_t n) = 0;
+  // The logits (n x classes, host memory) of the last evaluate or compute_gradients of n
+  // examples, for what needs more than the loss's sums (test-time augmentation).
+  virtual void copy_logits(float* out, int64_t n) = 0;
 
  protected:
   void check_batch(int64_t n) const;
@@ -113,6 +116,7 @@ class CpuTower final : public Tower {
   StepStats compute_gradients(const float* images, const int32_t* labels, int64_t n,
                               float grad_scale) override;
   StepStats evaluate(const float* images, const int32_t* labels, int64_t n) override;
+  void copy_logits(float* out, int64_t n) override;
   // Logits of the last call.
   const float* logits() const { return act_.back().data(); }
 

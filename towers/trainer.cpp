@@ -22,6 +22,7 @@
 #include "data/load.h"
 #include "data/pipeline.h"
 #include "io/checkpoint.h"
+#include "layers/loss.h"
 #include "metrics/metrics.h"
 #include "models/models.h"
 #include "towers/mirrored_store.h"
@@ -42,19 +43,50 @@ struct EvalResult {
   int64_t examples = 0;
 };
 
-EvalResult evaluate(Tower& tower, const data::Dataset& test, const data::AugmentConfig& cfg) {
-  const int64_t b = tower.max_batch();
+void check_tta(const std::string& tta, const std::string& origin) {
+  TOWERS_REQUIRE(tta == "none" || tta == "flip",
+                 "{}: unknown test-time augmentation '{}' (known: none, flip)", origin, tta);
+}
+
+// Mirrors each image of a batch left-right, in place.
+void flip_images(float* images, int64_t n, const Shape& input) {
+  const int64_t w = input.back(), rows = numel(input) / w;
+  for (int64_t r = 0; r < n * rows; ++r) std::reverse(images + r * w, images + (r + 1) * w);
+}
+
+// The test split's accuracy and mean (plain) cross-entropy. tta "flip" scores each image by
+// the mean of its logits and its mirror image's (test-time augmentation).
+EvalResult evaluate(Tower& tower, const data::Dataset& test, const data::AugmentConfig& cfg,
+                    const std::string& tta) {
+  const bool flip = tta == "flip";
+  const int64_t b = tower.max_batch(), k = tower.graph().num_classes();
   const int64_t per = numel(tower.graph().input_shape());
-  std::vector<float> images(b * per);
+  std::vector<float> images(b * per), logits(flip ? b * k : 0), mirrored(flip ? b * k : 0);
   std::vector<int32_t> labels(b);
   double loss = 0.0;
   int64_t correct = 0;
   for (int64_t i = 0; i < test.size(); i += b) {
-    const int64_t e = std::min(i + b, test.size());
+    const int64_t e = std::min(i + b, test.size()), n = e - i;
     tower.host().execute([&] {
       data::make_eval_batch(test, cfg, i, e, images.data(), labels.data());
     });
-    StepStats s = tower.evaluate(images.data(), labels.data(), e - i);
+    StepStats s = tower.evaluate(images.data(), labels.data(), n);
+    if (flip) {
+      tower.copy_logits(logits.data(), n);
+      tower.host().execute([&] { flip_images(images.data(), n, tower.graph().input_shape()); });
+      tower.evaluate(images.data(), labels.data(), n);
+      tower.copy_logits(mirrored.data(), n);
+      tower.host().execute([&] {
+        for (int64_t j = 0; j < n * k; ++j) logits[j] = 0.5f * (logits[j] + mirrored[j]);
+        LossArgs la;
+        la.n = n;
+        la.classes = k;
+        la.logits = logits.data();
+        la.labels = labels.data();
+        const LossSums r = tower.graph().loss().forward(la);
+        s = StepStats{r.loss_sum, r.correct, n};
+      });
+    }
     loss += s.loss_sum;
     correct += s.correct;
   }
@@ -158,6 +190,7 @@ void validate(const TrainConfig& c) {
                    "--params mirrored checks each step's loss on the GPU but not its gradient "
                    "norm: --clip-grad-norm and --on-divergence skip-step need --params host");
   }
+  check_tta(c.tta, "--tta");
   TOWERS_REQUIRE(c.on_divergence == "stop" || c.on_divergence == "skip-step",
                  "--on-divergence: unknown policy '{}' (known: stop, skip-step)", c.on_divergence);
   TOWERS_REQUIRE(c.clip_grad_norm >= 0.0 && std::isfinite(c.clip_grad_norm),
@@ -188,6 +221,15 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(!o.momentum || (*o.momentum >= 0.0f && *o.momentum < 1.0f),
                  "--momentum must be in [0, 1), got {}", o.momentum.value_or(0.0f));
   validate(c.schedule);
+  TOWERS_REQUIRE(c.label_smoothing >= 0.0f && c.label_smoothing < 1.0f,
+                 "--label-smoothing must be in [0, 1), got {}", c.label_smoothing);
+  TOWERS_REQUIRE(o.ema >= 0.0 && o.ema < 1.0, "--ema must be a decay in [0, 1), got {}", o.ema);
+  TOWERS_REQUIRE(o.lookahead_k >= 0, "--lookahead must be >= 0 updates, got {}", o.lookahead_k);
+  TOWERS_REQUIRE(o.lookahead_alpha > 0.0f && o.lookahead_alpha <= 1.0f,
+                 "--lookahead-alpha must be in (0, 1], got {}", o.lookahead_alpha);
+  TOWERS_REQUIRE(c.params != "mirrored" || (o.ema == 0.0 && o.lookahead_k == 0),
+                 "--params mirrored runs the optimizer on the GPUs, which has no --ema or "
+                 "--lookahead yet; use --params host");
   const ModelSpec spec = read_model(c.model);  // throws for an unknown model or a bad file
   const RunPlacement placement = run_placement(c, spec);
   if (!placement.text.empty() || c.micro_batches != 1) {
@@ -231,6 +273,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"dataset", c.dataset},
           {"data_dir", c.data_dir},
           {"augment", c.augment},
+          {"tta", c.tta},
           {"synthetic_size", c.synthetic_size},
           {"epochs", c.epochs},
           {"steps", c.steps},
@@ -257,6 +300,10 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"optimizer", c.optimizer.name},
           {"momentum", c.optimizer.momentum ? nlohmann::json(*c.optimizer.momentum) : nlohmann::json()},
           {"nesterov", c.optimizer.nesterov},
+          {"ema", c.optimizer.ema},
+          {"lookahead", c.optimizer.lookahead_k},
+          {"lookahead_alpha", c.optimizer.lookahead_alpha},
+          {"label_smoothing", c.label_smoothing},
           {"lr", c.schedule.lr},
           {"lr_schedule", c.schedule.kind},
           {"decay_epochs", c.schedule.decay_epochs},
@@ -417,6 +464,7 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
   threads_ = c_.threads_per_tower > 0 ? c_.threads_per_tower : std::max(1, cores_ / c_.towers);
   const ModelSpec spec = read_model(c_.model);
   graph_ = build_graph(spec);
+  graph_->set_loss(std::make_unique<SoftmaxCrossEntropy>(c_.label_smoothing));
   // From here on c_.placement is the placement the run uses (its config records it): the
   // flag's, or the model file's when the flag is not given; empty for whole towers.
   const RunPlacement placement = run_placement(c_, spec);
@@ -568,6 +616,9 @@ void Run::restore_or_initialize() {
   same("augment", c_.augment, "--augment");
   same("towers", c_.towers, "--towers");
   same("mode", c_.mode, "--mode");
+  // The wrappers' slots are in the checkpoint only when they were on.
+  same("ema", c_.optimizer.ema, "--ema");
+  same("lookahead", c_.optimizer.lookahead_k, "--lookahead");
   if (c_.dataset == "synthetic") same("synthetic_size", c_.synthetic_size, "--synthetic-size");
   std::copy(ck.params.data(), ck.params.data() + layout.total(), params_.begin());
   for (auto& [name, buf] : ck.slots)
@@ -613,8 +664,11 @@ EvalResult Run::evaluate_now() {
     p.tf32 = ec_.tf32;  // evaluate with the arithmetic the run trains with
     eval_tower_ = make_tower(*graph_, 256, p);
   }
-  eval_tower_->load_params(store_->host_params());
-  return evaluate(*eval_tower_, data_.test, tf_.eval);
+  // host_params() also refreshes the optimizer's slots where a store keeps them elsewhere.
+  const float* params = store_->host_params();
+  // With --ema, evaluations read the averaged weights, as the TF tutorial's eval does.
+  eval_tower_->load_params(c_.optimizer.ema > 0.0 ? opt_->slot("ema") : params);
+  return evaluate(*eval_tower_, data_.test, tf_.eval, c_.tta);
 }
 
 void Run::write_checkpoint(int64_t step) {
@@ -879,10 +933,9 @@ void check_eval_device(const std::string& device) {
 }  // namespace
 
 EvalSummary evaluate_params(const std::string& model, int64_t step, const nlohmann::json& cfg,
-                            const float* params, int64_t count, const std::string& dataset,
-                            const std::string& data_dir, int threads, const std::string& device,
+                            const float* params, int64_t count, const EvalOptions& o,
                             const std::string& origin) {
-  check_eval_device(device);
+  check_eval_device(o.device);
   auto graph = build_model(model);
   TOWERS_REQUIRE(count == graph->layout().total(),
                  "{}: {} parameters, but model {} has {}", origin, count, model,
@@ -898,34 +951,51 @@ EvalSummary evaluate_params(const std::string& model, int64_t step, const nlohma
                        cfg.at(key).dump());
     }
   };
-  const std::string ds = !dataset.empty() ? dataset : recorded("dataset", std::string("fashion-mnist"));
-  const std::string dir =
-      !data_dir.empty() || !dataset.empty() ? data_dir : recorded("data_dir", std::string());
+  const std::string tta = !o.tta.empty() ? o.tta : recorded("tta", std::string("none"));
+  check_tta(tta, o.tta.empty() ? origin + ": its config's 'tta'" : std::string("--tta"));
+  const std::string ds =
+      !o.dataset.empty() ? o.dataset : recorded("dataset", std::string("fashion-mnist"));
+  const std::string dir = !o.data_dir.empty() || !o.dataset.empty()
+                              ? o.data_dir
+                              : recorded("data_dir", std::string());
   data::DataSplit data = data::load_dataset(dataset_request(
       ds, dir, graph->input_shape(), recorded("synthetic_size", int64_t{10000}),
       recorded("seed", uint64_t{1})));
   check_classes(*graph, data, model, ds);
   data::Transforms tf = data::transforms_for("none", ds, graph->input_shape(), data.test, model);
   TowerPlacement p;
-  p.kind = device == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
-  p.threads = threads > 0 ? threads : hardware_threads();
+  p.kind = o.device == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
+  p.threads = o.threads > 0 ? o.threads : hardware_threads();
   std::unique_ptr<Tower> tower = make_tower(*graph, 256, p);
   tower->load_params(params);
-  EvalResult ev = evaluate(*tower, data.test, tf.eval);
-  return {model, step, ev.examples, ev.accuracy, ev.loss};
+  EvalResult ev = evaluate(*tower, data.test, tf.eval, tta);
+  EvalSummary s;
+  s.model = model;
+  s.step = step;
+  s.examples = ev.examples;
+  s.test_accuracy = ev.accuracy;
+  s.test_loss = ev.loss;
+  s.tta = tta;
+  return s;
 }
 
-EvalSummary evaluate_checkpoint(const std::string& path, const std::string& dataset,
-                                const std::string& data_dir, int threads,
-                                const std::string& device) {
-  check_eval_device(device);
+EvalSummary evaluate_checkpoint(const std::string& path, const EvalOptions& o) {
+  check_eval_device(o.device);
   TOWERS_REQUIRE(std::filesystem::exists(path), "--checkpoint: no such file '{}'", path);
   io::CheckpointMeta meta = io::read_checkpoint_meta(path);
   auto graph = build_model(meta.model);
-  io::Checkpoint ck = io::load_checkpoint(path, graph->layout(), {});
-  return evaluate_params(meta.model, meta.step, ck.meta.config, ck.params.data(),
-                         graph->layout().total(), dataset, data_dir, threads, device,
-                         fmt::format("checkpoint '{}'", path));
+  // A run with --ema is evaluated with its averaged weights, as it evaluated itself.
+  const bool ema = meta.config.is_object() && meta.config.contains("ema") &&
+                   meta.config["ema"].is_number() && meta.config["ema"].get<double>() > 0.0;
+  io::Checkpoint ck = io::load_checkpoint(path, graph->layout(),
+                                          ema ? std::vector<std::string>{"ema"}
+                                              : std::vector<std::string>{});
+  EvalSummary s = evaluate_params(meta.model, meta.step, ck.meta.config,
+                                  ema ? ck.slots.front().second.data() : ck.params.data(),
+                                  graph->layout().total(), o,
+                                  fmt::format("checkpoint '{}'", path));
+  s.ema = ema;
+  return s;
 }
 
 }  // namespace towers

@@ -19,7 +19,7 @@ struct TrainConfig {
   std::string model = "fashion";
   std::string dataset = "fashion-mnist";
   std::string data_dir;             // empty: the dataset's default location
-  std::string augment = "auto";     // auto | tutorial | flip | none
+  std::string augment = "auto";     // auto | tutorial | flip | airbench | none
   int64_t synthetic_size = 10000;   // train examples of --dataset synthetic (test: a fifth)
   double epochs = 0.0;              // one of epochs / steps sets the length
   int64_t steps = 0;
@@ -47,8 +47,10 @@ struct TrainConfig {
   std::string lr_scaling = "none";  // none | linear (lr x towers aggregated per update)
   std::vector<std::string> slow_towers;  // "I:MS": tower I sleeps MS ms per step
   uint64_t seed = 1;
-  OptimizerConfig optimizer;
+  OptimizerConfig optimizer;         // with --ema and --lookahead, its wrappers
   ScheduleConfig schedule;
+  float label_smoothing = 0.0f;      // training target (1 - e) onehot + e / classes
+  std::string tta = "none";          // none | flip: evaluations average each image's and its mirror's logits
   std::string metrics_path;
   std::string checkpoint_dir;
   double checkpoint_every_epochs = 1.0;  // plus one at the end
@@ -96,19 +98,24 @@ struct EvalSummary {
   std::string model;
   int64_t step = 0, examples = 0;
   double test_accuracy = 0.0, test_loss = 0.0;
+  bool ema = false;  // evaluated the checkpoint's moving average of the weights (--ema)
+  std::string tta;   // the test-time augmentation it used
 };
-// Evaluates a checkpoint on the test split of the dataset it was trained on, unless
-// dataset/data_dir override it.
-// device: "cpu" or "cuda" (the first GPU).
-EvalSummary evaluate_checkpoint(const std::string& path, const std::string& dataset,
-                                const std::string& data_dir, int threads,
-                                const std::string& device = "cpu");
+// What `towers eval` may override of what the run recorded (empty: as recorded).
+struct EvalOptions {
+  std::string dataset, data_dir;
+  int threads = 0;             // 0: all cores
+  std::string device = "cpu";  // cpu or cuda (the first GPU)
+  std::string tta;             // none | flip
+};
+// Evaluates a checkpoint on the test split of the dataset it was trained on, with the run's
+// test-time augmentation, unless o overrides them.
+EvalSummary evaluate_checkpoint(const std::string& path, const EvalOptions& o);
 // The same test pass over parameters in memory (count floats in model's layout order), with
-// the dataset cfg (a run's configuration) records unless dataset/data_dir override it; origin
-// names where they came from in errors (a checkpoint, a cluster).
+// what cfg (a run's configuration) records unless o overrides it; origin names where they
+// came from in errors (a checkpoint, a cluster).
 EvalSummary evaluate_params(const std::string& model, int64_t step, const nlohmann::json& cfg,
-                            const float* params, int64_t count, const std::string& dataset,
-                            const std::string& data_dir, int threads, const std::string& device,
+                            const float* params, int64_t count, const EvalOptions& o,
                             const std::string& origin);
 
 }  // namespace towers

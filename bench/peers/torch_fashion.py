@@ -55,6 +55,26 @@ def standardize(x):
     return (x - mean) / torch.clamp(std, min=1.0 / math.sqrt(n))
 
 
+def batch_indices(train_size, batch, seed, dev):
+    """Batches of example indices from a stream of per-epoch permutations (epoch e seeded by
+    seed * 1000 + e), so a batch may span two epochs, as in towers."""
+    stream = torch.empty(0, dtype=torch.int64, device=dev)
+    epoch_index = 0
+    while True:
+        while stream.numel() < batch:
+            g = torch.Generator(device="cpu").manual_seed(seed * 1000 + epoch_index)
+            stream = torch.cat([stream, torch.randperm(train_size, generator=g).to(dev)])
+            epoch_index += 1
+        idx, stream = stream[:batch], stream[batch:]
+        yield idx
+
+
+def random_flip(x):
+    """Each image of an NCHW batch mirrored left-right with probability 1/2."""
+    flip = torch.rand(x.shape[0], device=x.device) < 0.5
+    return torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
@@ -88,19 +108,11 @@ def main():
     if dev.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    stream = torch.empty(0, dtype=torch.int64, device=dev)
-    epoch_index = 0
+    batches = batch_indices(train_size, args.batch, args.seed, dev)
     net.train()
     for step in range(steps):
-        while stream.numel() < args.batch:
-            g = torch.Generator(device="cpu").manual_seed(args.seed * 1000 + epoch_index)
-            stream = torch.cat([stream, torch.randperm(train_size, generator=g).to(dev)])
-            epoch_index += 1
-        idx, stream = stream[:args.batch], stream[args.batch:]
-        x = xtr[idx]
-        flip = torch.rand(args.batch, device=dev) < 0.5
-        x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
-        x = standardize(x)
+        idx = next(batches)
+        x = standardize(random_flip(xtr[idx]))
         epoch = step * args.batch / train_size
         lr = args.lr * 0.5 * (1.0 + math.cos(math.pi * min(epoch / args.epochs, 1.0)))
         for group in opt.param_groups:

@@ -8,12 +8,12 @@ namespace towers::kernels::cpu {
 
 // One example at a time through the rule the CUDA kernel runs (kernels/cuda/xent_rules.h).
 XentResult softmax_xent(int64_t n, int64_t k, const float* logits, const int32_t* labels,
-                        float grad_scale, float* dlogits) {
+                        float smoothing, float grad_scale, float* dlogits) {
   XentResult r;
   for (int64_t b = 0; b < n; ++b) {
     double loss = 0.0;
     int32_t hit = 0;
-    cuda::softmax_xent_row(k, logits + b * k, labels + b, grad_scale,
+    cuda::softmax_xent_row(k, logits + b * k, labels + b, smoothing, grad_scale,
                            dlogits != nullptr ? dlogits + b * k : nullptr, &loss, &hit, 0);
     r.loss_sum += loss;
     r.correct += hit;

@@ -84,7 +84,11 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
       ->capture_default_str();
   app.add_option("--data", c.data_dir,
                  "dataset folder (default for fashion-mnist: /usr/share/datasets/fashion-mnist)");
-  app.add_option("--augment", c.augment, "auto, tutorial, flip or none")->capture_default_str();
+  app.add_option("--augment", c.augment,
+                 "training transforms: tutorial (the TF tutorial's crop, flip, brightness and "
+                 "contrast), flip, airbench (flip and translate by up to 2 pixels), none; auto: "
+                 "tutorial for cifar10, flip for fashion-mnist")
+      ->capture_default_str();
   app.add_option("--synthetic-size", c.synthetic_size, "train examples of --dataset synthetic")
       ->capture_default_str();
   app.add_option("--epochs", c.epochs, "length of the run in epochs");
@@ -162,6 +166,22 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_option("--momentum", c.optimizer.momentum,
                  "momentum and rmsprop (default 0.9 for momentum, 0 for rmsprop)");
   app.add_flag("--nesterov", c.optimizer.nesterov, "Nesterov momentum");
+  app.add_option("--label-smoothing", c.label_smoothing,
+                 "train against (1 - E) x the one-hot label + E / classes (0: off; evaluations "
+                 "report the plain cross-entropy)")->capture_default_str();
+  app.add_option("--tta", c.tta,
+                 "test-time augmentation of evaluations: none, or flip (score each test image by "
+                 "the mean of its and its mirror image's logits)")->capture_default_str();
+  app.add_option("--ema", c.optimizer.ema,
+                 "keep an exponential moving average of the weights with this decay (TF's "
+                 "ExponentialMovingAverage, e.g. 0.9999; warm-up min(decay, (1+t)/(10+t))); "
+                 "evaluations and checkpoints' evaluations use it (0: off)")
+      ->capture_default_str();
+  app.add_option("--lookahead", c.optimizer.lookahead_k,
+                 "Lookahead: every K updates the slow weights move --lookahead-alpha of the way "
+                 "to the fast ones, which restart there (0: off)")->capture_default_str();
+  app.add_option("--lookahead-alpha", c.optimizer.lookahead_alpha, "Lookahead's step")
+      ->capture_default_str();
   if (!for_scale) {
     app.add_option("--metrics", c.metrics_path, "JSON-lines record of the run");
     app.add_option("--checkpoint-dir", c.checkpoint_dir, "write checkpoints here");
@@ -323,8 +343,8 @@ int main(int argc, char** argv) {
   scale->add_option("--out", scale_cfg.out_dir, "output folder")->capture_default_str();
   scale->add_option("--plot-script", scale_cfg.plot_script, "plot script (empty: no plot)");
 
-  std::string ckpt, eval_dataset, eval_dir, eval_metrics;
-  int eval_threads = 0;
+  std::string ckpt, eval_metrics;
+  towers::EvalOptions eval_opts;
   CLI::App* eval = app.add_subcommand("eval", "test accuracy of a checkpoint");
   eval->add_option("--checkpoint", ckpt, "checkpoint file (.safetensors)");
   // A remote tower group's live parameters, read from its shards.
@@ -344,11 +364,13 @@ int main(int argc, char** argv) {
         ->capture_default_str();
   };
   add_reader_flags(eval);
-  eval->add_option("--dataset", eval_dataset, "override the dataset recorded in the checkpoint");
-  eval->add_option("--data", eval_dir, "override the dataset folder");
-  eval->add_option("--threads", eval_threads, "threads (0: all cores)");
-  std::string eval_device = "cpu";
-  eval->add_option("--device", eval_device, "cpu or cuda (the first GPU)")->capture_default_str();
+  eval->add_option("--dataset", eval_opts.dataset, "override the dataset recorded in the checkpoint");
+  eval->add_option("--data", eval_opts.data_dir, "override the dataset folder");
+  eval->add_option("--threads", eval_opts.threads, "threads (0: all cores)");
+  eval->add_option("--device", eval_opts.device, "cpu or cuda (the first GPU)")->capture_default_str();
+  eval->add_option("--tta", eval_opts.tta,
+                   "test-time augmentation: none, or flip (score each image by the mean of its "
+                   "and its mirror image's logits); default: what the run used");
   eval->add_option("--metrics", eval_metrics, "write the result as one JSON line here");
 
   towers::remote::ShardOptions shard;
@@ -446,22 +468,25 @@ int main(int argc, char** argv) {
       source = fmt::format("the shards of {}", reader_cluster.empty() ? "TF_CONFIG" : reader_cluster);
       s = towers::evaluate_params(m.model, *std::min_element(m.versions.begin(), m.versions.end()),
                                   m.config, m.params.data(), static_cast<int64_t>(m.params.size()),
-                                  eval_dataset, eval_dir, eval_threads, eval_device, source);
+                                  eval_opts, source);
       source += " (" + versions(m) + ")";
     } else {
-      s = towers::evaluate_checkpoint(ckpt, eval_dataset, eval_dir, eval_threads, eval_device);
+      s = towers::evaluate_checkpoint(ckpt, eval_opts);
     }
     nlohmann::json j = {{"event", "eval"}, {"checkpoint", source}, {"model", s.model},
                         {"step", s.step}, {"examples", s.examples},
-                        {"test_accuracy", s.test_accuracy}, {"test_loss", s.test_loss}};
+                        {"test_accuracy", s.test_accuracy}, {"test_loss", s.test_loss},
+                        {"weights", s.ema ? "ema" : "trained"}, {"tta", s.tta}};
     if (!eval_metrics.empty()) {
       std::FILE* f = std::fopen(eval_metrics.c_str(), "w");
       TOWERS_REQUIRE(f != nullptr, "--metrics: cannot open '{}' for writing", eval_metrics);
       fmt::print(f, "{}\n", j.dump());
       std::fclose(f);
     }
-    fmt::print("{}: model {}, step {}: test accuracy {:.2f}% on {} examples (loss {:.4f})\n",
-               source, s.model, s.step, 100.0 * s.test_accuracy, s.examples, s.test_loss);
+    fmt::print("{}: model {}, step {}{}{}: test accuracy {:.2f}% on {} examples (loss {:.4f})\n",
+               source, s.model, s.step, s.ema ? ", the weights' moving average (--ema)" : "",
+               s.tta == "flip" ? ", with mirror images (--tta flip)" : "",
+               100.0 * s.test_accuracy, s.examples, s.test_loss);
     return 0;
   });
 }

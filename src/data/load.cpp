@@ -52,8 +52,15 @@ Transforms transforms_for(const std::string& augment, const std::string& dataset
     t.train = t.eval;
     t.train.random_crop = data.height > in[1] || data.width > in[2];
     t.train.flip = mode == "flip";
+  } else if (mode == "airbench") {
+    // airbench's: a random flip and a random translation by up to 2 pixels each way (the
+    // image zero-padded by 2, then cropped at random), then standardization.
+    t.train = t.eval;
+    t.train.random_crop = t.train.flip = true;
+    t.train.pad = 2;
   } else {
-    TOWERS_BAD_INPUT("--augment: unknown mode '{}' (known: auto, tutorial, flip, none)", augment);
+    TOWERS_BAD_INPUT("--augment: unknown mode '{}' (known: auto, tutorial, flip, airbench, none)",
+                     augment);
   }
   validate(t.train, data);
   validate(t.eval, data);

@@ -11,8 +11,8 @@ void Loss::forward_gpu(const GpuExec&, const LossArgs&) const {
 }
 
 LossSums SoftmaxCrossEntropy::forward(const LossArgs& a) const {
-  const auto r = kernels::cpu::softmax_xent(a.n, a.classes, a.logits, a.labels, a.grad_scale,
-                                            a.dlogits);
+  const auto r = kernels::cpu::softmax_xent(a.n, a.classes, a.logits, a.labels, smoothing(a),
+                                            a.grad_scale, a.dlogits);
   return {r.loss_sum, r.correct};
 }
 
@@ -21,8 +21,8 @@ LossSums SoftmaxCrossEntropy::forward(const LossArgs& a) const {
 namespace kc = kernels::cuda;
 
 void SoftmaxCrossEntropy::forward_gpu(const GpuExec& e, const LossArgs& a) const {
-  kc::softmax_xent(e.stream, a.n, a.classes, a.logits, a.labels, a.grad_scale, a.dlogits,
-                   a.row_loss, a.row_correct);
+  kc::softmax_xent(e.stream, a.n, a.classes, a.logits, a.labels, smoothing(a), a.grad_scale,
+                   a.dlogits, a.row_loss, a.row_correct);
 }
 #endif  // TOWERS_HAVE_CUDA
 

@@ -40,13 +40,22 @@ class Loss {
 
 // Softmax cross-entropy, as the TF tutorial's loss (its weight-decay term is in the
 // optimizer: ParamSpec::weight_decay).
+// Label smoothing (Szegedy et al. 2016; airbench's 0.2) applies in training only: the target
+// is (1 - smoothing) onehot + smoothing / classes. Evaluations (no dlogits) report the plain
+// cross-entropy, so test losses compare across runs.
 class SoftmaxCrossEntropy final : public Loss {
  public:
+  explicit SoftmaxCrossEntropy(float label_smoothing = 0.0f) : smoothing_(label_smoothing) {}
+  float label_smoothing() const { return smoothing_; }
   std::string kind() const override { return "softmax_xent"; }
   LossSums forward(const LossArgs& a) const override;
 #if TOWERS_HAVE_CUDA
   void forward_gpu(const GpuExec& exec, const LossArgs& a) const override;
 #endif
+
+ private:
+  float smoothing(const LossArgs& a) const { return a.dlogits != nullptr ? smoothing_ : 0.0f; }
+  float smoothing_;
 };
 
 }  // namespace towers

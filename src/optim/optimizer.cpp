@@ -46,6 +46,20 @@ Optimizer::Optimizer(const ParameterLayout& layout, OptimizerConfig cfg, int64_t
     std::fill(b.data(), b.data() + b.size(), init);
     slot_buffers_.push_back(std::move(b));
   }
+  TOWERS_CHECK(cfg_.ema >= 0.0 && cfg_.ema < 1.0, "ema decay {} outside [0, 1)", cfg_.ema);
+  TOWERS_CHECK(cfg_.lookahead_k >= 0 && cfg_.lookahead_alpha > 0.0f && cfg_.lookahead_alpha <= 1.0f,
+               "lookahead k {} alpha {}", cfg_.lookahead_k, cfg_.lookahead_alpha);
+  // Filled from the parameters by the first update (apply_wrappers).
+  if (cfg_.ema > 0.0) {
+    slot_names_.push_back("ema");
+    slot_buffers_.emplace_back(end - begin);
+    ema_ = slot_buffers_.back().data();
+  }
+  if (cfg_.lookahead_k > 0) {
+    slot_names_.push_back("lookahead");
+    slot_buffers_.emplace_back(end - begin);
+    slow_ = slot_buffers_.back().data();
+  }
 }
 
 std::vector<std::pair<std::string, const float*>> Optimizer::slots() const {
@@ -98,10 +112,59 @@ void Optimizer::apply_state(float* params, const float* grads, bool shared) cons
   }
 }
 
+void Optimizer::apply_wrappers(float* params, int64_t t, bool shared) {
+  if (ema_ == nullptr && slow_ == nullptr) return;
+  const int64_t n = end_ - begin_;
+  // Plain or relaxed-atomic access, as the update's.
+  auto get = [shared](float* p) {
+    return shared ? std::atomic_ref<float>(*p).load(std::memory_order_relaxed) : *p;
+  };
+  auto set = [shared](float* p, float v) {
+    if (shared)
+      std::atomic_ref<float>(*p).store(v, std::memory_order_relaxed);
+    else
+      *p = v;
+  };
+  if (slow_ != nullptr && t % cfg_.lookahead_k == 0) {
+    // Trainable variables only: state variables keep their running averages.
+    const double alpha = cfg_.lookahead_alpha;
+    for_each_part([&](size_t, const Variable&, int64_t at, int64_t size) {
+      for_chunks(size, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
+        for (int64_t i = at + b; i < at + e; ++i) {
+          const double slow = get(slow_ + i);
+          const float moved = static_cast<float>(slow + alpha * (get(params + i) - slow));
+          set(slow_ + i, moved);
+          set(params + i, moved);
+        }
+      });
+    });
+  }
+  if (ema_ != nullptr) {
+    const double d = std::min(cfg_.ema, (1.0 + static_cast<double>(t)) / (10.0 + static_cast<double>(t)));
+    for_chunks(n, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        set(ema_ + i, static_cast<float>(d * get(ema_ + i) + (1.0 - d) * get(params + i)));
+    });
+  }
+}
+
+void Optimizer::begin_update(const float* params, int64_t t, bool shared) {
+  if (t != 1) return;
+  for (float* s : {ema_, slow_}) {
+    if (s == nullptr) continue;
+    if (shared)
+      load_relaxed(params, s, end_ - begin_);
+    else
+      std::copy(params, params + (end_ - begin_), s);
+  }
+}
+
 void Optimizer::apply(float* params, const float* grads, float lr) {
-  kernels::RuleArgs r = def_->args(cfg_, lr, ++updates_);
-  float* s0 = slot_buffers_.size() > 0 ? slot_buffers_[0].data() : nullptr;
-  float* s1 = slot_buffers_.size() > 1 ? slot_buffers_[1].data() : nullptr;
+  const int64_t t = ++updates_;
+  begin_update(params, t, false);
+  kernels::RuleArgs r = def_->args(cfg_, lr, t);
+  float* s0 = def_->slots.size() > 0 ? slot_buffers_[0].data() : nullptr;
+  float* s1 = def_->slots.size() > 1 ? slot_buffers_[1].data() : nullptr;
   for_each_part([&](size_t, const Variable& v, int64_t at, int64_t size) {
     // Element-wise, so any split is exact; chunks keep every core busy on big variables.
     r.wd = v.spec.weight_decay;
@@ -112,12 +175,15 @@ void Optimizer::apply(float* params, const float* grads, float lr) {
     });
   });
   apply_state(params, grads, false);
+  apply_wrappers(params, t, false);
 }
 
 void Optimizer::apply_shared(float* params, const float* grads, float lr, bool use_locking) {
-  kernels::RuleArgs r = def_->args(cfg_, lr, ++updates_);
-  float* s0 = slot_buffers_.size() > 0 ? slot_buffers_[0].data() : nullptr;
-  float* s1 = slot_buffers_.size() > 1 ? slot_buffers_[1].data() : nullptr;
+  const int64_t t = ++updates_;
+  begin_update(params, t, true);
+  kernels::RuleArgs r = def_->args(cfg_, lr, t);
+  float* s0 = def_->slots.size() > 0 ? slot_buffers_[0].data() : nullptr;
+  float* s1 = def_->slots.size() > 1 ? slot_buffers_[1].data() : nullptr;
   for_each_part([&](size_t vi, const Variable& v, int64_t at, int64_t size) {
     std::unique_lock<std::mutex> lock(var_locks_[vi], std::defer_lock);
     if (use_locking) lock.lock();
@@ -139,6 +205,7 @@ void Optimizer::apply_shared(float* params, const float* grads, float lr, bool u
     });
   });
   apply_state(params, grads, true);
+  apply_wrappers(params, t, true);
 }
 
 nlohmann::json Optimizer::state() const {

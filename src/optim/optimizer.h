@@ -30,6 +30,14 @@ struct OptimizerConfig {
   bool nesterov = false;
   float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;  // adam (TF v1 defaults)
   float rho = 0.9f, rms_epsilon = 1e-10f;               // rmsprop (TF v1 defaults)
+  // Wrappers of any rule, each an extra slot of the flat layout, updated after every update:
+  // ema > 0: an exponential moving average of every variable (TF's ExponentialMovingAverage
+  // with num_updates: decay min(ema, (1 + t) / (10 + t)) at update t; Keras's use_ema), the
+  // weights evaluations read. lookahead_k > 0: Lookahead (Zhang et al. 2019): every k updates
+  // the slow weights move alpha of the way to the fast ones, and the fast ones restart there.
+  double ema = 0.0;
+  int lookahead_k = 0;
+  float lookahead_alpha = 0.5f;
 };
 
 // One optimizer, as its file defines it.
@@ -70,8 +78,8 @@ class Optimizer {
   // variable (TF's use_locking=True); readers still never lock.
   void apply_shared(float* params, const float* grads, float lr, bool use_locking);
 
-  // For a store that runs the rule itself (on a device, kernels::cuda::optimizer_update): the
-  // scalars of the next update (number updates() + 1) at lr, with weight decay 0 (the caller
+  // For a store that runs the rule itself (on a device, kernels::cuda::optimizer_update; it
+  // has no wrappers, OptimizerConfig::ema and lookahead_k are 0): the scalars of the next update (number updates() + 1) at lr, with weight decay 0 (the caller
   // sets each variable's), and, once that update is applied, its count.
   kernels::RuleArgs next_rule_args(float lr) const {
     return def_->args(cfg_, lr, updates_.load() + 1);
@@ -89,6 +97,13 @@ class Optimizer {
   void load_state(const nlohmann::json& s);  // from a checkpoint
 
  private:
+  // The wrappers' step after update t (OptimizerConfig::ema, lookahead_k) over the range;
+  // shared: as relaxed atomics, like apply_shared. Update 1 first sets their slots to the
+  // parameters it starts from.
+  void apply_wrappers(float* params, int64_t t, bool shared);
+  // Before the rule of update t: update 1 copies the parameters into the wrappers' slots.
+  void begin_update(const float* params, int64_t t, bool shared);
+
   // Calls f(variable index, variable, range-relative offset, first element, elements) for the
   // part of every trainable variable inside [begin_, end_).
   template <class F>
@@ -102,7 +117,9 @@ class Optimizer {
   OptimizerConfig cfg_;
   int64_t begin_ = 0, end_ = 0;
   std::vector<std::string> slot_names_;
-  std::vector<HostBuffer> slot_buffers_;
+  std::vector<HostBuffer> slot_buffers_;  // the rule's slots, then "ema", then "lookahead"
+  float* ema_ = nullptr;    // slot "ema" when cfg_.ema > 0
+  float* slow_ = nullptr;   // slot "lookahead" when cfg_.lookahead_k > 0
   std::atomic<int64_t> updates_{0};
   std::unique_ptr<std::mutex[]> var_locks_;  // one per variable, for use_locking
   const OptimizerDef* def_;

@@ -372,12 +372,14 @@ void any_nonfinite(CUstream_st* s, int64_t n, const double* x, int32_t* flag) {
 // ---- softmax_xent.cu -----------------------------------------------------------------------
 
 void softmax_xent(CUstream_st* s, int64_t n, int64_t k, const float* logits, const int32_t* labels,
-                  float grad_scale, float* dlogits, double* row_loss, int32_t* row_correct) {
+                  float smoothing, float grad_scale, float* dlogits, double* row_loss,
+                  int32_t* row_correct) {
   if (n == 0) return;
   check_softmax_xent_args(k, row_loss, row_correct);
   submit(s, [=] {
     for (int64_t b = 0; b < n; ++b)
-      softmax_xent_row(k, logits, labels, grad_scale, dlogits, row_loss, row_correct, b);
+      softmax_xent_row(k, logits, labels, smoothing, grad_scale, dlogits, row_loss, row_correct,
+                       b);
   });
 }
 

@@ -58,17 +58,17 @@ TEST(SoftmaxXentGpu, MatchesCpuTwinIncludingLossAndCorrectThroughSumRows) {
   Rng rng(22);
   std::vector<int32_t> labels(n);
   for (auto& y : labels) y = static_cast<int32_t>(rng.below(k));
-  const float grad_scale = 1.0f / n;
+  const float grad_scale = 1.0f / n, smoothing = 0.1f;  // label smoothing on, as training has it
 
   std::vector<float> d_cpu(n * k);
-  const auto want =
-      kernels::cpu::softmax_xent(n, k, logits.data(), labels.data(), grad_scale, d_cpu.data());
+  const auto want = kernels::cpu::softmax_xent(n, k, logits.data(), labels.data(), smoothing,
+                                               grad_scale, d_cpu.data());
 
   DeviceArray<float> logits_d(logits), d_d(n * k);
   DeviceArray<int32_t> labels_d(labels), correct_d(n);
   DeviceArray<double> loss_d(n);
-  kernels::cuda::softmax_xent(s, n, k, logits_d.get(), labels_d.get(), grad_scale, d_d.get(),
-                              loss_d.get(), correct_d.get());
+  kernels::cuda::softmax_xent(s, n, k, logits_d.get(), labels_d.get(), smoothing, grad_scale,
+                              d_d.get(), loss_d.get(), correct_d.get());
   const std::vector<double> row_loss = loss_d.download();
   const std::vector<int32_t> row_correct = correct_d.download();
   const auto got = kernels::sum_rows(n, row_loss.data(), row_correct.data());
@@ -81,7 +81,7 @@ TEST(SoftmaxXentGpu, MatchesCpuTwinIncludingLossAndCorrectThroughSumRows) {
   EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-12 * want.loss_sum + 4e-16 * n);
   for (int64_t b = 0; b < n; ++b) {
     const auto row = kernels::cpu::softmax_xent(1, k, logits.data() + b * k, labels.data() + b,
-                                                grad_scale, nullptr);
+                                                smoothing, grad_scale, nullptr);
     ASSERT_NEAR(row_loss[b], row.loss_sum, 1e-12 * row.loss_sum + 4e-16) << "example " << b;
     ASSERT_EQ(row_correct[b], row.correct) << "example " << b;
   }
@@ -95,12 +95,13 @@ TEST(SoftmaxXentGpu, EvaluationWithoutGradient) {
   const std::vector<float> logits = random_floats(n * k, 23, -3.0f, 3.0f);
   std::vector<int32_t> labels(n);
   for (int64_t b = 0; b < n; ++b) labels[b] = static_cast<int32_t>(b % k);
-  const auto want = kernels::cpu::softmax_xent(n, k, logits.data(), labels.data(), 1.0f, nullptr);
+  const auto want =
+      kernels::cpu::softmax_xent(n, k, logits.data(), labels.data(), 0.0f, 1.0f, nullptr);
   DeviceArray<float> logits_d(logits);
   DeviceArray<int32_t> labels_d(labels), correct_d(n);
   DeviceArray<double> loss_d(n);
-  kernels::cuda::softmax_xent(s, n, k, logits_d.get(), labels_d.get(), 1.0f, nullptr, loss_d.get(),
-                              correct_d.get());
+  kernels::cuda::softmax_xent(s, n, k, logits_d.get(), labels_d.get(), 0.0f, 1.0f, nullptr,
+                              loss_d.get(), correct_d.get());
   const std::vector<double> row_loss = loss_d.download();
   const std::vector<int32_t> row_correct = correct_d.download();
   const auto got = kernels::sum_rows(n, row_loss.data(), row_correct.data());
@@ -231,8 +232,8 @@ TEST(ScaleGpu, BitwiseEqualToHostMultiply) {
 
 // Zero sizes return before any launch: host-side only, runs wherever CUDA is built.
 TEST(MathGpu, ZeroSizesLaunchNothing) {
-  EXPECT_NO_THROW(kernels::cuda::softmax_xent(nullptr, 0, 10, nullptr, nullptr, 1.0f, nullptr,
-                                              nullptr, nullptr));
+  EXPECT_NO_THROW(kernels::cuda::softmax_xent(nullptr, 0, 10, nullptr, nullptr, 0.0f, 1.0f,
+                                              nullptr, nullptr, nullptr));
   EXPECT_NO_THROW(kernels::cuda::standardize(nullptr, 0, 10, nullptr, nullptr));
   for (const cases::RuleCase& c : cases::rule_cases())
     EXPECT_NO_THROW(

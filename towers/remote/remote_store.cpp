@@ -25,7 +25,8 @@ namespace {
 std::string optimizer_json(const OptimizerConfig& c) {
   nlohmann::json j = {{"name", c.name}, {"nesterov", c.nesterov}, {"beta1", c.beta1},
                       {"beta2", c.beta2}, {"epsilon", c.epsilon}, {"rho", c.rho},
-                      {"rms_epsilon", c.rms_epsilon}};
+                      {"rms_epsilon", c.rms_epsilon}, {"ema", c.ema},
+                      {"lookahead_k", c.lookahead_k}, {"lookahead_alpha", c.lookahead_alpha}};
   j["momentum"] = c.momentum ? nlohmann::json(*c.momentum) : nlohmann::json();
   return j.dump();
 }

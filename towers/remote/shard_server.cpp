@@ -56,6 +56,9 @@ OptimizerConfig optimizer_from_json(const std::string& text) {
   c.epsilon = j.value("epsilon", c.epsilon);
   c.rho = j.value("rho", c.rho);
   c.rms_epsilon = j.value("rms_epsilon", c.rms_epsilon);
+  c.ema = j.value("ema", c.ema);
+  c.lookahead_k = j.value("lookahead_k", c.lookahead_k);
+  c.lookahead_alpha = j.value("lookahead_alpha", c.lookahead_alpha);
   return c;
 }
 
