@@ -3,6 +3,7 @@
 //                        H2D, forward, backward, gradients D2H (overlapped), the momentum
 //                        apply on the host parameters; CUDA graph replay vs plain launches,
 //                        FP32 vs TF32.
+//   BM_GpuModelStep      the same step for the airbench and resnet-small-cifar nets, batch 512.
 //   BM_GpuMirroredStep   the same step with --params mirrored (parameters, momentum and the
 //                        update on the GPU, inside the step's graph), batch 128 and 512.
 //   BM_GpuComputeOnly    forward+backward alone (no host apply), graph vs plain launches: the
@@ -84,13 +85,14 @@ bool valid_step(benchmark::State& state, const StepStats& s, const float* grads,
   return true;
 }
 
-// Args: graphs (0/1), tf32 (0/1).
-void BM_GpuTowerStep(benchmark::State& state) {
+// One host-parameter tower step of model at batch, timed: parameters H2D, forward,
+// backward, gradients D2H, the momentum apply on the host.
+void time_host_param_step(benchmark::State& state, const std::string& model, int64_t batch,
+                          bool graphs, bool tf32) {
   if (skip_without_gpus(state)) return;
-  const int64_t batch = 128;
-  auto g = build_model("cifar10");
+  auto g = build_model(model);
   const int64_t total = g->layout().total();
-  CudaTower tower(*g, batch, placement(state.range(0) != 0, state.range(1) != 0));
+  CudaTower tower(*g, batch, placement(graphs, tf32));
   std::vector<float> params(total);
   g->layout().initialize(params.data(), 1);
   auto pin = pin_host_memory(params.data(), sizeof(float) * total);
@@ -110,8 +112,27 @@ void BM_GpuTowerStep(benchmark::State& state) {
   state.counters["GFLOP_per_sec"] = benchmark::Counter(
       batch * 3.0 * g->flops_per_example() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
+
+// Args: graphs (0/1), tf32 (0/1).
+void BM_GpuTowerStep(benchmark::State& state) {
+  time_host_param_step(state, "cifar10", 128, state.range(0) != 0, state.range(1) != 0);
+}
 BENCHMARK(BM_GpuTowerStep)->ArgNames({"graph", "tf32"})->Args({1, 0})->Args({0, 0})->Args({1, 1})
     ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
+
+// The step of BM_GpuTowerStep (host parameters, graph replay) for the nets of the fast
+// CIFAR-10 recipe, at batch 512: airbench (the airbench94 layout, BatchNorm and GELU) and
+// resnet-small-cifar. bench/run-gpu.sh times the same nets in PyTorch
+// (torch_cifar10.py --model FILE). Args: tf32 (0/1).
+void BM_GpuModelStep(benchmark::State& state, const std::string& model) {
+  time_host_param_step(state, model, 512, true, state.range(0) != 0);
+}
+BENCHMARK_CAPTURE(BM_GpuModelStep, airbench, std::string("airbench"))
+    ->ArgName("tf32")->Arg(0)->Arg(1)->UseRealTime()->MinTime(2.0)->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+BENCHMARK_CAPTURE(BM_GpuModelStep, resnet_small_cifar, std::string("resnet-small-cifar"))
+    ->ArgName("tf32")->Arg(0)->Arg(1)->UseRealTime()->MinTime(2.0)->Repetitions(3)
+    ->ReportAggregatesOnly(true);
 
 // --params mirrored: the same step with the parameters and momentum on the GPU, the update the
 // last kernels of the step's graph; nothing crosses PCIe but the batch and the losses.

@@ -3,7 +3,7 @@
 # on the same machine, alternating, ROUNDS rounds (default 3), then the medians next to the
 # sgemm-rate bound (OpenBLAS's sgemm rate over the net's FLOPs per image). Writes
 # bench/results/<date>-cpu/.
-#   bench/run-cpu.sh [BUILD_DIR]
+#   [OUT_DIR=bench/results/NAME] bench/run-cpu.sh [BUILD_DIR]
 # Peers, each where installed:
 #   TensorFlow (`pip install tensorflow-cpu`): bench/peers/tf_cifar10.py, one tf.function step,
 #     and the same under MirroredStrategy over 2 logical CPU devices of one thread each;
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 rounds=${ROUNDS:-3}
 seconds=${SECONDS_PER_PEER:-20}
-out=bench/results/$(date +%Y-%m-%d)-cpu
+out=${OUT_DIR:-bench/results/$(date +%Y-%m-%d)-cpu}
 mkdir -p "$out"
 have() { python3 -c "import $1" 2>/dev/null; }
 {

@@ -133,7 +133,7 @@ fi
 
 # 3. Speed: towers, then the PyTorch peer on the same GPU, then a kernel-time profile.
 if [[ " $phases " == *" bench "* ]]; then
-  timeout "${BENCH_S:-150}" "$build/bench/gpu_bench" --benchmark_out="$out/gpu_bench.json" \
+  timeout "${BENCH_S:-240}" "$build/bench/gpu_bench" --benchmark_out="$out/gpu_bench.json" \
     --benchmark_out_format=json > "$out/gpu_bench.txt" 2>&1
   note "gpu_bench exit $?"
   grep -E '_median|BM_(Param|Grad)' "$out/gpu_bench.txt" | sed 's/^/  /' | tee -a "$summary"
@@ -149,6 +149,12 @@ if [[ " $phases " == *" bench "* ]]; then
     peer compile_fp32 --precision fp32 --compile
     peer compile_graphs_fp32 --precision fp32 --compile --compile-mode reduce-overhead
     peer compile_graphs_tf32 --precision tf32 --compile --compile-mode reduce-overhead
+    # The nets of the fast CIFAR-10 recipe, next to BM_GpuModelStep (batch 512).
+    for net in airbench resnet-small-cifar; do
+      peer "${net}_eager_fp32" --model "models/$net.json" --batch 512 --precision fp32
+      peer "${net}_eager_tf32" --model "models/$net.json" --batch 512 --precision tf32
+      peer "${net}_compile_tf32" --model "models/$net.json" --batch 512 --precision tf32 --compile
+    done
   fi
   # Kernel times of plain-launch steps (ncu serializes kernels; copies and the host apply are
   # not in it: gpu_bench's step minus its compute-only figure is their share).

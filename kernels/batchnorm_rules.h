@@ -53,8 +53,9 @@ TOWERS_HD double bn_unbiased(double var, double m) { return m > 1.0 ? var * m / 
 
 // ---- one channel, lane by lane, on one thread (the CPU loop and the emulator) ----------------
 
-// Calls f(lane, first element, count) for the runs of one example's HW elements that land on
-// consecutive lanes: element j goes to lane j % kBnLanes, so a run ends where the lanes wrap.
+// Calls f(example, first lane, first position in its plane, count) for the runs of each
+// example's HW elements that land on consecutive lanes: element j goes to lane j % kBnLanes,
+// so a run ends where the lanes wrap.
 // Walking the examples in order keeps each lane's additions in order j = l, l + kBnLanes, ...;
 // the runs only let the compiler vectorize across lanes.
 template <class F>

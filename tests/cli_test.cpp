@@ -154,8 +154,19 @@ TEST(Cli, RecipeFlagsResumeExactlyAndEvaluateTheAverage) {
   const auto ev = read_jsonl(a + "/e.json").at(0);
   EXPECT_EQ(ev["test_accuracy"].get<double>(), summary);
   EXPECT_EQ(ev["weights"], "ema");
-  // Resuming with the wrappers switched is refused by name.
+  // A file of the trained weights alone (as `towers pull` writes one from the shards) is
+  // evaluated with them, and says so, though its config records --ema.
+  const std::string c = fs::path(a).parent_path().string() + "/c";
+  const std::string plain = io::save_checkpoint(c, ca.meta, g->layout(), ca.params.data(), {}, 0);
+  auto p = run_towers("eval --checkpoint " + plain + " --metrics " + c + "/e.json");
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_EQ(read_jsonl(c + "/e.json").at(0)["weights"], "trained");
+  // Resuming with the wrappers or the loss changed is refused by name.
   expect_error(run_towers(run + "--ema 0 --resume --checkpoint-dir " + b), {"--ema"});
+  expect_error(run_towers(run + "--lookahead-alpha 0.8 --resume --checkpoint-dir " + b),
+               {"--lookahead-alpha"});
+  expect_error(run_towers(run + "--label-smoothing 0.2 --resume --checkpoint-dir " + b),
+               {"--label-smoothing"});
 }
 
 // --tta flip changes what evaluations measure and nothing else: the training is bitwise the

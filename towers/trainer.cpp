@@ -619,6 +619,8 @@ void Run::restore_or_initialize() {
   // The wrappers' slots are in the checkpoint only when they were on.
   same("ema", c_.optimizer.ema, "--ema");
   same("lookahead", c_.optimizer.lookahead_k, "--lookahead");
+  same("lookahead_alpha", c_.optimizer.lookahead_alpha, "--lookahead-alpha");
+  same("label_smoothing", c_.label_smoothing, "--label-smoothing");
   if (c_.dataset == "synthetic") same("synthetic_size", c_.synthetic_size, "--synthetic-size");
   std::copy(ck.params.data(), ck.params.data() + layout.total(), params_.begin());
   for (auto& [name, buf] : ck.slots)
@@ -667,7 +669,9 @@ EvalResult Run::evaluate_now() {
   // host_params() also refreshes the optimizer's slots where a store keeps them elsewhere.
   const float* params = store_->host_params();
   // With --ema, evaluations read the averaged weights, as the TF tutorial's eval does.
-  eval_tower_->load_params(c_.optimizer.ema > 0.0 ? opt_->slot("ema") : params);
+  // (Before the first update the average holds nothing yet.)
+  eval_tower_->load_params(c_.optimizer.ema > 0.0 && opt_->updates() > 0 ? opt_->slot("ema")
+                                                                          : params);
   return evaluate(*eval_tower_, data_.test, tf_.eval, c_.tta);
 }
 
@@ -676,7 +680,7 @@ void Run::write_checkpoint(int64_t step) {
   // the optimizer's slots and state.
   const float* params = store_->host_params();
   io::CheckpointMeta meta{c_.model, step, start_examples_ + (step - start_step_) * per_update_,
-                          epoch_at(step), config_json_, opt_->state()};
+                          epoch_at(step), config_json_, opt_->state(), {}};
   std::string path = io::save_checkpoint(c_.checkpoint_dir, meta, graph_->layout(), params,
                                          opt_->slots(), c_.keep_checkpoints);
   nlohmann::json event = {{"event", "checkpoint"}, {"step", step}, {"path", path}};
@@ -984,9 +988,13 @@ EvalSummary evaluate_checkpoint(const std::string& path, const EvalOptions& o) {
   TOWERS_REQUIRE(std::filesystem::exists(path), "--checkpoint: no such file '{}'", path);
   io::CheckpointMeta meta = io::read_checkpoint_meta(path);
   auto graph = build_model(meta.model);
-  // A run with --ema is evaluated with its averaged weights, as it evaluated itself.
+  // A run with --ema is evaluated with its averaged weights, as it evaluated itself, where
+  // the file holds them (a model pulled from shards holds the trained weights only) and they
+  // have averaged at least one update.
   const bool ema = meta.config.is_object() && meta.config.contains("ema") &&
-                   meta.config["ema"].is_number() && meta.config["ema"].get<double>() > 0.0;
+                   meta.config["ema"].is_number() && meta.config["ema"].get<double>() > 0.0 &&
+                   meta.step > 0 &&
+                   std::find(meta.slots.begin(), meta.slots.end(), "ema") != meta.slots.end();
   io::Checkpoint ck = io::load_checkpoint(path, graph->layout(),
                                           ema ? std::vector<std::string>{"ema"}
                                               : std::vector<std::string>{});

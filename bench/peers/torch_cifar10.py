@@ -8,6 +8,8 @@ alpha 0.001/9, beta 0.75; PyTorch divides alpha by the window size 9, so alpha=0
 conv2 5x5 64->64 + ReLU, LRN, max-pool, local3 2304->384 ReLU, local4 384->192 ReLU,
 logits 192->10; momentum SGD with weight decay 0.004 on local3/local4. A step is forward,
 cross-entropy, backward and the optimizer update, on a fixed random batch (no data loading).
+`--model models/airbench.json` (any towers model file) times that net instead, built by
+torch_model_file.py, with momentum SGD and the file's weight decay.
 
 Prints one JSON line: {"peer": "pytorch", "mode": ..., "images_per_sec": ..., ...}.
 """
@@ -75,6 +77,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=20.0, help="time to measure")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default="",
+                    help="a towers model file (models/*.json) to time instead of the tutorial net")
     ap.add_argument("--compile", action="store_true", help="torch.compile the step")
     ap.add_argument("--precision", choices=["fp32", "tf32"], default="fp32",
                     help="fp32 (no tensor cores) or tf32 (TF32 convolutions and matmuls)")
@@ -87,12 +91,20 @@ def main():
     torch.manual_seed(0)
     set_precision(args.precision)
     dev = torch.device(args.device)
-    net = TutorialNet().to(dev)
-    decay = [p for n, p in net.named_parameters() if n.startswith(("local3.weight", "local4.weight"))]
-    other = [p for n, p in net.named_parameters() if not n.startswith(("local3.weight", "local4.weight"))]
-    opt = torch.optim.SGD([{"params": decay, "weight_decay": 0.004}, {"params": other}], lr=0.01, momentum=0.9)
-    x = torch.randn(args.batch, 3, 24, 24, device=dev)
-    y = torch.randint(0, 10, (args.batch,), device=dev)
+    if args.model:
+        from torch_model_file import build_model_file, optimizer_groups
+        net, decay, spec = build_model_file(args.model)
+        net = net.to(dev)
+        opt = torch.optim.SGD(optimizer_groups(net, decay), lr=0.01, momentum=0.9)
+        shape, classes, model = tuple(spec["input"]), spec["classes"], spec["name"]
+    else:
+        net = TutorialNet().to(dev)
+        decay = [p for n, p in net.named_parameters() if n.startswith(("local3.weight", "local4.weight"))]
+        other = [p for n, p in net.named_parameters() if not n.startswith(("local3.weight", "local4.weight"))]
+        opt = torch.optim.SGD([{"params": decay, "weight_decay": 0.004}, {"params": other}], lr=0.01, momentum=0.9)
+        shape, classes, model = (3, 24, 24), 10, "cifar10"
+    x = torch.randn(args.batch, *shape, device=dev)
+    y = torch.randint(0, classes, (args.batch,), device=dev)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -135,7 +147,7 @@ def main():
         steps_total += steps
     rates.sort()
     print(json.dumps({
-        "peer": "pytorch", "version": torch.__version__, "mode": f"compile:{args.compile_mode}" if args.compile else "eager",
+        "peer": "pytorch", "model": model, "version": torch.__version__, "mode": f"compile:{args.compile_mode}" if args.compile else "eager",
         "device": args.device, "precision": args.precision, "threads": torch.get_num_threads(), "batch": args.batch,
         "steps": steps_total, "seconds": time.perf_counter() - t_all,
         "images_per_sec": rates[2], "images_per_sec_best": rates[-1], "images_per_sec_windows": rates,

@@ -129,7 +129,8 @@ def build(layers, shape, decay):
         elif kind == "batchnorm":
             bn_cls = nn.BatchNorm2d if len(shape) == 3 else nn.BatchNorm1d
             bn = bn_cls(shape[0], eps=L.get("epsilon", 1e-5), momentum=1.0 - L.get("momentum", 0.9))
-            decay.append((bn.weight, L.get("weight_decay", 0.0)))
+            decay.append((bn.weight, L.get("weight_decay", 0.0)))  # towers decays gamma and beta
+            decay.append((bn.bias, L.get("weight_decay", 0.0)))
             mods.append(bn)
         elif kind == "relu":
             mods.append(nn.ReLU())
@@ -151,6 +152,23 @@ def build(layers, shape, decay):
         else:
             raise SystemExit(f"layer {L['name']}: type {kind} is not in this peer")
     return nn.Sequential(*mods), shape
+
+
+def build_model_file(path):
+    """The net of a towers model file, its (parameter, weight decay) pairs and the file."""
+    spec = json.load(open(path))
+    decay = []
+    net, out = build(spec["layers"], tuple(spec["input"]), decay)
+    assert out == (spec["classes"],), out
+    return net, decay, spec
+
+
+def optimizer_groups(net, decay):
+    """SGD parameter groups: each decayed weight with its decay, the rest without."""
+    decayed = {id(p) for p, wd in decay if wd > 0}
+    groups = [{"params": [p], "weight_decay": wd} for p, wd in decay if wd > 0]
+    groups.append({"params": [p for p in net.parameters() if id(p) not in decayed], "weight_decay": 0.0})
+    return groups
 
 
 def main():
@@ -176,10 +194,7 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     dev = torch.device(args.device)
-    spec = json.load(open(args.model))
-    decay = []
-    net, out = build(spec["layers"], tuple(spec["input"]), decay)
-    assert out == (spec["classes"],), out
+    net, decay, spec = build_model_file(args.model)
     net = net.to(dev)
 
     xtr, ytr, xte, yte = (load_fashion if args.dataset == "fashion-mnist" else load_cifar10)(args.data)
@@ -188,10 +203,7 @@ def main():
     xte = standardize(torch.tensor(xte, dtype=torch.float32, device=dev))
     yte = torch.tensor(yte, dtype=torch.int64, device=dev)
 
-    decayed = {id(p) for p, wd in decay if wd > 0}
-    groups = [{"params": [p], "weight_decay": wd} for p, wd in decay if wd > 0]
-    groups.append({"params": [p for p in net.parameters() if id(p) not in decayed], "weight_decay": 0.0})
-    opt = torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum, nesterov=True)
+    opt = torch.optim.SGD(optimizer_groups(net, decay), lr=args.lr, momentum=args.momentum, nesterov=True)
     train_size = xtr.shape[0]
     steps = math.ceil(args.epochs * train_size / args.batch)  # towers rounds up, too
     if args.steps:

@@ -195,7 +195,16 @@ std::string save_checkpoint(const std::string& dir_arg, const CheckpointMeta& me
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
-  return parse_meta(path, read_safetensors_header(path).metadata);
+  const auto header = read_safetensors_header(path);
+  CheckpointMeta meta = parse_meta(path, header.metadata);
+  std::set<std::string> slots;
+  for (const TensorEntry& t : header.tensors) {
+    if (!t.name.starts_with(kSlotPrefix)) continue;
+    const std::string rest = t.name.substr(kSlotPrefix.size());
+    slots.insert(rest.substr(0, rest.find('/')));
+  }
+  meta.slots.assign(slots.begin(), slots.end());
+  return meta;
 }
 
 Checkpoint load_checkpoint(const std::string& path, const ParameterLayout& layout,

@@ -29,6 +29,7 @@ struct CheckpointMeta {
   double epoch = 0;
   nlohmann::json config;           // the run's configuration, as the CLI resolved it
   nlohmann::json optimizer_state;  // the optimizer's scalars (e.g. Adam's t)
+  std::vector<std::string> slots;  // read_checkpoint_meta: the optimizer slots the file holds
 };
 
 struct Checkpoint {

@@ -112,7 +112,7 @@ void Optimizer::apply_state(float* params, const float* grads, bool shared) cons
   }
 }
 
-void Optimizer::apply_wrappers(float* params, int64_t t, bool shared) {
+void Optimizer::apply_wrappers(float* params, int64_t t, bool shared, bool use_locking) {
   if (ema_ == nullptr && slow_ == nullptr) return;
   const int64_t n = end_ - begin_;
   // Plain or relaxed-atomic access, as the update's.
@@ -128,7 +128,11 @@ void Optimizer::apply_wrappers(float* params, int64_t t, bool shared) {
   if (slow_ != nullptr && t % cfg_.lookahead_k == 0) {
     // Trainable variables only: state variables keep their running averages.
     const double alpha = cfg_.lookahead_alpha;
-    for_each_part([&](size_t, const Variable&, int64_t at, int64_t size) {
+    for_each_part([&](size_t vi, const Variable&, int64_t at, int64_t size) {
+      // Under use_locking the reset is one more update of the variable: no other update of it
+      // runs in between.
+      std::unique_lock<std::mutex> lock(var_locks_[vi], std::defer_lock);
+      if (use_locking) lock.lock();
       for_chunks(size, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
         for (int64_t i = at + b; i < at + e; ++i) {
           const double slow = get(slow_ + i);
@@ -175,7 +179,7 @@ void Optimizer::apply(float* params, const float* grads, float lr) {
     });
   });
   apply_state(params, grads, false);
-  apply_wrappers(params, t, false);
+  apply_wrappers(params, t, false, false);
 }
 
 void Optimizer::apply_shared(float* params, const float* grads, float lr, bool use_locking) {
@@ -205,7 +209,7 @@ void Optimizer::apply_shared(float* params, const float* grads, float lr, bool u
     });
   });
   apply_state(params, grads, true);
-  apply_wrappers(params, t, true);
+  apply_wrappers(params, t, true, use_locking);
 }
 
 nlohmann::json Optimizer::state() const {

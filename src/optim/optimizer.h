@@ -98,9 +98,11 @@ class Optimizer {
 
  private:
   // The wrappers' step after update t (OptimizerConfig::ema, lookahead_k) over the range;
-  // shared: as relaxed atomics, like apply_shared. Update 1 first sets their slots to the
-  // parameters it starts from.
-  void apply_wrappers(float* params, int64_t t, bool shared);
+  // shared: as relaxed atomics, like apply_shared, with use_locking taking each variable's
+  // lock for the Lookahead reset. Concurrent updates (async modes) may interleave their EMA
+  // steps and lose one, as Hogwild loses parameter updates; the average stays an average of
+  // the weights it saw.
+  void apply_wrappers(float* params, int64_t t, bool shared, bool use_locking);
   // Before the rule of update t: update 1 copies the parameters into the wrappers' slots.
   void begin_update(const float* params, int64_t t, bool shared);
 
