@@ -33,6 +33,11 @@ for r in $(seq 1 "$rounds"); do
   echo "round $r of $rounds"
   "$build/bench/towers_bench" --benchmark_filter='TowerStep/cifar10/batch:128/threads:2' \
     --benchmark_min_time=$((seconds / 2)) --benchmark_format=json > "$out/round$r-towers.json"
+  # 2 sync towers of one thread each, batch 128 per tower (global 256), as MirroredStrategy
+  # below: a whole `towers train` on synthetic data (its input pipeline included).
+  "$build/towers" train --model cifar10 --dataset synthetic --synthetic-size 5120 --augment none \
+    --towers 2 --mode sync --threads-per-tower 1 --batch 128 --steps $((seconds * 3)) \
+    --eval-every 0 --quiet --metrics "$out/round$r-towers-sync2.jsonl" > /dev/null
   if have tensorflow; then
     python3 bench/peers/tf_cifar10.py --seconds "$seconds" > "$out/round$r-tensorflow.jsonl"
     python3 bench/peers/tf_cifar10.py --seconds "$seconds" --towers 2 --threads 1 \
@@ -50,6 +55,9 @@ def towers(r):
     b = json.load(open(f"{out}/round{r}-towers.json"))["benchmarks"][0]
     return b["images_per_sec"], b["GFLOP_per_sec"] * 1e9 / b["images_per_sec"]
 rates = {"towers (1 tower, 2 threads)": [towers(r)[0] for r in range(1, rounds + 1)]}
+sync2 = "towers, 2 sync towers x 1 thread (towers train, synthetic data)"
+rates[sync2] = [json.loads(open(f"{out}/round{r}-towers-sync2.jsonl").read().strip().splitlines()[-1])
+                ["train_images_per_sec"] for r in range(1, rounds + 1)]
 flop_per_image = towers(1)[1]
 for name, pat in (("TensorFlow tf.function (2 threads)", "tensorflow"),
                   ("TensorFlow MirroredStrategy, 2 logical CPUs x 1 thread", "tensorflow-mirrored"),
@@ -68,4 +76,8 @@ for name, xs in rates.items():
     m = statistics.median(xs)
     print(f"| {name} | {m:,.0f} | {', '.join(f'{x:,.0f}' for x in xs)} | {base / m:.2f} |")
 print(f"| sgemm-rate bound (OpenBLAS sgemm {sgemm / 1e9:.1f} GFLOP/s, 2 threads) | {bound:,.0f} | | {base / bound:.2f} |")
+mirrored = "TensorFlow MirroredStrategy, 2 logical CPUs x 1 thread"
+if mirrored in rates:
+    r = statistics.median(rates[sync2]) / statistics.median(rates[mirrored])
+    print(f"\n2 sync towers / MirroredStrategy: {r:.2f}")
 EOF
