@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-tower CPU throughput of the cifar10 net (batch 128): towers and its peers in the same run
 # on the same machine, alternating, ROUNDS rounds (default 3), then the medians next to the
-# sgemm-rate bound (OpenBLAS's sgemm rate over the net's FLOPs per image). Writes
+# sgemm-rate bound (OpenBLAS's sgemm rate over the net's FLOPs per image), plus 2 sync towers
+# of one thread each (a `towers train` on synthetic data) against MirroredStrategy. Writes
 # bench/results/<date>-cpu/.
 #   [OUT_DIR=bench/results/NAME] bench/run-cpu.sh [BUILD_DIR]
 # Peers, each where installed:
