@@ -988,12 +988,10 @@ EvalSummary evaluate_checkpoint(const std::string& path, const EvalOptions& o) {
   TOWERS_REQUIRE(std::filesystem::exists(path), "--checkpoint: no such file '{}'", path);
   io::CheckpointMeta meta = io::read_checkpoint_meta(path);
   auto graph = build_model(meta.model);
-  // A run with --ema is evaluated with its averaged weights, as it evaluated itself, where
-  // the file holds them (a model pulled from shards holds the trained weights only) and they
-  // have averaged at least one update.
-  const bool ema = meta.config.is_object() && meta.config.contains("ema") &&
-                   meta.config["ema"].is_number() && meta.config["ema"].get<double>() > 0.0 &&
-                   meta.step > 0 &&
+  // A run with --ema (whose checkpoints hold the slot "ema") is evaluated with its averaged
+  // weights, as it evaluated itself, once they have averaged an update; a model pulled from
+  // shards holds the trained weights only.
+  const bool ema = meta.step > 0 &&
                    std::find(meta.slots.begin(), meta.slots.end(), "ema") != meta.slots.end();
   io::Checkpoint ck = io::load_checkpoint(path, graph->layout(),
                                           ema ? std::vector<std::string>{"ema"}

@@ -79,8 +79,9 @@ class Optimizer {
   void apply_shared(float* params, const float* grads, float lr, bool use_locking);
 
   // For a store that runs the rule itself (on a device, kernels::cuda::optimizer_update; it
-  // has no wrappers, OptimizerConfig::ema and lookahead_k are 0): the scalars of the next update (number updates() + 1) at lr, with weight decay 0 (the caller
-  // sets each variable's), and, once that update is applied, its count.
+  // has no wrappers, OptimizerConfig::ema and lookahead_k are 0): the scalars of the next
+  // update (number updates() + 1) at lr, with weight decay 0 (the caller sets each
+  // variable's), and, once that update is applied, its count.
   kernels::RuleArgs next_rule_args(float lr) const {
     return def_->args(cfg_, lr, updates_.load() + 1);
   }
