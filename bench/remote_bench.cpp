@@ -6,6 +6,9 @@
 //   BM_Pull/BYTES/SHARDS   one read of every shard's range into the host array (host_params)
 //   BM_TcpLoopback/BYTES   the raw yardstick: BYTES over one 127.0.0.1 TCP connection and a
 //                          1-byte reply, the same round trip as a unary call
+//   BM_GrpcUnary/BYTES     gRPC's own floor: one unary call of BYTES on one channel, sent from
+//                          the caller's memory without a copy (wire.h), to a server that
+//                          replies at once without reading it: what any design on gRPC pays
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
 // The shards run as threads of this process on 127.0.0.1 (on a 2-core machine they share the
 // cores with the client, as separate processes would). bytes_per_second is the message size
@@ -16,7 +19,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <map>
 #include <memory>
 #include <thread>
@@ -30,6 +35,7 @@
 #include "towers/remote/remote_store.h"
 #include "towers/remote/shard_server.h"
 #include "towers/remote/towers.grpc.pb.h"
+#include "towers/remote/wire.h"
 
 namespace {
 
@@ -170,6 +176,62 @@ void BM_TcpLoopback(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
+// Acknowledges every Push without reading it.
+class AckService final : public remote::Shard::WithRawCallbackMethod_Push<remote::Shard::Service> {
+ public:
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                 grpc::ByteBuffer* out) override {
+    remote::PushReply rep;
+    rep.set_version(static_cast<int64_t>(in->Length()));
+    *out = remote::encode(rep);
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+};
+
+void BM_GrpcUnary(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  remote::keep_message_buffers();  // as every shard and worker process does
+  AckService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(remote::kMaxMessageBytes);
+  remote::tune(builder);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  grpc::GenericStub stub(remote::open_channel(fmt::format("127.0.0.1:{}", port), {}));
+  std::vector<char> data(bytes, 7);
+  auto call = [&] {
+    remote::Lender lender;
+    const grpc::Slice lent = lender.lend(data.data(), data.size());
+    const grpc::ByteBuffer out(&lent, 1);
+    grpc::ByteBuffer in;
+    grpc::ClientContext ctx;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    stub.UnaryCall(&ctx, remote::kPushMethod, grpc::StubOptions(), &out, &in, [&](grpc::Status s) {
+      std::lock_guard<std::mutex> l(mu);
+      status = std::move(s);
+      done = true;
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return done; });
+    remote::PushReply rep;
+    std::string error;
+    return status.ok() && remote::decode(in, rep, &error) && rep.version() == bytes;
+  };
+  if (!call()) state.SkipWithError("gRPC call failed validation");
+  for (auto _ : state)
+    if (!call()) break;
+  server->Shutdown();
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
 void BM_Memcpy(benchmark::State& state) {
   const int64_t bytes = state.range(0);
   std::vector<char> a(bytes, 1), b(bytes, 0);
@@ -192,6 +254,7 @@ void sizes(benchmark::internal::Benchmark* b, bool shards) {
 BENCHMARK(BM_Push)->Apply([](auto* b) { sizes(b, true); });
 BENCHMARK(BM_Pull)->Apply([](auto* b) { sizes(b, true); });
 BENCHMARK(BM_TcpLoopback)->Apply([](auto* b) { sizes(b, false); });
+BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_Memcpy)->Apply([](auto* b) { sizes(b, false); });
 
 }  // namespace

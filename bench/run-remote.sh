@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Remote tower groups on this machine (README, "Remote tower groups"):
 #   1. remote_bench: push and pull to 1, 2, 4 shards over message sizes of 64 KiB .. 64 MiB,
-#      next to raw TCP loopback and memcpy measured in the same run;
+#      next to raw TCP loopback, gRPC's floor (a unary call that is not read) and memcpy
+#      measured in the same run; then the 4 MiB cases again, REPS (default 5) repetitions
+#      randomly interleaved, whose medians give the push and pull rates as shares of raw TCP;
 #   2. the same training job (fashion net, Fashion-MNIST, sync, batch 128 per tower, one
 #      thread per tower) as 1 process x 2 towers and as 2 worker processes x 1 tower with 1
 #      shard, alternated ROUNDS times: images/s, and each worker's time per step split into
@@ -14,9 +16,14 @@ build=${1:-build}
 out=${2:-bench/results/$(date +%Y-%m-%d)-remote}
 steps=${STEPS:-60}
 rounds=${ROUNDS:-3}
+reps=${REPS:-5}
 mkdir -p "$out"
 "$build/bench/remote_bench" --benchmark_out="$out/remote_bench.json" \
   --benchmark_out_format=json > "$out/remote_bench.txt" 2>&1
+"$build/bench/remote_bench" --benchmark_filter='/4194304(/|$)' --benchmark_repetitions="$reps" \
+  --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
+  --benchmark_out="$out/remote_bench_4mib.json" --benchmark_out_format=json \
+  > "$out/remote_bench_4mib.txt" 2>&1
 flags=(--model fashion --dataset fashion-mnist --mode sync --batch 128 --steps "$steps"
        --threads-per-tower 1 --eval-every 0 --seed 1 --quiet)
 for r in $(seq 1 "$rounds"); do
@@ -28,6 +35,13 @@ done
 python3 - "$out" "$rounds" <<'PY' | tee "$out/summary.txt"
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
+med = {b["run_name"].split("/min_time")[0]: b["bytes_per_second"] / 1e9
+       for b in json.load(open(f"{out}/remote_bench_4mib.json"))["benchmarks"]
+       if b.get("aggregate_name") == "median"}
+tcp = med["BM_TcpLoopback/4194304"]
+print(f"4 MiB messages, medians of interleaved repetitions (GB/s, share of raw TCP {tcp:.2f}):")
+for name in sorted(med):
+    print(f"  {name:28s} {med[name]:6.2f}  {med[name] / tcp:6.1%}")
 def summary(path):
     for line in open(path):
         j = json.loads(line)

@@ -55,14 +55,14 @@ PulledModel pull_model(const Cluster& cluster, const std::string& token, const T
   PullRequest req;
   req.set_layout_hash(info.layout_hash());
   req.set_worker(-1);
-  const std::vector<PullReply> reps = shards.pull_all(req, m.mode == "sync", timeout);
+  const std::vector<ShardSet::Pulled> reps = shards.pull_all(req, m.mode == "sync", timeout);
   for (int i = 0; i < n; ++i) {
     const Range& g = ranges[i];
-    TOWERS_REQUIRE(reps[i].params().size() == sizeof(float) * static_cast<size_t>(g.size()),
+    TOWERS_REQUIRE(reps[i].params.size() == sizeof(float) * static_cast<size_t>(g.size()),
                    "ps:{}: a pull of {} bytes for a range of {} floats", i,
-                   reps[i].params().size(), g.size());
-    std::memcpy(m.params.data() + g.begin, reps[i].params().data(), reps[i].params().size());
-    m.versions[i] = reps[i].version();
+                   reps[i].params.size(), g.size());
+    reps[i].params.copy_to(m.params.data() + g.begin);
+    m.versions[i] = reps[i].head.version();
   }
   return m;
 }

@@ -17,6 +17,7 @@
 #include "towers/remote/messages.h"
 #include "towers/remote/shard_set.h"
 #include "towers/remote/towers.grpc.pb.h"
+#include "towers/remote/wire.h"
 
 namespace towers::remote {
 
@@ -202,29 +203,35 @@ int64_t RemoteParameterStore::pull(Tower& tower) {
   const auto t0 = Clock::now();
   const int ti = tower_index(tower);
   float* dst = pulled_[ti].data();
-  std::vector<PullRequest> reqs(shards_->size());
-  std::vector<PullReply> reps(shards_->size());
-  for (auto& r : reqs) {
-    r.set_layout_hash(hash_);
-    r.set_worker(cfg_.rank);
-    // sync: the current round, so a pull waits at the barrier for it
-    if (cfg_.mode == "sync") r.set_min_version(version_.load());
-    if (cfg_.mode == "ssp") {
-      r.set_clock(clocks_[ti].load());
-      r.set_worker_clock(min_clock());
-    }
+  const int n = shards_->size();
+  PullRequest req;
+  req.set_layout_hash(hash_);
+  req.set_worker(cfg_.rank);
+  // sync: the current round, so a pull waits at the barrier for it
+  if (cfg_.mode == "sync") req.set_min_version(version_.load());
+  if (cfg_.mode == "ssp") {
+    req.set_clock(clocks_[ti].load());
+    req.set_worker_clock(min_clock());
   }
+  const grpc::ByteBuffer out = encode(req);
+  std::vector<grpc::ByteBuffer> in(n);
   shards_->all("Pull", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-    shards_->stub(i).async()->Pull(ctx, &reqs[i], &reps[i], std::move(done));
+    shards_->generic(i).UnaryCall(ctx, kPullMethod, grpc::StubOptions(), &out, &in[i],
+                                  std::move(done));
   });
-  int64_t v = reps[0].version();
-  for (int i = 0; i < shards_->size(); ++i) {
+  int64_t v = std::numeric_limits<int64_t>::max();
+  for (int i = 0; i < n; ++i) {
     const Range& g = ranges_[i];
-    TOWERS_REQUIRE(reps[i].params().size() == sizeof(float) * static_cast<size_t>(g.size()),
-                   "ps:{}: a pull of {} bytes for a range of {} floats", i,
-                   reps[i].params().size(), g.size());
-    std::memcpy(dst + g.begin, reps[i].params().data(), reps[i].params().size());
-    v = std::min(v, reps[i].version());
+    PullReply rep;
+    Bulk params;
+    std::string error;
+    TOWERS_REQUIRE(decode(in[i], PullReply::kParamsFieldNumber, rep, params, &error),
+                   "ps:{}: a pull's reply: {}", i, error);
+    TOWERS_REQUIRE(params.size() == sizeof(float) * static_cast<size_t>(g.size()),
+                   "ps:{}: a pull of {} bytes for a range of {} floats", i, params.size(),
+                   g.size());
+    params.copy_to(dst + g.begin);  // the one copy: from the received slices to the tower's array
+    v = std::min(v, rep.version());
   }
   version_read_[ti] = v;
   if (cfg_.mode != "sync") {
@@ -239,33 +246,47 @@ int64_t RemoteParameterStore::pull(Tower& tower) {
 
 int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateRecord& rec) {
   const auto t0 = Clock::now();
-  std::vector<PushRequest> reqs(shards_->size());
-  std::vector<PushReply> reps(shards_->size());
+  const int n = shards_->size();
+  std::vector<PushReply> reps(n);
   const int ti = rec.tower >= 0 ? rec.tower : 0;
   const int64_t round = cfg_.mode == "sync" ? version_.load() : version_read_.at(ti);
-  for (int i = 0; i < shards_->size(); ++i) {
-    PushRequest& r = reqs[i];
-    r.set_layout_hash(hash_);
-    r.set_worker(cfg_.rank);
-    r.set_round(round);
-    r.set_lr(rec.lr);
-    r.set_skip(skip);
-    if (!skip) {
-      const Range& g = ranges_[i];
-      r.set_grads(grads + g.begin, sizeof(float) * static_cast<size_t>(g.size()));
+  {
+    // The gradient is lent to gRPC, not copied: `lender` waits, before this block ends, until
+    // gRPC has let go of it.
+    Lender lender;
+    std::vector<grpc::ByteBuffer> out(n), in(n);
+    for (int i = 0; i < n; ++i) {
+      PushRequest r;
+      r.set_layout_hash(hash_);
+      r.set_worker(cfg_.rank);
+      r.set_round(round);
+      r.set_lr(rec.lr);
+      r.set_skip(skip);
+      r.set_loss_sum(rec.loss * static_cast<double>(rec.examples));
+      r.set_correct(rec.correct);
+      r.set_examples(rec.examples);
+      r.set_towers(rec.contributors);
+      // ssp: the worker's clock once this push counts (its slowest tower's)
+      int64_t c = n_clocks_ == 0 ? 0 : std::numeric_limits<int64_t>::max();
+      for (int t = 0; t < n_clocks_; ++t) c = std::min(c, clocks_[t].load() + (t == ti ? 1 : 0));
+      r.set_clock(c);
+      if (skip) {
+        out[i] = encode(r);
+      } else {
+        const Range& g = ranges_[i];
+        const grpc::Slice lent = lender.lend(grads + g.begin, sizeof(float) * static_cast<size_t>(g.size()));
+        out[i] = encode(r, PushRequest::kGradsFieldNumber, &lent);
+      }
     }
-    r.set_loss_sum(rec.loss * static_cast<double>(rec.examples));
-    r.set_correct(rec.correct);
-    r.set_examples(rec.examples);
-    r.set_towers(rec.contributors);
-    // ssp: the worker's clock once this push counts (its slowest tower's)
-    int64_t c = n_clocks_ == 0 ? 0 : std::numeric_limits<int64_t>::max();
-    for (int t = 0; t < n_clocks_; ++t) c = std::min(c, clocks_[t].load() + (t == ti ? 1 : 0));
-    r.set_clock(c);
+    shards_->all("Push", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
+      shards_->generic(i).UnaryCall(ctx, kPushMethod, grpc::StubOptions(), &out[i], &in[i],
+                                    std::move(done));
+    });
+    for (int i = 0; i < n; ++i) {
+      std::string error;
+      TOWERS_REQUIRE(decode(in[i], reps[i], &error), "ps:{}: a push's reply: {}", i, error);
+    }
   }
-  shards_->all("Push", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-    shards_->stub(i).async()->Push(ctx, &reqs[i], &reps[i], std::move(done));
-  });
   const PushReply& r0 = reps[0];
   int64_t v = r0.version();
   for (const PushReply& r : reps) v = std::min(v, r.version());
@@ -302,21 +323,26 @@ const float* RemoteParameterStore::host_params() {
   req.set_worker(-1);
   req.set_with_slots(true);
   // sync: every shard at one round (with backup workers, rounds go on while the chief reads).
-  const std::vector<PullReply> reps = shards_->pull_all(req, cfg_.mode == "sync", cfg_.rpc_timeout);
+  const std::vector<ShardSet::Pulled> reps =
+      shards_->pull_all(req, cfg_.mode == "sync", cfg_.rpc_timeout);
   const auto names = opt_.slot_names();
   for (int i = 0; i < shards_->size(); ++i) {
     const Range& g = ranges_[i];
+    const PullReply& head = reps[i].head;
     const size_t bytes = sizeof(float) * static_cast<size_t>(g.size());
-    TOWERS_REQUIRE(reps[i].params().size() == bytes &&
-                       static_cast<size_t>(reps[i].slots_size()) == names.size(),
+    TOWERS_REQUIRE(reps[i].params.size() == bytes &&
+                       static_cast<size_t>(head.slots_size()) == names.size(),
                    "ps:{}: a pull with slots does not fit its range", i);
-    std::memcpy(params_ + g.begin, reps[i].params().data(), bytes);
-    for (size_t s = 0; s < names.size(); ++s)
-      std::memcpy(opt_.slot(names[s]) + g.begin, reps[i].slots(static_cast<int>(s)).data(), bytes);
+    reps[i].params.copy_to(params_ + g.begin);
+    for (size_t s = 0; s < names.size(); ++s) {
+      TOWERS_REQUIRE(head.slots(static_cast<int>(s)).size() == bytes,
+                     "ps:{}: a pull with slots does not fit its range", i);
+      std::memcpy(opt_.slot(names[s]) + g.begin, head.slots(static_cast<int>(s)).data(), bytes);
+    }
   }
-  opt_.load_state({{"name", opt_.config().name}, {"updates", reps[0].updates()}});
-  int64_t v = reps[0].version();
-  for (const PullReply& r : reps) v = std::min(v, r.version());
+  opt_.load_state({{"name", opt_.config().name}, {"updates", reps[0].head.updates()}});
+  int64_t v = reps[0].head.version();
+  for (const auto& r : reps) v = std::min(v, r.head.version());
   version_.store(std::max(version_.load(), v));
   return params_;
 }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
+#include <functional>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -28,12 +30,14 @@
 #include "optim/optimizer.h"
 #include "towers/remote/messages.h"
 #include "towers/remote/towers.grpc.pb.h"
+#include "towers/remote/wire.h"
 
 namespace towers::remote {
 
 namespace {
 
 using grpc::ServerContext;
+using grpc::ServerContextBase;
 using grpc::Status;
 using grpc::StatusCode;
 
@@ -62,7 +66,53 @@ OptimizerConfig optimizer_from_json(const std::string& text) {
   return c;
 }
 
-class ShardService final : public Shard::Service {
+// The threads that serve the raw calls (Push, Pull). A call may wait, at the sync barrier or
+// for a version, until other calls have arrived, so each call gets a thread of its own: one
+// waiting in the pool, or a new one when none is.
+class CallThreads {
+ public:
+  ~CallThreads() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  void run(std::function<void()> f) {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.push_back(std::move(f));
+    if (queue_.size() > static_cast<size_t>(idle_)) threads_.emplace_back([this] { serve(); });
+    else cv_.notify_one();
+  }
+
+ private:
+  void serve() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      --idle_;
+      if (queue_.empty()) return;  // stop_
+      std::function<void()> f = std::move(queue_.front());
+      queue_.pop_front();
+      l.unlock();
+      f();
+      l.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  std::vector<std::thread> threads_;
+  int idle_ = 0;
+  bool stop_ = false;
+};
+
+// Push and Pull are raw (wire.h): their floats are not copied through protobuf messages.
+using ShardBase = Shard::WithRawCallbackMethod_Push<Shard::WithRawCallbackMethod_Pull<Shard::Service>>;
+
+class ShardService final : public ShardBase {
  public:
   ShardService(const ShardOptions& o) : o_(o), name_(fmt::format("ps:{}", o.index)) {}
 
@@ -259,25 +309,80 @@ class ShardService final : public Shard::Service {
     return Status::OK;
   }
 
-  Status Push(ServerContext* ctx, const PushRequest* req, PushReply* rep) override {
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                 grpc::ByteBuffer* out) override {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    serve(r, [=, this] {
+      PushRequest req;
+      PushReply rep;
+      Bulk grads;
+      std::string error;
+      if (!decode(*in, PushRequest::kGradsFieldNumber, req, grads, &error))
+        return Status(StatusCode::INVALID_ARGUMENT, fmt::format("{}: Push: {}", name_, error));
+      Status s = push(ctx, req, grads, rep);
+      if (s.ok()) *out = encode(rep);
+      return s;
+    });
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                 grpc::ByteBuffer* out) override {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    serve(r, [=, this] {
+      PullRequest req;
+      std::string error;
+      if (!decode(*in, req, &error))
+        return Status(StatusCode::INVALID_ARGUMENT, fmt::format("{}: Pull: {}", name_, error));
+      return pull(ctx, req, *out);
+    });
+    return r;
+  }
+
+  // Runs call() on a thread of threads_ and finishes the reactor with its status; an exception
+  // is the call's error, not the shard's end.
+  template <class Call>
+  void serve(grpc::ServerUnaryReactor* r, Call call) {
+    threads_.run([r, call = std::move(call), this] {
+      Status s;
+      try {
+        s = call();
+      } catch (const std::exception& e) {
+        s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what()));
+      }
+      r->Finish(s);
+    });
+  }
+
+  // The gradient arrives in the received slices; it is copied once, into the sync round's
+  // buffer of its worker, or (async, unless it arrived in one piece) into this thread's scratch.
+  Status push(ServerContextBase* ctx, const PushRequest& head, const Bulk& grads, PushReply& rep) {
+    const PushRequest* req = &head;
     if (Status s = authorize(ctx); !s.ok()) return s;
     if (Status s = check_worker(req->layout_hash(), req->worker()); !s.ok()) return s;
     const size_t bytes = sizeof(float) * static_cast<size_t>(range_.size());
-    if (!req->skip() && req->grads().size() != bytes)
+    if (!req->skip() && grads.size() != bytes)
       return {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: a gradient of {} bytes from worker {}; the range [{}, {}) is {} "
                           "bytes: refused, not applied",
-                          name_, req->grads().size(), req->worker(), range_.begin, range_.end, bytes)};
-    if (run_.mode() == "sync") return push_sync(ctx, *req, *rep);
+                          name_, grads.size(), req->worker(), range_.begin, range_.end, bytes)};
+    if (run_.mode() == "sync") return push_sync(ctx, *req, grads, rep);
     // async and ssp: applied at once, concurrently with pulls and other pushes.
     if (!req->skip()) {
-      const auto* g = reinterpret_cast<const float*>(req->grads().data());
+      const auto* g = reinterpret_cast<const float*>(grads.contiguous());
+      thread_local std::vector<float> scratch;
+      if (g == nullptr || reinterpret_cast<uintptr_t>(g) % alignof(float) != 0) {
+        scratch.resize(static_cast<size_t>(range_.size()));
+        grads.copy_to(scratch.data());
+        g = scratch.data();
+      }
       opt_->apply_shared(params_.data(), g, req->lr(), run_.use_locking());
     }
     const int64_t v = version_.fetch_add(1) + 1;
-    rep->set_version(v);
-    rep->set_applied(!req->skip());
-    rep->set_staleness(std::max<int64_t>(0, v - 1 - req->round()));
+    PushReply* r = &rep;
+    r->set_version(v);
+    r->set_applied(!req->skip());
+    r->set_staleness(std::max<int64_t>(0, v - 1 - req->round()));
     {
       std::lock_guard<std::mutex> l(mu_);
       clocks_[req->worker()] = std::max(clocks_[req->worker()], req->clock());
@@ -286,7 +391,9 @@ class ShardService final : public Shard::Service {
     return Status::OK;
   }
 
-  Status Pull(ServerContext* ctx, const PullRequest* req, PullReply* rep) override {
+  // The reply's parameters are copied once, into a slice that the reply owns.
+  Status pull(ServerContextBase* ctx, const PullRequest& head, grpc::ByteBuffer& out) {
+    const PullRequest* req = &head;
     if (Status s = authorize(ctx, req->worker() >= 0); !s.ok()) return s;
     if (req->worker() >= 0) {
       if (Status s = check_worker(req->layout_hash(), req->worker()); !s.ok()) return s;
@@ -322,16 +429,18 @@ class ShardService final : public Shard::Service {
     // sync: no update runs while the copy is taken (the shared lock), so it is one copy
     // straight into the message; async: updates race with the copy (Hogwild), read as
     // relaxed atomics like every reader of the store (the lock is never held exclusively).
-    std::shared_lock<std::shared_mutex> l(apply_mu_);
-    rep->set_version(version_.load());
-    if (run_.mode() == "sync") {
-      rep->set_params(params_.data(), sizeof(float) * n);
-    } else {
-      std::string* out = rep->mutable_params();
-      out->resize(sizeof(float) * n);
-      load_relaxed(params_.data(), reinterpret_cast<float*>(out->data()), static_cast<int64_t>(n));
+    PullReply rep;
+    OwnedSlice params = owned_slice(sizeof(float) * n);
+    {
+      std::shared_lock<std::shared_mutex> l(apply_mu_);
+      rep.set_version(version_.load());
+      if (run_.mode() == "sync")
+        std::memcpy(params.data, params_.data(), sizeof(float) * n);
+      else
+        load_relaxed(params_.data(), reinterpret_cast<float*>(params.data), static_cast<int64_t>(n));
+      if (req->with_slots()) copy_slots(rep);
     }
-    if (req->with_slots()) copy_slots(*rep);
+    out = encode(rep, PullReply::kParamsFieldNumber, &params.slice);
     return Status::OK;
   }
 
@@ -393,7 +502,7 @@ class ShardService final : public Shard::Service {
  private:
   // write: the call changes the shard or takes part in the run (everything but Info and a
   // reader's Pull), so only the run's token will do; a read-only token does for the rest.
-  Status authorize(ServerContext* ctx, bool write = true) const {
+  Status authorize(ServerContextBase* ctx, bool write = true) const {
     const auto& md = ctx->client_metadata();
     auto it = md.find(kTokenKey);
     if (it == md.end()) {
@@ -426,7 +535,7 @@ class ShardService final : public Shard::Service {
   }
 
   // Logs a rejected call: the first 10, then every 1000th (a flood does not fill the log).
-  void note_rejected(ServerContext* ctx, const char* why) const {
+  void note_rejected(ServerContextBase* ctx, const char* why) const {
     const int64_t n = ++rejected_;
     if (n <= 10 || n % 1000 == 0)
       say(
@@ -493,7 +602,7 @@ class ShardService final : public Shard::Service {
   // Waits on cv_ (l holds mu_) until ready(), the call's deadline, or a lost worker that the
   // wait needs (sync). what() says what is waited for.
   template <class Ready, class What>
-  Status wait(std::unique_lock<std::mutex>& l, ServerContext* ctx, Ready ready, What what) {
+  Status wait(std::unique_lock<std::mutex>& l, ServerContextBase* ctx, Ready ready, What what) {
     while (!ready()) {
       if (exit_) return {StatusCode::UNAVAILABLE, fmt::format("{} is shutting down", name_)};
       if (ctx->IsCancelled())
@@ -530,7 +639,7 @@ class ShardService final : public Shard::Service {
                         version_.load(), why, k_, lost_.size())};
   }
 
-  Status push_sync(ServerContext* ctx, const PushRequest& req, PushReply& rep) {
+  Status push_sync(ServerContextBase* ctx, const PushRequest& req, const Bulk& grads, PushReply& rep) {
     std::unique_lock<std::mutex> l(mu_);
     const int w = req.worker();
     const int64_t round = req.round();
@@ -554,7 +663,7 @@ class ShardService final : public Shard::Service {
     if (arrived_[w])
       return {StatusCode::FAILED_PRECONDITION,
               fmt::format("{}: worker {} pushed round {} twice", name_, w, round)};
-    if (!req.skip()) std::memcpy(grads_[w].data(), req.grads().data(), req.grads().size());
+    if (!req.skip()) grads.copy_to(grads_[w].data());
     arrived_[w] = 1;
     worker_stats_[w] = {req.loss_sum(), req.correct(), req.examples(), req.towers(), !req.skip()};
     lr_ = req.lr();
@@ -724,6 +833,7 @@ class ShardService final : public Shard::Service {
   std::map<int, Clock::time_point> early_seen_;
   std::chrono::milliseconds timeout_{10000};
   std::thread watchdog_;
+  CallThreads threads_;  // last: joined first, while everything its calls use is still there
 };
 
 }  // namespace

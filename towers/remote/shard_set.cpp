@@ -18,6 +18,7 @@ ShardSet::ShardSet(std::vector<std::string> addresses, std::string token, const 
   for (const std::string& a : addresses_) {
     channels_.push_back(open_channel(a, tls));
     stubs_.push_back(Shard::NewStub(channels_.back()));
+    generics_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
   }
 }
 
@@ -83,19 +84,25 @@ void ShardSet::all(const char* what, double timeout, const Start& start) {
     }
 }
 
-std::vector<PullReply> ShardSet::pull_all(PullRequest request, bool one_round, double timeout) {
-  std::vector<PullRequest> reqs(size(), request);
-  std::vector<PullReply> reps(size());
+std::vector<ShardSet::Pulled> ShardSet::pull_all(PullRequest request, bool one_round, double timeout) {
+  std::vector<Pulled> reps(size());
   for (int attempt = 0;; ++attempt) {
+    const grpc::ByteBuffer out = encode(request);
+    std::vector<grpc::ByteBuffer> in(size());
     all("Pull", timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-      stub(i).async()->Pull(ctx, &reqs[i], &reps[i], std::move(done));
+      generic(i).UnaryCall(ctx, kPullMethod, grpc::StubOptions(), &out, &in[i], std::move(done));
     });
-    int64_t lo = reps[0].version(), hi = lo;
-    for (const PullReply& r : reps) lo = std::min(lo, r.version()), hi = std::max(hi, r.version());
+    for (int i = 0; i < size(); ++i) {
+      std::string error;
+      TOWERS_REQUIRE(decode(in[i], PullReply::kParamsFieldNumber, reps[i].head, reps[i].params, &error),
+                     "ps:{} ({}): a pull's reply: {}", i, addresses_[i], error);
+    }
+    int64_t lo = reps[0].head.version(), hi = lo;
+    for (const Pulled& r : reps) lo = std::min(lo, r.head.version()), hi = std::max(hi, r.head.version());
     if (!one_round || lo == hi) return reps;
     TOWERS_REQUIRE(attempt < 20, "the shards' rounds kept moving while they were read (versions "
                    "{} to {}); try again", lo, hi);
-    for (auto& r : reqs) r.set_min_version(hi);
+    request.set_min_version(hi);
   }
 }
 

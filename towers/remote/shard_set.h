@@ -9,8 +9,11 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include "towers/remote/rpc.h"
 #include "towers/remote/towers.grpc.pb.h"
+#include "towers/remote/wire.h"
 
 namespace towers::remote {
 
@@ -20,6 +23,8 @@ class ShardSet {
   ShardSet(std::vector<std::string> addresses, std::string token, const TlsFiles& tls);
   int size() const { return static_cast<int>(stubs_.size()); }
   Shard::Stub& stub(int i) { return *stubs_[i]; }
+  // For the raw calls (wire.h: Push and Pull without copies of their floats).
+  grpc::GenericStub& generic(int i) { return *generics_[i]; }
   const std::string& token() const { return token_; }
 
   // The error of shard i's call, naming the shard, what was asked and what to check.
@@ -34,7 +39,12 @@ class ShardSet {
   // Pulls every shard's range at once, as `request` asks (a reader's pull: worker -1). With
   // one_round (sync mode), every shard is read at the same version: a round may complete
   // between two shards' replies, and then all are read again, waiting for the highest.
-  std::vector<PullReply> pull_all(PullRequest request, bool one_round, double timeout);
+  // Each reply's parameters stay in its received slices (Pulled::params) until copied.
+  struct Pulled {
+    PullReply head;  // all but the parameters
+    Bulk params;
+  };
+  std::vector<Pulled> pull_all(PullRequest request, bool one_round, double timeout);
 
  private:
   std::vector<std::string> addresses_;
@@ -42,6 +52,7 @@ class ShardSet {
   std::vector<std::atomic<bool>> unreachable_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<Shard::Stub>> stubs_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> generics_;
 };
 
 }  // namespace towers::remote
