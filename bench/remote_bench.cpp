@@ -2,7 +2,8 @@
 // before it is timed, next to its physical yardsticks measured in the same run:
 //   BM_Push/BYTES/SHARDS   one sync push of a BYTES gradient to SHARDS shards (1 worker: the
 //                          round is applied when it arrives), through RemoteParameterStore:
-//                          serialise, send, the shard's copy, its apply (sgd, one pass), reply
+//                          send (the gradient lent to gRPC, wire.h), the shard's one copy out
+//                          of the received slices, its apply (sgd, one pass), the reply
 //   BM_Pull/BYTES/SHARDS   one read of every shard's range into the host array (host_params)
 //   BM_TcpLoopback/BYTES   the raw yardstick: BYTES over one 127.0.0.1 TCP connection and a
 //                          1-byte reply, the same round trip as a unary call
