@@ -203,7 +203,6 @@ int64_t RemoteParameterStore::pull(Tower& tower) {
   const auto t0 = Clock::now();
   const int ti = tower_index(tower);
   float* dst = pulled_[ti].data();
-  const int n = shards_->size();
   PullRequest req;
   req.set_layout_hash(hash_);
   req.set_worker(cfg_.rank);
@@ -213,25 +212,16 @@ int64_t RemoteParameterStore::pull(Tower& tower) {
     req.set_clock(clocks_[ti].load());
     req.set_worker_clock(min_clock());
   }
-  const grpc::ByteBuffer out = encode(req);
-  std::vector<grpc::ByteBuffer> in(n);
-  shards_->all("Pull", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-    shards_->generic(i).UnaryCall(ctx, kPullMethod, grpc::StubOptions(), &out, &in[i],
-                                  std::move(done));
-  });
+  const std::vector<ShardSet::Pulled> reps = shards_->pull_all(req, false, cfg_.rpc_timeout);
   int64_t v = std::numeric_limits<int64_t>::max();
-  for (int i = 0; i < n; ++i) {
+  for (int i = 0; i < shards_->size(); ++i) {
     const Range& g = ranges_[i];
-    PullReply rep;
-    Bulk params;
-    std::string error;
-    TOWERS_REQUIRE(decode(in[i], PullReply::kParamsFieldNumber, rep, params, &error),
-                   "ps:{}: a pull's reply: {}", i, error);
-    TOWERS_REQUIRE(params.size() == sizeof(float) * static_cast<size_t>(g.size()),
-                   "ps:{}: a pull of {} bytes for a range of {} floats", i, params.size(),
-                   g.size());
-    params.copy_to(dst + g.begin);  // the one copy: from the received slices to the tower's array
-    v = std::min(v, rep.version());
+    TOWERS_REQUIRE(reps[i].params.size() == sizeof(float) * static_cast<size_t>(g.size()),
+                   "ps:{}: a pull of {} bytes for a range of {} floats", i,
+                   reps[i].params.size(), g.size());
+    // the one copy: from the received slices to the tower's array
+    reps[i].params.copy_to(dst + g.begin);
+    v = std::min(v, reps[i].head.version());
   }
   version_read_[ti] = v;
   if (cfg_.mode != "sync") {
@@ -253,23 +243,23 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
   {
     // The gradient is lent to gRPC, not copied: `lender` waits, before this block ends, until
     // gRPC has let go of it.
+    PushRequest r;  // the same small fields for every shard
+    r.set_layout_hash(hash_);
+    r.set_worker(cfg_.rank);
+    r.set_round(round);
+    r.set_lr(rec.lr);
+    r.set_skip(skip);
+    r.set_loss_sum(rec.loss * static_cast<double>(rec.examples));
+    r.set_correct(rec.correct);
+    r.set_examples(rec.examples);
+    r.set_towers(rec.contributors);
+    // ssp: the worker's clock once this push counts (its slowest tower's)
+    int64_t c = n_clocks_ == 0 ? 0 : std::numeric_limits<int64_t>::max();
+    for (int t = 0; t < n_clocks_; ++t) c = std::min(c, clocks_[t].load() + (t == ti ? 1 : 0));
+    r.set_clock(c);
     Lender lender;
     std::vector<grpc::ByteBuffer> out(n), in(n);
     for (int i = 0; i < n; ++i) {
-      PushRequest r;
-      r.set_layout_hash(hash_);
-      r.set_worker(cfg_.rank);
-      r.set_round(round);
-      r.set_lr(rec.lr);
-      r.set_skip(skip);
-      r.set_loss_sum(rec.loss * static_cast<double>(rec.examples));
-      r.set_correct(rec.correct);
-      r.set_examples(rec.examples);
-      r.set_towers(rec.contributors);
-      // ssp: the worker's clock once this push counts (its slowest tower's)
-      int64_t c = n_clocks_ == 0 ? 0 : std::numeric_limits<int64_t>::max();
-      for (int t = 0; t < n_clocks_; ++t) c = std::min(c, clocks_[t].load() + (t == ti ? 1 : 0));
-      r.set_clock(c);
       if (skip) {
         out[i] = encode(r);
       } else {

@@ -319,7 +319,7 @@ class ShardService final : public ShardBase {
       std::string error;
       if (!decode(*in, PushRequest::kGradsFieldNumber, req, grads, &error))
         return Status(StatusCode::INVALID_ARGUMENT, fmt::format("{}: Push: {}", name_, error));
-      Status s = push(ctx, req, grads, rep);
+      Status s = push(ctx, &req, grads, &rep);
       if (s.ok()) *out = encode(rep);
       return s;
     });
@@ -334,7 +334,7 @@ class ShardService final : public ShardBase {
       std::string error;
       if (!decode(*in, req, &error))
         return Status(StatusCode::INVALID_ARGUMENT, fmt::format("{}: Pull: {}", name_, error));
-      return pull(ctx, req, *out);
+      return pull(ctx, &req, *out);
     });
     return r;
   }
@@ -356,8 +356,7 @@ class ShardService final : public ShardBase {
 
   // The gradient arrives in the received slices; it is copied once, into the sync round's
   // buffer of its worker, or (async, unless it arrived in one piece) into this thread's scratch.
-  Status push(ServerContextBase* ctx, const PushRequest& head, const Bulk& grads, PushReply& rep) {
-    const PushRequest* req = &head;
+  Status push(ServerContextBase* ctx, const PushRequest* req, const Bulk& grads, PushReply* rep) {
     if (Status s = authorize(ctx); !s.ok()) return s;
     if (Status s = check_worker(req->layout_hash(), req->worker()); !s.ok()) return s;
     const size_t bytes = sizeof(float) * static_cast<size_t>(range_.size());
@@ -366,7 +365,7 @@ class ShardService final : public ShardBase {
               fmt::format("{}: a gradient of {} bytes from worker {}; the range [{}, {}) is {} "
                           "bytes: refused, not applied",
                           name_, grads.size(), req->worker(), range_.begin, range_.end, bytes)};
-    if (run_.mode() == "sync") return push_sync(ctx, *req, grads, rep);
+    if (run_.mode() == "sync") return push_sync(ctx, *req, grads, *rep);
     // async and ssp: applied at once, concurrently with pulls and other pushes.
     if (!req->skip()) {
       const auto* g = reinterpret_cast<const float*>(grads.contiguous());
@@ -379,10 +378,9 @@ class ShardService final : public ShardBase {
       opt_->apply_shared(params_.data(), g, req->lr(), run_.use_locking());
     }
     const int64_t v = version_.fetch_add(1) + 1;
-    PushReply* r = &rep;
-    r->set_version(v);
-    r->set_applied(!req->skip());
-    r->set_staleness(std::max<int64_t>(0, v - 1 - req->round()));
+    rep->set_version(v);
+    rep->set_applied(!req->skip());
+    rep->set_staleness(std::max<int64_t>(0, v - 1 - req->round()));
     {
       std::lock_guard<std::mutex> l(mu_);
       clocks_[req->worker()] = std::max(clocks_[req->worker()], req->clock());
@@ -392,8 +390,7 @@ class ShardService final : public ShardBase {
   }
 
   // The reply's parameters are copied once, into a slice that the reply owns.
-  Status pull(ServerContextBase* ctx, const PullRequest& head, grpc::ByteBuffer& out) {
-    const PullRequest* req = &head;
+  Status pull(ServerContextBase* ctx, const PullRequest* req, grpc::ByteBuffer& out) {
     if (Status s = authorize(ctx, req->worker() >= 0); !s.ok()) return s;
     if (req->worker() >= 0) {
       if (Status s = check_worker(req->layout_hash(), req->worker()); !s.ok()) return s;
