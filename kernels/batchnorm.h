@@ -46,6 +46,31 @@ void batchnorm_forward_eval(const BnShape& s, int64_t c0, int64_t c1, const floa
 void batchnorm_backward(const BnShape& s, int64_t c0, int64_t c1, const float* x, const float* dy,
                         const float* gamma, const float* running_mean, const float* running_var,
                         const BnGrads& g);
+
+// The pieces of a training step whose statistics are those of a global batch spread over
+// towers (--sync-bn): each tower takes its channel sums over its own examples (the lanes of
+// the rules), the towers add them (TowerExchange), and each normalizes and differentiates its
+// own examples with the global statistics. m is the global batch's elements per channel
+// (examples x HW).
+//   out[ch] = sum of x, or (center non-null) of (x - center[ch])^2, over channel ch
+void batchnorm_channel_sums(const BnShape& s, int64_t c0, int64_t c1, const float* x,
+                            const double* center, double* out);
+//   y with the given mean and biased variance
+void batchnorm_forward_with(const BnShape& s, int64_t c0, int64_t c1, const float* x,
+                            const float* gamma, const float* beta, const double* mean,
+                            const double* var, float* y);
+//   sdy[ch] = sum of dy, sdyx[ch] = sum of dy x xhat over channel ch
+void batchnorm_backward_sums(const BnShape& s, int64_t c0, int64_t c1, const float* x,
+                             const float* dy, const double* mean, const double* var,
+                             double* sdy, double* sdyx);
+//   dx from the global sums; dgamma and dbeta from the tower's own (its share of the global
+//   gradient); the state deltas from the global statistics (weighted by g.state_weight)
+void batchnorm_backward_with(const BnShape& s, int64_t c0, int64_t c1, double m, const float* x,
+                             const float* dy, const float* gamma, const double* mean,
+                             const double* var, const double* sdy, const double* sdyx,
+                             const double* own_sdy, const double* own_sdyx,
+                             const float* running_mean, const float* running_var,
+                             const BnGrads& g);
 }  // namespace cpu
 
 namespace cuda {

@@ -18,6 +18,7 @@
 #include "core/check.h"
 #include "io/json_source.h"
 #include "layers/batchnorm.h"
+#include "layers/dropout.h"
 #include "layers/gelu.h"
 #include "layers/global_avg_pool.h"
 #include "layers/lrn.h"
@@ -201,6 +202,7 @@ class Reader {
   void global_avg_pool(const Node& n, Chain& c, LayerSpec& out) const;
   void batchnorm(const Node& n, Chain& c, LayerSpec& out) const;
   void residual(const Node& n, Chain& c, LayerSpec& out) const;
+  void dropout(const Node& n, Chain& c, LayerSpec& out) const;
 
   const JsonSource& doc_;
 };
@@ -251,6 +253,10 @@ const std::vector<Reader::LayerType>& Reader::layer_types() {
         {"epsilon", "added to the variance, > 0 (default 1e-5)"},
         {"weight_decay", "the L2 factor on gamma and beta (default 0)"}},
        &Reader::batchnorm,
+       ""},
+      {"dropout",
+       {{"rate", "the probability of dropping an element in training, in [0, 1) (default 0.5)"}},
+       &Reader::dropout,
        ""},
   };
   return types;
@@ -551,6 +557,17 @@ void Reader::batchnorm(const Node& n, Chain& c, LayerSpec& out) const {
   out.config = cfg;
 }
 
+// Any input shape, kept.
+void Reader::dropout(const Node& n, Chain& c, LayerSpec& out) const {
+  DropoutConfig cfg;
+  cfg.rate = number(n, "rate", 0.5f, 0.0);
+  if (cfg.rate >= 1.0)
+    fail_field(n, "rate", fmt::format("must be below 1 (the probability of dropping), got {}",
+                                      cfg.rate));
+  out.out = c.shape;
+  out.config = cfg;
+}
+
 // y = x + f(x): the inner layers, read like the model's (names unique in the whole model),
 // must give the block's input shape back.
 void Reader::residual(const Node& n, Chain& c, LayerSpec& out) const {
@@ -745,6 +762,8 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& l) {
     return std::make_unique<GlobalAvgPool>(l.name);
   if (const auto* bn = std::get_if<BatchNormConfig>(&l.config))
     return std::make_unique<BatchNorm>(l.name, *bn);
+  if (const auto* d = std::get_if<DropoutConfig>(&l.config))
+    return std::make_unique<Dropout>(l.name, *d);
   if (const auto* res = std::get_if<ResidualConfig>(&l.config)) {
     std::vector<std::unique_ptr<Layer>> inner;
     for (const LayerSpec& i : res->layers) inner.push_back(make_layer(i));

@@ -28,6 +28,7 @@
 #include "layers/batchnorm.h"
 #include "layers/conv2d.h"
 #include "layers/dense.h"
+#include "layers/dropout.h"
 
 namespace towers {
 
@@ -51,7 +52,7 @@ struct ResidualConfig {
 struct LayerSpec {
   std::string name;
   std::variant<Conv2DConfig, MaxPoolConfig, kernels::LrnParams, DenseConfig, GeluConfig,
-               GlobalAvgPoolConfig, BatchNormConfig, ReluConfig, ResidualConfig>
+               GlobalAvgPoolConfig, BatchNormConfig, ReluConfig, ResidualConfig, DropoutConfig>
       config;
   Shape out;
 };

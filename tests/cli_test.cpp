@@ -584,6 +584,99 @@ TEST(CliModelFile, ResidualNetLearns) {
                {bad + ":3:", "layers[0].layers[0] 'c1' (conv2d)", "unknown field 'filter'"});
 }
 
+// dense -> dropout -> dense from a file. Dropout's masks are a function of the seed, the batch
+// and each example's place in it, so: 2 sync towers of 64 end bitwise where 1 tower of 128
+// does (the dense layers sum their weight gradients in chunks of 64 examples, so towers of 64
+// and more sum in one tree); a run stopped and resumed ends bitwise where the uninterrupted one does; the masks
+// matter (rate 0 trains to other weights); and the net learns.
+TEST(CliModelFile, DropoutIsExactAcrossTowersAndResume) {
+  const std::string dir = temp_dir();
+  auto write_net = [&](const std::string& file, const std::string& rate) {
+    write_bytes_plain(file, R"({"name": "drop", "input": [1, 12, 12], "classes": 10, "layers": [
+  {"name": "hidden", "type": "dense", "units": 64, "weight_init": {"stddev": 0.1}},
+  {"name": "drop", "type": "dropout", "rate": )" + rate + R"(},
+  {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.1}}]})");
+  };
+  const std::string net = dir + "/drop.json", plain = dir + "/plain.json";
+  write_net(net, "0.5");
+  write_net(plain, "0.0");
+  const std::string base = " --dataset synthetic --synthetic-size 640 --optimizer momentum "
+                           "--lr 0.05 --steps 60 --quiet --seed 3 ";
+  auto run = [&](const std::string& name, const std::string& model, const std::string& flags) {
+    const std::string out = dir + "/" + name;
+    auto r = run_towers("train --model " + model + base + flags + " --checkpoint-dir " + out +
+                        " --metrics " + out + "/m.jsonl");
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;
+    return out;
+  };
+  const std::string one = run("one", net, "--towers 1 --batch 128");
+  const std::string two = run("two", net, "--towers 2 --batch 64 --mode sync");
+  const std::string zero = run("zero", plain, "--towers 1 --batch 128");
+  run("resumed", net, "--towers 1 --batch 128 --stop-at-step 25");
+  const std::string resumed = run("resumed", net, "--towers 1 --batch 128 --resume");
+  const auto g = build_graph(read_model_file(net));
+  auto params = [&](const std::string& out) {
+    const auto c = io::load_checkpoint(out + "/ckpt-000000060.safetensors", g->layout(), {"momentum"});
+    return std::vector<float>(c.params.data(), c.params.data() + g->layout().total());
+  };
+  const std::vector<float> p1 = params(one);
+  EXPECT_EQ(params(two), p1) << "2 sync towers of 64 differ from 1 tower of 128";
+  EXPECT_EQ(params(resumed), p1) << "the resumed run differs from the uninterrupted one";
+  EXPECT_NE(params(zero), p1) << "dropout 0.5 trained the weights of dropout 0";
+  const LossTrend t = loss_trend(one + "/m.jsonl", "dropout 0.5: ");
+  ASSERT_EQ(t.loss.size(), 60u);
+  EXPECT_LT(t.last, 0.8 * t.first);
+}
+
+// --sync-bn: 2 sync towers of 64 normalize over the global batch of 128, as 1 tower of 128
+// does, so after 20 updates their parameters are those of one tower up to the order of the
+// statistics' additions (per-tower lanes added in tower order against one tower's lanes, in
+// double: float-close). Without it each tower normalizes over its own 64 and the parameters
+// move away by orders of magnitude more. The flag is refused where there is no global batch.
+TEST(CliModelFile, SyncBnNormalizesOverTheGlobalBatch) {
+  const std::string dir = temp_dir();
+  const std::string file = dir + "/bn.json";
+  write_bytes_plain(file, R"({"name": "bn", "input": [1, 12, 12], "classes": 10, "layers": [
+  {"name": "conv", "type": "conv2d", "filters": 16, "kernel": 3, "relu": false,
+   "weight_init": {"stddev": 0.2}},
+  {"name": "bn", "type": "batchnorm"},
+  {"name": "act", "type": "relu"},
+  {"name": "gap", "type": "global_avg_pool"},
+  {"name": "flat", "type": "dense", "units": 32, "relu": false, "weight_init": {"stddev": 0.1}},
+  {"name": "bn2", "type": "batchnorm"},
+  {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.1}}]})");
+  const std::string base = "train --model " + file +
+                           " --dataset synthetic --synthetic-size 1280 --optimizer momentum "
+                           "--lr 0.05 --steps 20 --quiet --seed 3 ";
+  auto run = [&](const std::string& name, const std::string& flags) {
+    const std::string out = dir + "/" + name;
+    auto r = run_towers(base + flags + " --checkpoint-dir " + out);
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;
+    const auto g = build_graph(read_model_file(file));
+    const auto c = io::load_checkpoint(out + "/ckpt-000000020.safetensors", g->layout(), {"momentum"});
+    return std::vector<float>(c.params.data(), c.params.data() + g->layout().total());
+  };
+  const std::vector<float> one = run("one", "--towers 1 --batch 128");
+  const std::vector<float> synced = run("synced", "--towers 2 --batch 64 --sync-bn");
+  const std::vector<float> own = run("own", "--towers 2 --batch 64");
+  double scale = 0, d_synced = 0, d_own = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    scale = std::max(scale, std::fabs(static_cast<double>(one[i])));
+    d_synced = std::max(d_synced, std::fabs(static_cast<double>(synced[i]) - one[i]));
+    d_own = std::max(d_own, std::fabs(static_cast<double>(own[i]) - one[i]));
+  }
+  std::printf("  largest parameter difference from 1 tower of 128 (largest |p| %.3g): --sync-bn "
+              "%.3g, per-tower statistics %.3g\n", scale, d_synced, d_own);
+  EXPECT_LT(d_synced, 1e-4 * scale);
+  EXPECT_GT(d_own, 1e-3 * scale);
+  expect_error(run_towers(base + "--towers 2 --batch 64 --sync-bn --mode async"),
+               {"--sync-bn", "--mode sync", "not --mode async"});
+  expect_error(run_towers(base + "--towers 2 --batch 64 --sync-bn --replicas-to-aggregate 1"),
+               {"--sync-bn", "--replicas-to-aggregate"});
+  expect_error(run_towers(base + "--towers 2 --batch 64 --sync-bn --device cuda"),
+               {"--sync-bn", "CPU towers"});
+}
+
 TEST(CliBadInput, ModelFile) {
   const std::string dir = temp_dir();
   const std::string m = " --metrics " + dir + "/m.jsonl";

@@ -100,8 +100,11 @@ std::vector<GradCheckResult> check_layer(const Layer& layer, int64_t n, uint64_t
     vars.push_back(v);
     grads.emplace_back(v.size());
   }
+  // A fixed step's noise: the layers that draw (dropout) draw the same at every evaluation.
+  const kernels::StepNoise noise{0x5eed0000u + seed, 3};
   auto run_forward = [&] {
     ForwardArgs a;
+    a.noise = &noise;
     a.n = n;
     a.x = x.data();
     a.y = y.data();
@@ -130,6 +133,7 @@ std::vector<GradCheckResult> check_layer(const Layer& layer, int64_t n, uint64_t
     b.grads[v] = grads[v].data();
   }
   b.saved = saved.data();
+  b.noise = &noise;
   layer.backward(b);
 
   std::vector<GradCheckResult> out;

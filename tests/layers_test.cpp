@@ -2,6 +2,7 @@
 #include <cmath>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -14,17 +15,20 @@
 #include "kernels/activation_rules.h"
 #include "kernels/batchnorm_rules.h"
 #include "kernels/conv.h"
+#include "kernels/dropout_rules.h"
 #include "kernels/lrn.h"
 #include "kernels/pool.h"
 #include "layers/batchnorm.h"
 #include "layers/conv2d.h"
 #include "layers/dense.h"
+#include "layers/dropout.h"
 #include "layers/gelu.h"
 #include "layers/global_avg_pool.h"
 #include "layers/lrn.h"
 #include "layers/maxpool.h"
 #include "layers/relu.h"
 #include "layers/residual.h"
+#include "towers/tower_exchange.h"
 
 namespace towers {
 namespace {
@@ -266,6 +270,107 @@ TEST(Gelu, GradientsMatchNumerical) {
   expect_gradients_ok(flat, 3, 52);
 }
 
+namespace dropout_test {
+// One training forward of `layer` on n examples of x under `noise`.
+std::vector<float> forward(const Dropout& layer, int64_t n, const std::vector<float>& x,
+                           const kernels::StepNoise& noise, bool training = true) {
+  std::vector<float> y(x.size(), NAN);
+  ForwardArgs a;
+  a.n = n, a.x = x.data(), a.y = y.data(), a.training = training, a.noise = &noise;
+  layer.forward(a);
+  return y;
+}
+std::vector<float> ramp(int64_t count) {  // no zeros: a zero output means dropped
+  std::vector<float> x(count);
+  for (int64_t i = 0; i < count; ++i) x[i] = 0.25f + static_cast<float>(i % 97) * 0.5f;
+  return x;
+}
+}  // namespace dropout_test
+
+// Every output is the input times 1 / (1 - rate) or exactly 0, and the kept fraction over
+// 262,144 elements is 1 - rate within 6 standard deviations of the binomial (a mask that
+// ignored the rate, or kept everything, is thousands of deviations off).
+TEST(Dropout, KeepsOneMinusRateAndScalesWhatItKeeps) {
+  for (double rate : {0.1, 0.5, 0.8}) {
+    SCOPED_TRACE(rate);
+    Dropout d("drop", {rate});
+    d.bind({16, 8, 8});
+    const int64_t n = 256, count = n * 1024;
+    const std::vector<float> x = dropout_test::ramp(count);
+    const std::vector<float> y = dropout_test::forward(d, n, x, {42, 0});
+    const float scale = static_cast<float>(1.0 / (1.0 - rate));
+    int64_t kept = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      if (y[i] == 0.0f) continue;
+      ++kept;
+      ASSERT_EQ(y[i], x[i] * scale) << i;
+    }
+    const double p = 1.0 - rate, sd = std::sqrt(count * p * (1 - p));
+    EXPECT_NEAR(static_cast<double>(kept), count * p, 6 * sd);
+  }
+}
+
+// Evaluation, and rate 0, are the identity; backward passes dy through the forward's mask.
+TEST(Dropout, EvaluationIsTheIdentityAndBackwardUsesTheForwardMask) {
+  Dropout d("drop", {0.5});
+  d.bind({37});
+  const int64_t n = 8;
+  const std::vector<float> x = dropout_test::ramp(n * 37);
+  EXPECT_EQ(dropout_test::forward(d, n, x, {1, 0}, /*training=*/false), x);
+  Dropout none("drop", {0.0});
+  none.bind({37});
+  EXPECT_EQ(dropout_test::forward(none, n, x, {1, 0}), x);
+  const kernels::StepNoise noise{77, 5};
+  const std::vector<float> y = dropout_test::forward(d, n, x, noise);
+  std::vector<float> dy(x.size(), 3.0f), dx(x.size(), NAN);
+  BackwardArgs b;
+  b.n = n, b.x = x.data(), b.y = y.data(), b.dy = dy.data(), b.dx = dx.data(), b.noise = &noise;
+  d.backward(b);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(dx[i], y[i] == 0.0f ? 0.0f : 6.0f) << i;
+  // A training call without the step's noise is an error, not a silent fixed mask.
+  ForwardArgs a;
+  std::vector<float> out(x.size());
+  a.n = n, a.x = x.data(), a.y = out.data();
+  EXPECT_THROW(d.forward(a), InternalError);
+}
+
+// The mask is a function of (step key, global example position, element, layer name): one
+// call on 12 examples equals calls on 5 and 7 of them whose first example says where they
+// start (sync towers, micro-batches); another key, another layer name, or another position
+// draws another mask.
+TEST(Dropout, TheMaskFollowsTheKeyTheExamplesPositionAndTheLayer) {
+  Dropout d("drop", {0.5}), other("drop2", {0.5});
+  d.bind({6, 5});
+  other.bind({6, 5});
+  const int64_t n = 12, per = 30;
+  const std::vector<float> x = dropout_test::ramp(n * per);
+  const std::vector<float> whole = dropout_test::forward(d, n, x, {9, 100});
+  const std::vector<float> head(x.begin(), x.begin() + 5 * per), tail(x.begin() + 5 * per, x.end());
+  std::vector<float> parts = dropout_test::forward(d, 5, head, {9, 100});
+  const std::vector<float> rest = dropout_test::forward(d, 7, tail, {9, 105});
+  parts.insert(parts.end(), rest.begin(), rest.end());
+  EXPECT_EQ(parts, whole);
+  EXPECT_NE(dropout_test::forward(d, n, x, {10, 100}), whole);
+  EXPECT_NE(dropout_test::forward(d, n, x, {9, 101}), whole);
+  EXPECT_NE(dropout_test::forward(other, n, x, {9, 100}), whole);
+}
+
+TEST(Dropout, GradientsMatchNumerical) {
+  Dropout image("drop", {0.3});
+  image.bind({3, 5, 4});
+  expect_gradients_ok(image, 4, 61);
+  Dropout flat("drop", {0.5});
+  flat.bind({37});
+  expect_gradients_ok(flat, 3, 62);
+}
+
+TEST(Dropout, BadRatesAreRejected) {
+  for (double rate : {-0.1, 1.0, 2.0}) {
+    Dropout d("drop", {rate});
+    EXPECT_THROW(d.bind({4}), InternalError) << rate;
+  }
+}
+
 // Integer-valued inputs over a power-of-two plane: every mean is exact.
 TEST(GlobalAvgPool, ForwardIsThePlaneMean) {
   GlobalAvgPool p("gap");
@@ -339,6 +444,58 @@ BnRun run_batchnorm(const BatchNorm& bn, int64_t n, const std::vector<float>& x,
   b.state_weight = state_weight;
   bn.backward(b);
   return r;
+}
+
+// --sync-bn's path (a TowerExchange in the call): with one tower it is bitwise the plain path;
+// two halves of a batch on two threads, each through a 2-tower exchange, give the whole
+// batch's y and dx up to the order of the statistics' additions, and their dgamma and dbeta
+// add up to the whole batch's.
+TEST(BatchNorm, ItsSyncBnPathIsTheWholeBatchsStatistics) {
+  BatchNorm bn("bn", {});
+  bn.bind({5, 3, 3});
+  const int64_t n = 8, per = 45, half = n / 2 * per;
+  Rng rng(91);
+  std::vector<float> x(n * per), dy(n * per), gamma(5), beta(5), mean(5, 0.1f), var(5, 0.9f);
+  for (float& v : x) v = rng.uniform(-2.0f, 3.0f);
+  for (float& v : dy) v = rng.uniform(-1.0f, 1.0f);
+  for (float& v : gamma) v = rng.uniform(0.5f, 1.5f);
+  for (float& v : beta) v = rng.uniform(-0.5f, 0.5f);
+  struct Out {
+    std::vector<float> y, dx, grads;  // grads: dgamma, dbeta, dmean, dvar
+  };
+  auto run = [&](int64_t e0, int64_t count, TowerExchange* ex, float weight) {
+    Out o{std::vector<float>(count * per), std::vector<float>(count * per), std::vector<float>(20)};
+    ForwardArgs f;
+    f.n = count, f.x = x.data() + e0 * per, f.y = o.y.data(), f.exchange = ex;
+    f.params = {gamma.data(), beta.data(), mean.data(), var.data()};
+    bn.forward(f);
+    BackwardArgs b;
+    b.n = count, b.x = f.x, b.y = o.y.data(), b.dy = dy.data() + e0 * per, b.dx = o.dx.data();
+    b.exchange = ex, b.params = f.params, b.state_weight = weight;
+    for (int k = 0; k < 4; ++k) b.grads[k] = o.grads.data() + 5 * k;
+    bn.backward(b);
+    return o;
+  };
+  const Out whole = run(0, n, nullptr, 1.0f);
+  TowerExchangeGroup one(1);
+  const Out synced = run(0, n, &one.member(0), 1.0f);
+  EXPECT_EQ(synced.y, whole.y);
+  EXPECT_EQ(synced.dx, whole.dx);
+  EXPECT_EQ(synced.grads, whole.grads);
+  TowerExchangeGroup two(2);
+  Out second;
+  std::thread other([&] { second = run(n / 2, n / 2, &two.member(1), 0.5f); });
+  const Out first = run(0, n / 2, &two.member(0), 0.5f);
+  other.join();
+  for (int64_t i = 0; i < n * per; ++i) {
+    const Out& o = i < half ? first : second;
+    const int64_t j = i < half ? i : i - half;
+    EXPECT_NEAR(o.y[j], whole.y[i], 1e-6 * (1 + std::fabs(whole.y[i]))) << i;
+    EXPECT_NEAR(o.dx[j], whole.dx[i], 1e-6 * (1 + std::fabs(whole.dx[i]))) << i;
+  }
+  for (int k = 0; k < 20; ++k)
+    EXPECT_NEAR(first.grads[k] + second.grads[k], whole.grads[k], 1e-5 * (1 + std::fabs(whole.grads[k])))
+        << k;
 }
 
 TEST(BatchNorm, TrainingNormalizesWithTheBatchAndEvaluationWithTheRunningStatistics) {

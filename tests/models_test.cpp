@@ -468,7 +468,8 @@ const std::vector<BadModel>& bad_models() {
            .replace(net().find("\"maxpool\""), 9, "\"maxpol\""),
        "\"maxpol\"",
        {"layers[1] 'p1': field 'type'", "unknown layer type 'maxpol'", "did you mean 'maxpool'?",
-        "known: conv2d, maxpool, lrn, dense, gelu, relu, global_avg_pool, residual, batchnorm"}},
+        "known: conv2d, maxpool, lrn, dense, gelu, relu, global_avg_pool, residual, batchnorm, "
+        "dropout"}},
       {"missing_field",
        net(R"("kernel": 3)"),
        "{\"name\": \"c1\"",
@@ -653,6 +654,20 @@ const std::vector<BadModel>& bad_models() {
        "\"global_avg_pool\"",
        {"layers[1] 'gap' (global_avg_pool): field 'type'", "needs an image input (C, H, W)",
         "layers[0] 'h' gives [10]"}},
+      {"dropout_rate_must_be_below_one",
+       R"({"name": "g", "input": [1, 8, 8], "classes": 10, "layers": [
+    {"name": "h", "type": "dense", "units": 32, "weight_init": {"stddev": 0.1}},
+    {"name": "drop", "type": "dropout", "rate": 1.0},
+    {"name": "out", "type": "dense", "units": 10, "weight_init": {"stddev": 0.1}}]})",
+       "1.0}",
+       {"layers[1] 'drop' (dropout): field 'rate'", "must be below 1", "got 1"}},
+      {"dropout_rate_is_a_number",
+       R"({"name": "g", "input": [1, 8, 8], "classes": 10, "layers": [
+    {"name": "h", "type": "dense", "units": 32, "weight_init": {"stddev": 0.1}},
+    {"name": "drop", "type": "dropout", "rate": -0.5},
+    {"name": "out", "type": "dense", "units": 10, "weight_init": {"stddev": 0.1}}]})",
+       "-0.5",
+       {"layers[1] 'drop' (dropout): field 'rate'", "-0.5"}},
       {"gelu_keeps_the_shape_so_classes_must_match",
        R"({"name": "g", "input": [1, 8, 8], "classes": 10, "layers": [
     {"name": "c1", "type": "conv2d", "filters": 10, "kernel": 3, "weight_init": {"stddev": 0.1}},

@@ -75,7 +75,8 @@ class CudaTower final : public Tower {
   CudaDevice dev_;
   CpuDevice host_;
   DeviceBuffer params_d_, grads_d_, images_d_, labels_d_, row_loss_d_, row_correct_d_, scratch_;
-  PinnedBuffer grads_host_, images_pin_, labels_pin_, row_loss_h_, row_correct_h_;
+  DeviceBuffer noise_d_;  // the step's noise (Tower::set_noise), copied in with its batch
+  PinnedBuffer grads_host_, images_pin_, labels_pin_, row_loss_h_, row_correct_h_, noise_pin_;
   GpuExec exec_;
   cudaEvent_t inputs_ready_ = nullptr, copies_done_ = nullptr;
   std::vector<cudaEvent_t> layer_done_;  // per layer with variables: its gradients are final

@@ -22,6 +22,9 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
   labels_d_ = DeviceBuffer(dev_, max_batch);             // int32 in float-sized slots
   row_loss_d_ = DeviceBuffer(dev_, 2 * max_batch);       // doubles
   row_correct_d_ = DeviceBuffer(dev_, max_batch);        // int32
+  static_assert(sizeof(kernels::StepNoise) % sizeof(float) == 0);
+  noise_d_ = DeviceBuffer(dev_, sizeof(kernels::StepNoise) / sizeof(float));
+  noise_arg_ = reinterpret_cast<const kernels::StepNoise*>(noise_d_.data());
   allocate_activations(dev_);
   int64_t scratch = 0;
   for (const auto& l : graph.layers()) scratch = std::max(scratch, l->gpu_scratch(max_batch));
@@ -31,6 +34,7 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
   labels_pin_ = PinnedBuffer(sizeof(int32_t) * max_batch);
   row_loss_h_ = PinnedBuffer(sizeof(double) * max_batch);
   row_correct_h_ = PinnedBuffer(sizeof(int32_t) * max_batch);
+  noise_pin_ = PinnedBuffer(sizeof(kernels::StepNoise));
   exec_ = GpuExec{dev_.compute(), dev_.blas(), scratch_.data(), scratch_.size()};
   CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming));
@@ -72,6 +76,10 @@ void CudaTower::stage_inputs(const float* images, const int32_t* labels, int64_t
   CUDA_CHECK(cudaMemcpyAsync(images_d_.data(), images_pin_.as<float>(), sizeof(float) * n * in,
                              cudaMemcpyHostToDevice, dev_.copy()));
   CUDA_CHECK(cudaMemcpyAsync(labels_d_.data(), labels_pin_.as<int32_t>(), sizeof(int32_t) * n,
+                             cudaMemcpyHostToDevice, dev_.copy()));
+  // The step's noise goes in with its batch, outside any captured graph, which reads it.
+  *noise_pin_.as<kernels::StepNoise>() = noise_;
+  CUDA_CHECK(cudaMemcpyAsync(noise_d_.data(), noise_pin_.as<kernels::StepNoise>(), sizeof(noise_),
                              cudaMemcpyHostToDevice, dev_.copy()));
   // Covers the parameter copy too: the copy stream runs in order.
   CUDA_CHECK(cudaEventRecord(inputs_ready_, dev_.copy()));

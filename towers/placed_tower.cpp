@@ -150,6 +150,8 @@ float* PlacedTower::output(size_t i, int64_t b0) const {
 
 void PlacedTower::forward(Part& part, int64_t b0, int64_t b1, const float* images, bool training) {
   const auto& layers = graph().layers();
+  // The micro-batch's examples keep their positions in the step: the masks of one device.
+  const kernels::StepNoise nz{noise_.key, noise_.first_example + b0};
   for (size_t i = part.spec.first; i < part.spec.last; ++i) {
     ForwardArgs a;
     a.n = b1 - b0;
@@ -158,6 +160,7 @@ void PlacedTower::forward(Part& part, int64_t b0, int64_t b1, const float* image
     bind_variables(i, part.params.data(), part.lo, a);
     a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
     a.training = training;
+    a.noise = &nz;
     layers[i]->forward(a);
   }
 }
@@ -187,6 +190,7 @@ void PlacedTower::backward(Part& part, int m, int64_t b0, int64_t b1, const floa
                            const int32_t* labels, float grad_scale) {
   const auto& layers = graph().layers();
   const bool last_part = part.pos + 1 == parts();
+  const kernels::StepNoise nz{noise_.key, noise_.first_example + b0};
   // Micro-batch 0 writes the part's span of the tower's gradient, the others buffers of their
   // own; the sum comes after the part's last backward.
   float* g = part.hi == part.lo ? nullptr
@@ -217,6 +221,7 @@ void PlacedTower::backward(Part& part, int m, int64_t b0, int64_t b1, const floa
     bind_variables(i, part.params.data(), g, part.lo, a);
     a.state_weight = static_cast<float>(b1 - b0) * grad_scale;
     a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
+    a.noise = &nz;
     layers[i]->backward(a);
     dy = a.dx;
   }

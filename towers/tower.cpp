@@ -55,6 +55,8 @@ ForwardArgs Tower::forward_args(size_t i, int64_t n, const float* x, const float
   bind_variables(i, const_cast<float*>(params), 0, a);
   a.saved = saved_[i].data();
   a.training = training;
+  a.noise = noise_arg_;
+  a.exchange = training ? exchange_ : nullptr;
   return a;
 }
 
@@ -88,6 +90,8 @@ BackwardArgs Tower::backward_args(size_t i, int64_t n, const float* images, int 
   a.dx = i == 0 ? nullptr : dact_[1 - cur].data();
   bind_variables(i, params, grads, 0, a);
   a.saved = saved_[i].data();
+  a.noise = noise_arg_;
+  a.exchange = exchange_;
   return a;
 }
 

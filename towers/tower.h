@@ -60,6 +60,15 @@ class Tower {
   // d(sum of losses * grad_scale)/d(params); grad_scale = 1 / global batch gives the mean.
   virtual StepStats compute_gradients(const float* images, const int32_t* labels, int64_t n,
                                       float grad_scale) = 0;
+  // The noise of the training steps that follow (ForwardArgs::noise: what dropout draws its
+  // masks from). The step driver sets it before every compute_gradients: the run's seed with
+  // the batch's index in the data stream as the key, the tower's offset in a sync global
+  // batch as the first example. Until then it is {0, 0}.
+  void set_noise(const kernels::StepNoise& noise) { noise_ = noise; }
+  const kernels::StepNoise& noise() const { return noise_; }
+  // --sync-bn: the exchange through which this tower's training steps meet the other towers'
+  // (layers/layer.h); null (the default): the tower's batch is the whole batch. CPU towers.
+  void set_exchange(TowerExchange* exchange) { exchange_ = exchange; }
   // Forward only.
   virtual StepStats evaluate(const float* images, const int32_t* labels, int64_t n) = 0;
   // The logits (n x classes, host memory) of the last evaluate or compute_gradients of n
@@ -95,6 +104,11 @@ class Tower {
   bool has_grads(size_t i) const { return grad_span_[i].first < grad_span_[i].second; }
   std::vector<DeviceBuffer> act_, saved_;
   DeviceBuffer dact_[2];
+  kernels::StepNoise noise_;
+  // What forward_args and backward_args give the layers: noise_ itself, or a tower's device
+  // copy of it (CudaTower).
+  const kernels::StepNoise* noise_arg_ = &noise_;
+  TowerExchange* exchange_ = nullptr;
 
  private:
   const Graph& graph_;

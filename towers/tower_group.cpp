@@ -16,7 +16,9 @@
 #include "core/clock.h"
 #include "core/parallel.h"
 #include "core/gpu.h"
+#include "core/rng.h"
 #include "towers/nccl_reduce.h"
+#include "towers/tower_exchange.h"
 
 namespace towers {
 
@@ -52,6 +54,13 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
     p.cuda_graphs = cfg_.cuda_graphs;
     towers_.push_back(make(graph, batch, p));
   }
+  if (cfg_.sync_bn && cfg_.towers > 1) {
+    TOWERS_CHECK(cfg_.mode == Mode::Sync && cfg_.replicas_to_aggregate == cfg_.towers && !cuda &&
+                     cfg_.total_towers() == cfg_.towers,
+                 "--sync-bn is for sync CPU towers of one process without backup towers");
+    exchange_ = std::make_unique<TowerExchangeGroup>(cfg_.towers);
+    for (int i = 0; i < cfg_.towers; ++i) towers_[i]->set_exchange(&exchange_->member(i));
+  }
   const int64_t total = graph.layout().total();
   clipped_.resize(cfg_.towers);
   std::vector<Tower*> ts;
@@ -83,6 +92,13 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
 TowerGroup::~TowerGroup() { store_.detach(); }
 
 namespace {
+// The noise key of the training step on the batch at `step` of the run's data stream (a
+// sync global batch, or one tower's batch): a function of the seed and the batch alone, so a
+// resumed run draws the masks of the uninterrupted one.
+uint64_t step_key(uint64_t seed, int64_t step) {
+  return hash_combine(seed, static_cast<uint64_t>(step));
+}
+
 // The L2 norm of x over the trainable variables (a state variable's delta is no gradient), in
 // double, over fixed chunks summed in chunk order: the same bits for any number of threads.
 double l2_norm(const float* x, const ParameterLayout& layout) {
@@ -199,9 +215,15 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
   // when there are fewer threads than towers.
   auto launch = [&](int i) { arena.enqueue(tasks.defer([&step, i] { step(i); })); };
 
+  // A tower that leaves the run releases the towers waiting for it in the exchange.
+  auto leave = [&] {
+    stop.store(true);
+    if (exchange_) exchange_->abandon();
+  };
+  if (exchange_) exchange_->reset();
   step = [&](int i) {
     if (stop.load() || store_.version() >= end_version || hooks.stop_requested()) {
-      stop.store(true);
+      leave();
       return;
     }
     Submitted out;
@@ -223,13 +245,16 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
       const float* images = nullptr;
       const int32_t* labels = nullptr;
       data::Batch own;
+      kernels::StepNoise noise;  // what dropout draws from: see Tower::set_noise
       if (lockstep) {
         images = global.images.data() + (first + i) * batch_ * per;
         labels = global.labels.data() + (first + i) * batch_;
+        noise = {step_key(seed, global.step), (first + i) * batch_};
       } else {
         own = pipes[i]->next();
         images = own.images.data();
         labels = own.labels.data();
+        noise = {step_key(seed, own.step), 0};
       }
       std::shared_lock<std::shared_mutex> g(gate);
       Tower& t = *towers_[i];
@@ -237,16 +262,20 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
       TowerStep s;
       s.tower = i;
       s.version_read = store_.pull(t);
+      t.set_noise(noise);
       s.stats = t.compute_gradients(images, labels, batch_, grad_scale);
       straggle(i);
       s.seconds = seconds_since(t0);
       out = policy.submit(s, ctx);
+    } catch (const ExchangeAbandoned&) {
+      leave();  // another tower left the run mid-step: this step has no update to join
+      return;
     } catch (...) {
-      stop.store(true);
+      leave();
       throw;
     }
     if (out.stop) {
-      stop.store(true);
+      leave();
       return;
     }
     if (out.side_work && !stop.load()) {

@@ -36,6 +36,7 @@ struct RunHooks {
 };
 
 class NcclReducer;
+class TowerExchangeGroup;
 
 // How the mode's updates meet the towers' reads: plain sync applies while no tower runs;
 // async, SSP and backup towers apply while others copy the parameters.
@@ -82,6 +83,7 @@ class TowerGroup {
   std::shared_ptr<void> pinned_sum_;  // GPU towers: the sum's host memory page-locked
   std::unique_ptr<NcclReducer> nccl_;
   std::vector<HostBuffer> clipped_;  // per tower, made on the first clipped push
+  std::unique_ptr<TowerExchangeGroup> exchange_;  // --sync-bn with more than one tower
 };
 
 }  // namespace towers

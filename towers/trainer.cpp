@@ -230,8 +230,26 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(c.params != "mirrored" || (o.ema == 0.0 && o.lookahead_k == 0),
                  "--params mirrored runs the optimizer on the GPUs, which has no --ema or "
                  "--lookahead yet; use --params host");
+  if (c.sync_bn) {
+    // Async, SSP and backup towers have no global batch: each update is one tower's batch (or
+    // the first K of the round's), at versions that differ.
+    TOWERS_REQUIRE(mode == Mode::Sync && (c.replicas_to_aggregate == 0 ||
+                                          c.replicas_to_aggregate == c.towers),
+                   "--sync-bn normalizes over the global batch of a sync step: it needs --mode "
+                   "sync with every tower in each update{}",
+                   mode == Mode::Sync ? " (no --replicas-to-aggregate below --towers)"
+                                      : fmt::format(", not --mode {}", c.mode));
+    TOWERS_REQUIRE(c.device == "cpu", "--sync-bn is built for CPU towers (--device cpu): GPU "
+                   "towers normalize over their own batch");
+    TOWERS_REQUIRE(!remote::cluster_requested(c.cluster), "--sync-bn with a cluster: the towers "
+                   "of other worker processes cannot join a step's statistics; it is for the "
+                   "towers of one process");
+  }
   const ModelSpec spec = read_model(c.model);  // throws for an unknown model or a bad file
   const RunPlacement placement = run_placement(c, spec);
+  TOWERS_REQUIRE(!c.sync_bn || placement.text.empty(),
+                 "--sync-bn with {}: a placed tower's parts normalize per tower; use whole "
+                 "towers", placement.origin);
   if (!placement.text.empty() || c.micro_batches != 1) {
     TOWERS_REQUIRE(!placement.text.empty(),
                    "--micro-batches needs --placement, or a model file with a \"placement\" "
@@ -304,6 +322,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"lookahead", c.optimizer.lookahead_k},
           {"lookahead_alpha", c.optimizer.lookahead_alpha},
           {"label_smoothing", c.label_smoothing},
+          {"sync_bn", c.sync_bn},
           {"lr", c.schedule.lr},
           {"lr_schedule", c.schedule.kind},
           {"decay_epochs", c.schedule.decay_epochs},
@@ -335,6 +354,7 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   ec.staleness_aware_lr = c.staleness_aware_lr;
   ec.stragglers = parse_slow_towers(c.slow_towers, all_towers(c));
   ec.clip_grad_norm = c.clip_grad_norm;
+  ec.sync_bn = c.sync_bn;
   ec.check_grad_norm = c.on_divergence == "skip-step";
   placement = fmt::format("on cpu ({} threads each)", threads);
   if (c.device != "cuda") return ec;
@@ -621,6 +641,7 @@ void Run::restore_or_initialize() {
   same("lookahead", c_.optimizer.lookahead_k, "--lookahead");
   same("lookahead_alpha", c_.optimizer.lookahead_alpha, "--lookahead-alpha");
   same("label_smoothing", c_.label_smoothing, "--label-smoothing");
+  same("sync_bn", c_.sync_bn, "--sync-bn");
   if (c_.dataset == "synthetic") same("synthetic_size", c_.synthetic_size, "--synthetic-size");
   std::copy(ck.params.data(), ck.params.data() + layout.total(), params_.begin());
   for (auto& [name, buf] : ck.slots)

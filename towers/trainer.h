@@ -50,6 +50,7 @@ struct TrainConfig {
   OptimizerConfig optimizer;         // with --ema and --lookahead, its wrappers
   ScheduleConfig schedule;
   float label_smoothing = 0.0f;      // training target (1 - e) onehot + e / classes
+  bool sync_bn = false;  // BatchNorm statistics over the sync towers' global batch
   std::string tta = "none";          // none | flip: evaluations average each image's and its mirror's logits
   std::string metrics_path;
   std::string checkpoint_dir;

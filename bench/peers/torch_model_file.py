@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch peer of a towers model file: builds the net of a models/*.json file (conv2d,
-batchnorm, relu, gelu, residual, maxpool, global_avg_pool, dense) and trains it on
+batchnorm, relu, gelu, dropout, residual, maxpool, global_avg_pool, dense) and trains it on
 Fashion-MNIST or CIFAR-10 with the recipe of a towers run, so that accuracy and time can be
 compared with towers on the same machine in the same run.
 
@@ -136,6 +136,8 @@ def build(layers, shape, decay):
             mods.append(nn.ReLU())
         elif kind == "gelu":
             mods.append(nn.GELU(approximate="tanh"))
+        elif kind == "dropout":  # inverted dropout, as towers; masks from torch's generator
+            mods.append(nn.Dropout(L.get("rate", 0.5)))
         elif kind == "residual":
             body, out = build(L["layers"], shape, decay)
             assert out == shape, (L["name"], out, shape)

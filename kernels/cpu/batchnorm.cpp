@@ -22,4 +22,56 @@ void batchnorm_backward(const BnShape& s, int64_t c0, int64_t c1, const float* x
     bn_channel_backward(s, ch, x, dy, gamma, running_mean, running_var, g);
 }
 
+void batchnorm_channel_sums(const BnShape& s, int64_t c0, int64_t c1, const float* x,
+                            const double* center, double* out) {
+  double lanes[kBnLanes];
+  for (int64_t ch = c0; ch < c1; ++ch) {
+    bn_channel_lanes(s, ch, x, center != nullptr ? center[ch] : 0.0, center != nullptr, lanes);
+    out[ch] = bn_lanes_total(lanes);
+  }
+}
+
+void batchnorm_forward_with(const BnShape& s, int64_t c0, int64_t c1, const float* x,
+                            const float* gamma, const float* beta, const double* mean,
+                            const double* var, float* y) {
+  for (int64_t ch = c0; ch < c1; ++ch) {
+    const double invstd = bn_invstd(var[ch], s.eps);
+    for (int64_t e = 0; e < s.n; ++e) {
+      const int64_t o = (e * s.c + ch) * s.hw;
+      for (int64_t i = 0; i < s.hw; ++i)
+        y[o + i] = bn_normalize(x[o + i], mean[ch], invstd, gamma[ch], beta[ch]);
+    }
+  }
+}
+
+void batchnorm_backward_sums(const BnShape& s, int64_t c0, int64_t c1, const float* x,
+                             const float* dy, const double* mean, const double* var,
+                             double* sdy, double* sdyx) {
+  for (int64_t ch = c0; ch < c1; ++ch)
+    bn_channel_backward_sums(s, ch, x, dy, mean[ch], bn_invstd(var[ch], s.eps), sdy[ch], sdyx[ch]);
+}
+
+void batchnorm_backward_with(const BnShape& s, int64_t c0, int64_t c1, double m, const float* x,
+                             const float* dy, const float* gamma, const double* mean,
+                             const double* var, const double* sdy, const double* sdyx,
+                             const double* own_sdy, const double* own_sdyx,
+                             const float* running_mean, const float* running_var,
+                             const BnGrads& g) {
+  // The state deltas' unbiased variance counts the global batch's elements.
+  BnShape global = s;
+  global.n = static_cast<int64_t>(m) / s.hw;
+  for (int64_t ch = c0; ch < c1; ++ch) {
+    bn_channel_outputs(global, ch, mean[ch], var[ch], own_sdy[ch], own_sdyx[ch], running_mean,
+                       running_var, g);
+    if (g.dx == nullptr) continue;
+    const double invstd = bn_invstd(var[ch], s.eps);
+    const double gi = static_cast<double>(gamma[ch]) * invstd;
+    for (int64_t e = 0; e < s.n; ++e) {
+      const int64_t o = (e * s.c + ch) * s.hw;
+      for (int64_t i = 0; i < s.hw; ++i)
+        g.dx[o + i] = bn_dx(dy[o + i], bn_xhat(x[o + i], mean[ch], invstd), m, gi, sdy[ch], sdyx[ch]);
+    }
+  }
+}
+
 }  // namespace towers::kernels::cpu

@@ -169,6 +169,10 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_option("--label-smoothing", c.label_smoothing,
                  "train against (1 - E) x the one-hot label + E / classes (0: off; evaluations "
                  "report the plain cross-entropy)")->capture_default_str();
+  app.add_flag("--sync-bn", c.sync_bn,
+               "BatchNorm normalizes each training step over the global batch of the sync towers "
+               "(default: each tower over its own batch, as TF's multi-GPU towers); sync CPU "
+               "towers of one process");
   app.add_option("--tta", c.tta,
                  "test-time augmentation of evaluations: none, or flip (score each test image by "
                  "the mean of its and its mirror image's logits)")->capture_default_str();

@@ -49,8 +49,40 @@ std::vector<ParamSpec> BatchNorm::params() const {
   return {gamma, beta, mean, var};
 }
 
+// --sync-bn: the statistics of the global batch, from every tower's channel sums (two passes,
+// as one tower takes them: the mean, then the squares about it) into mean and (biased) var
+// per channel; returns the global batch's elements per channel.
+double BatchNorm::global_moments(const kernels::BnShape& s, const float* x, TowerExchange& ex,
+                                 std::vector<double>& mean, std::vector<double>& var) const {
+  mean.assign(c_ + 1, 0.0);
+  for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
+    kernels::cpu::batchnorm_channel_sums(s, c0, c1, x, nullptr, mean.data());
+  });
+  mean[c_] = static_cast<double>(s.n);  // the global batch's examples, summed with the rest
+  ex.sum(mean.data(), c_ + 1);
+  const double m = mean[c_] * static_cast<double>(hw_);
+  mean.resize(c_);
+  for (double& v : mean) v /= m;
+  var.assign(c_, 0.0);
+  for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
+    kernels::cpu::batchnorm_channel_sums(s, c0, c1, x, mean.data(), var.data());
+  });
+  ex.sum(var.data(), c_);
+  for (double& v : var) v /= m;
+  return m;
+}
+
 void BatchNorm::forward(const ForwardArgs& a) const {
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
+  if (a.training && a.exchange != nullptr) {
+    std::vector<double> mean, var;
+    global_moments(s, a.x, *a.exchange, mean, var);
+    for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
+      kernels::cpu::batchnorm_forward_with(s, c0, c1, a.x, a.params[kGamma], a.params[kBeta],
+                                           mean.data(), var.data(), a.y);
+    });
+    return;
+  }
   for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
     if (a.training)
       kernels::cpu::batchnorm_forward_train(s, c0, c1, a.x, a.params[kGamma], a.params[kBeta], a.y);
@@ -63,6 +95,25 @@ void BatchNorm::forward(const ForwardArgs& a) const {
 void BatchNorm::backward(const BackwardArgs& a) const {
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
   const kernels::BnGrads g = bn_grads(a);
+  if (a.exchange != nullptr) {
+    // The forward's global statistics again (nothing is saved), then the global sums of dy
+    // and dy x xhat; this tower's own sums are its share of dgamma and dbeta.
+    std::vector<double> mean, var;
+    const double m = global_moments(s, a.x, *a.exchange, mean, var);
+    std::vector<double> own(2 * c_), sums;
+    for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
+      kernels::cpu::batchnorm_backward_sums(s, c0, c1, a.x, a.dy, mean.data(), var.data(),
+                                            own.data(), own.data() + c_);
+    });
+    sums = own;
+    a.exchange->sum(sums.data(), 2 * c_);
+    for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
+      kernels::cpu::batchnorm_backward_with(s, c0, c1, m, a.x, a.dy, a.params[kGamma], mean.data(),
+                                            var.data(), sums.data(), sums.data() + c_, own.data(),
+                                            own.data() + c_, a.params[kMean], a.params[kVar], g);
+    });
+    return;
+  }
   for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
     kernels::cpu::batchnorm_backward(s, c0, c1, a.x, a.dy, a.params[kGamma], a.params[kMean],
                                      a.params[kVar], g);
@@ -74,6 +125,9 @@ void BatchNorm::backward(const BackwardArgs& a) const {
 namespace kc = kernels::cuda;
 
 void BatchNorm::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
+  TOWERS_CHECK(!a.training || a.exchange == nullptr,
+               "{}: --sync-bn is built for CPU towers; a GPU tower normalizes over its own batch",
+               name());
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
   if (a.training)
     kc::batchnorm_forward_train(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.y);
@@ -83,6 +137,9 @@ void BatchNorm::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
 }
 
 void BatchNorm::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
+  TOWERS_CHECK(a.exchange == nullptr,
+               "{}: --sync-bn is built for CPU towers; a GPU tower normalizes over its own batch",
+               name());
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
   kc::batchnorm_backward(e.stream, s, a.x, a.dy, a.params[kGamma], a.params[kMean],
                          a.params[kVar], bn_grads(a));

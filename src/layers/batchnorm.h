@@ -9,8 +9,17 @@
 // ...), once per update, from the statistics of the towers behind it: per tower by default,
 // as TF's multi-GPU towers compute them; a sync update follows the mean of its towers' batch
 // statistics. Nothing is saved for backward: it recomputes the statistics from the input.
+//
+// With a TowerExchange in the call (--sync-bn, sync CPU towers) a training step normalizes
+// with the statistics of the global batch instead: the towers add their channel sums through
+// the exchange (the mean, the squares about it; in backward, the sums of dy and dy x xhat),
+// so N towers of B / N compute what one tower of B computes, up to the order of the additions
+// (one tower's lanes against per-tower lanes added in tower order: float-close, not bitwise).
 #pragma once
 
+#include <vector>
+
+#include "kernels/batchnorm.h"
 #include "layers/layer.h"
 
 namespace towers {
@@ -39,6 +48,9 @@ class BatchNorm : public Layer {
   Shape infer(const Shape& in) override;
 
  private:
+  double global_moments(const kernels::BnShape& s, const float* x, TowerExchange& ex,
+                        std::vector<double>& mean, std::vector<double>& var) const;
+
   BatchNormConfig cfg_;
   int64_t c_ = 0, hw_ = 1;
 };

@@ -15,6 +15,11 @@
 // What forward keeps for backward is the `saved` buffer: saved_per_example() floats per
 // example, owned by the tower and allocated once (so a CUDA graph can capture the step); the
 // ForwardArgs::saved of a call is the BackwardArgs::saved of its backward.
+//
+// A layer that draws random numbers in training (dropout) draws them from the call's noise
+// (kernels/dropout.h): the step's key and the global position of the call's first example, in
+// the memory the call runs on (device memory for a GPU call, read when its kernels run, so a
+// replayed CUDA graph sees the step it replays). A forward and its backward get the same.
 #pragma once
 
 #include <array>
@@ -23,11 +28,22 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/dropout.h"
 #include "params/layout.h"
 
 namespace towers {
 
 struct GpuExec;  // core/gpu.h
+
+// The towers of one sync step, for a layer whose training forward needs statistics of the
+// whole global batch (BatchNorm under --sync-bn): every tower of the step calls sum() at the
+// same points of its step, in the same order, with as many values; each call returns, in
+// values, the sum over the towers, added in tower order (so every tower gets the same bits).
+class TowerExchange {
+ public:
+  virtual ~TowerExchange() = default;
+  virtual void sum(double* values, int64_t count) = 0;
+};
 
 inline constexpr int kMaxLayerVars = 16;
 using VarViews = std::array<const float*, kMaxLayerVars>;
@@ -41,6 +57,8 @@ struct ForwardArgs {
   MutableVarViews state{};    // the non-trainable ones, writable (null for trainable ones)
   float* saved = nullptr;     // (n, saved_per_example()) floats kept for backward
   bool training = true;       // false: no backward follows, nothing needs saving
+  const kernels::StepNoise* noise = nullptr;  // training: the step's noise (see above)
+  TowerExchange* exchange = nullptr;  // training under --sync-bn: the step's other towers
 };
 
 struct BackwardArgs {
@@ -53,6 +71,8 @@ struct BackwardArgs {
   MutableVarViews grads{};    // gradient views of the variables, overwritten; for state, the
                               // delta its running average takes (ParamSpec::state_rate)
   const float* saved = nullptr;
+  const kernels::StepNoise* noise = nullptr;  // the forward's
+  TowerExchange* exchange = nullptr;          // the forward's
   // The share of the update this call's state deltas carry: n x the loss gradient's scale
   // (1 when one call makes the update, 1/T for each of T sync towers), so that the update
   // averages them as it averages the gradients.

@@ -88,6 +88,8 @@ ForwardArgs Residual::inner_forward(size_t k, const ForwardArgs& a, const Slices
   for (int v = 0; v < nv; ++v) f.params[v] = a.params[v0 + v], f.state[v] = a.state[v0 + v];
   f.saved = s.saved[k];
   f.training = a.training;
+  f.noise = a.noise;
+  f.exchange = a.exchange;
   return f;
 }
 
@@ -103,6 +105,8 @@ BackwardArgs Residual::inner_backward(size_t k, const BackwardArgs& a, const Sli
   for (int v = 0; v < nv; ++v) b.params[v] = a.params[v0 + v], b.grads[v] = a.grads[v0 + v];
   b.saved = s.saved[k];
   b.state_weight = a.state_weight;
+  b.noise = a.noise;
+  b.exchange = a.exchange;
   return b;
 }
 

@@ -28,6 +28,8 @@
 #include "kernels/bias.h"
 #include "kernels/conv.h"
 #include "kernels/debug.h"
+#include "kernels/dropout.h"
+#include "kernels/dropout_rules.h"
 #include "kernels/cuda/bias_rules.h"
 #include "kernels/cuda/conv_rules.h"
 #include "kernels/cuda/launch.cuh"  // kBlock
@@ -104,6 +106,36 @@ void gelu_backward(CUstream_st* stream, int64_t n, const float* x, const float* 
   submit(stream, [=] {
     for (int64_t i = 0; i < n; ++i) dx[i] = gelu_backward_at(x[i], dy[i]);
   });
+}
+
+// ---- dropout.cu ----------------------------------------------------------------------------
+
+namespace {
+void dropout_map(CUstream_st* stream, const DropoutParams& p, const StepNoise* noise, int64_t n,
+                 const float* src, float* dst) {
+  const int64_t count = n * p.per_example;
+  if (count == 0) return;
+  TOWERS_CHECK(noise != nullptr, "dropout on the GPU needs the step's noise in device memory");
+  submit(stream, [=] {
+    const StepNoise nz = *noise;  // read when the kernel runs, as on the GPU
+    const uint64_t key = dropout_key(nz.key, p.salt);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t e = i / p.per_example, j = i - e * p.per_example;
+      dst[i] = dropout_at(p, key, static_cast<uint64_t>(nz.first_example + e),
+                          static_cast<uint64_t>(j), src[i]);
+    }
+  });
+}
+}  // namespace
+
+void dropout_forward(CUstream_st* stream, const DropoutParams& p, const StepNoise* noise,
+                     int64_t n, const float* x, float* y) {
+  dropout_map(stream, p, noise, n, x, y);
+}
+
+void dropout_backward(CUstream_st* stream, const DropoutParams& p, const StepNoise* noise,
+                      int64_t n, const float* dy, float* dx) {
+  dropout_map(stream, p, noise, n, dy, dx);
 }
 
 // ---- bias.cu -------------------------------------------------------------------------------

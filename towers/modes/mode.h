@@ -66,6 +66,10 @@ struct EngineConfig {
   // 1 / (all_towers B); free-running tower g reads stream g of all_towers.
   int first_tower = 0;
   int all_towers = 0;
+  // --sync-bn: BatchNorm's training statistics over the global batch of the sync towers (a
+  // TowerExchange among them, towers/tower_exchange.h) instead of each tower's own batch. Sync
+  // CPU towers of one process, without backup towers.
+  bool sync_bn = false;
   int total_towers() const { return all_towers > 0 ? all_towers : towers; }
 };
 
