@@ -1,7 +1,7 @@
 // The exchange behind --sync-bn (towers/tower_exchange.h): every tower of a round gets the
 // same sum, added in tower order; a tower that leaves releases the others; a tower that never
-// comes is an error after the timeout, not a hang; and a sync group whose run is stopped
-// while towers wait in the exchange ends instead of hanging.
+// comes is an error after the timeout, not a hang; and a sync group with side work after
+// every update, then stopped, ends instead of hanging.
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -62,6 +62,8 @@ TEST(TowerExchange, ATowerThatLeavesReleasesTheOthers) {
       released = true;
     }
   });
+  // Tower 0 has deposited and waits (it counts as arrived only under the lock it waits on).
+  while (group.waiting() == 0) std::this_thread::yield();
   group.abandon();
   waiter.join();
   EXPECT_TRUE(released.load());
@@ -91,10 +93,14 @@ TEST(TowerExchange, ATowerThatNeverComesIsAnErrorNotAHang) {
   }
 }
 
-// Four sync CPU towers of a BatchNorm net with --sync-bn, asked to stop after their first
-// update: towers that had already entered the next step's exchanges are released, and the
-// run ends (a hang here would time the test out).
-TEST(TowerExchange, AStoppedSyncBnRunEnds) {
+// Four sync CPU towers of a BatchNorm net with --sync-bn, with side work (as an evaluation or
+// a checkpoint) after every update, then asked to stop after 12 updates: the run ends (a hang
+// would time the test out). The side work waits for every tower to leave its step, so a tower
+// that started the next version meanwhile would wait in the exchange for the tower doing the
+// side work; towers park until it is done instead. That needs a tower to take the gate in the
+// microseconds between the last tower's submit and its side work (a preempted thread), which
+// this test runs through but cannot force: without the parking it still passed 3 runs of 3.
+TEST(TowerExchange, ASyncBnRunWithSideWorkAndAStopEnds) {
   const auto g = build_graph(parse_model(R"({"name": "bn", "input": [1, 12, 12], "classes": 10,
     "layers": [
       {"name": "conv", "type": "conv2d", "filters": 8, "kernel": 3, "relu": false,
@@ -117,15 +123,17 @@ TEST(TowerExchange, AStoppedSyncBnRunEnds) {
   std::atomic<int> updates{0};
   RunHooks hooks;
   hooks.lr_at = [](int64_t) { return 0.1f; };
+  std::atomic<int> side_work{0};
   hooks.on_update = [&](const UpdateRecord&) {
     ++updates;
-    return false;
+    return true;
   };
-  hooks.side_work = [](int64_t) {};
-  hooks.stop_requested = [&] { return updates.load() >= 1; };
+  hooks.side_work = [&](int64_t) { ++side_work; };
+  hooks.stop_requested = [&] { return updates.load() >= 12; };
   group.run(d.train, data::tutorial_eval_config(12), 7, 0, 100, 0, hooks);
-  EXPECT_GE(updates.load(), 1);
+  EXPECT_GE(updates.load(), 12);
   EXPECT_LT(updates.load(), 100);
+  EXPECT_GE(side_work.load(), 11);
   for (float p : params) ASSERT_TRUE(std::isfinite(p));
 }
 

@@ -30,6 +30,11 @@ void TowerExchangeGroup::abandon() {
   cv_.notify_all();
 }
 
+int TowerExchangeGroup::waiting() {
+  std::lock_guard<std::mutex> l(mu_);
+  return arrived_;
+}
+
 void TowerExchangeGroup::reset() {
   std::lock_guard<std::mutex> l(mu_);
   abandoned_ = false;

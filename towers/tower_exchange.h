@@ -32,6 +32,7 @@ class TowerExchangeGroup {
   TowerExchange& member(int tower);
   void abandon();  // wakes every waiting tower with ExchangeAbandoned
   void reset();    // a fresh run: no round in progress, not abandoned
+  int waiting();   // towers waiting in the current round (for tests)
 
  private:
   class Member;

@@ -198,12 +198,18 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
   std::shared_mutex gate;  // steps hold it shared; side work holds it exclusively
   std::atomic<bool> stop{false};
   std::vector<bool> parked(n, false);
+  // --sync-bn: side work is due and not yet done. A tower must not start the next version's
+  // step meanwhile: it would wait in the exchange for the tower doing the side work, which
+  // waits for that step to leave the gate. Towers park instead, and are woken after it.
+  bool side_due = false;
   ModeContext ctx{cfg_, store_, towers_, stats_, grad_sum_, nccl_.get(), batch_, end_version, mu,
                   hooks.lr_at,
                   [&](const float* g, int tower, UpdateRecord& rec) { guarded_push(g, tower, rec); },
-                  [&](const UpdateRecord& r) {
+                  [&](const UpdateRecord& r) {  // under mu
                     stats_.update(r.staleness);
-                    return hooks.on_update(r);
+                    const bool due = hooks.on_update(r);
+                    if (due && exchange_) side_due = true;
+                    return due;
                   }};
   policy.begin(ctx);
 
@@ -230,7 +236,7 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
     try {
       {
         std::lock_guard<std::mutex> l(mu);
-        if (!policy.may_start(i, ctx)) {
+        if (side_due || !policy.may_start(i, ctx)) {
           parked[i] = true;
           return;
         }
@@ -289,6 +295,7 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
     std::vector<int> wake;
     {
       std::lock_guard<std::mutex> l(mu);
+      if (out.side_work) side_due = false;
       if (out.recheck_parked)
         for (int j = 0; j < n; ++j)
           if (parked[j] && policy.may_start(j, ctx)) parked[j] = false, wake.push_back(j);
