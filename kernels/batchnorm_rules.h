@@ -117,12 +117,9 @@ inline void bn_channel_backward_sums(const BnShape& s, int64_t ch, const float* 
   sdyx = bn_lanes_total(b);
 }
 
-// The whole training forward of channel ch.
-inline void bn_channel_forward_train(const BnShape& s, int64_t ch, const float* x,
-                                     const float* gamma, const float* beta, float* y) {
-  double mean, var;
-  bn_channel_moments(s, ch, x, mean, var);
-  const double invstd = bn_invstd(var, s.eps);
+// y of channel ch from its statistics (the batch's, the running ones, a global batch's).
+inline void bn_channel_normalize(const BnShape& s, int64_t ch, const float* x, double mean,
+                                 double invstd, const float* gamma, const float* beta, float* y) {
   for (int64_t e = 0; e < s.n; ++e) {
     const int64_t o = (e * s.c + ch) * s.hw;
     for (int64_t i = 0; i < s.hw; ++i)
@@ -130,14 +127,30 @@ inline void bn_channel_forward_train(const BnShape& s, int64_t ch, const float* 
   }
 }
 
+// dx of channel ch from the statistics and the sums of dy and dy x xhat over m elements.
+inline void bn_channel_dx(const BnShape& s, int64_t ch, const float* x, const float* dy,
+                          double mean, double invstd, double m, float gamma, double sdy,
+                          double sdyx, float* dx) {
+  const double gi = static_cast<double>(gamma) * invstd;
+  for (int64_t e = 0; e < s.n; ++e) {
+    const int64_t o = (e * s.c + ch) * s.hw;
+    for (int64_t i = 0; i < s.hw; ++i)
+      dx[o + i] = bn_dx(dy[o + i], bn_xhat(x[o + i], mean, invstd), m, gi, sdy, sdyx);
+  }
+}
+
+// The whole training forward of channel ch.
+inline void bn_channel_forward_train(const BnShape& s, int64_t ch, const float* x,
+                                     const float* gamma, const float* beta, float* y) {
+  double mean, var;
+  bn_channel_moments(s, ch, x, mean, var);
+  bn_channel_normalize(s, ch, x, mean, bn_invstd(var, s.eps), gamma, beta, y);
+}
+
 inline void bn_channel_forward_eval(const BnShape& s, int64_t ch, const float* x,
                                     const float* gamma, const float* beta, const float* mean,
                                     const float* var, float* y) {
-  const double mu = mean[ch], invstd = bn_invstd(var[ch], s.eps);
-  for (int64_t e = 0; e < s.n; ++e) {
-    const int64_t o = (e * s.c + ch) * s.hw;
-    for (int64_t i = 0; i < s.hw; ++i) y[o + i] = bn_normalize(x[o + i], mu, invstd, gamma[ch], beta[ch]);
-  }
+  bn_channel_normalize(s, ch, x, mean[ch], bn_invstd(var[ch], s.eps), gamma, beta, y);
 }
 
 // Writes channel ch's gradients and state deltas (the per-channel outputs of g are written by
@@ -163,14 +176,9 @@ inline void bn_channel_backward(const BnShape& s, int64_t ch, const float* x, co
   const double invstd = bn_invstd(var, s.eps);
   bn_channel_backward_sums(s, ch, x, dy, mean, invstd, sdy, sdyx);
   bn_channel_outputs(s, ch, mean, var, sdy, sdyx, running_mean, running_var, g);
-  if (g.dx == nullptr) return;
-  const double m = static_cast<double>(s.n * s.hw);
-  const double gi = static_cast<double>(gamma[ch]) * invstd;
-  for (int64_t e = 0; e < s.n; ++e) {
-    const int64_t o = (e * s.c + ch) * s.hw;
-    for (int64_t i = 0; i < s.hw; ++i)
-      g.dx[o + i] = bn_dx(dy[o + i], bn_xhat(x[o + i], mean, invstd), m, gi, sdy, sdyx);
-  }
+  if (g.dx != nullptr)
+    bn_channel_dx(s, ch, x, dy, mean, invstd, static_cast<double>(s.n * s.hw), gamma[ch], sdy,
+                  sdyx, g.dx);
 }
 
 }  // namespace towers::kernels

@@ -34,7 +34,8 @@ struct DropoutParams {
   float scale = 1.0f;       // 1 / (1 - rate), rounded once to float
 };
 
-// rate in [0, 1): the threshold round(rate * 2^24) and the scale of a layer.
+// The threshold round(rate * 2^24) and the scale of a layer; rate in [0, 1) and per_example in
+// [1, 2^32), as the layer checks.
 DropoutParams dropout_params(double rate, int64_t per_example, uint64_t salt);
 
 namespace cpu {

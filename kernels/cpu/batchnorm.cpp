@@ -34,14 +34,8 @@ void batchnorm_channel_sums(const BnShape& s, int64_t c0, int64_t c1, const floa
 void batchnorm_forward_with(const BnShape& s, int64_t c0, int64_t c1, const float* x,
                             const float* gamma, const float* beta, const double* mean,
                             const double* var, float* y) {
-  for (int64_t ch = c0; ch < c1; ++ch) {
-    const double invstd = bn_invstd(var[ch], s.eps);
-    for (int64_t e = 0; e < s.n; ++e) {
-      const int64_t o = (e * s.c + ch) * s.hw;
-      for (int64_t i = 0; i < s.hw; ++i)
-        y[o + i] = bn_normalize(x[o + i], mean[ch], invstd, gamma[ch], beta[ch]);
-    }
-  }
+  for (int64_t ch = c0; ch < c1; ++ch)
+    bn_channel_normalize(s, ch, x, mean[ch], bn_invstd(var[ch], s.eps), gamma, beta, y);
 }
 
 void batchnorm_backward_sums(const BnShape& s, int64_t c0, int64_t c1, const float* x,
@@ -63,14 +57,9 @@ void batchnorm_backward_with(const BnShape& s, int64_t c0, int64_t c1, double m,
   for (int64_t ch = c0; ch < c1; ++ch) {
     bn_channel_outputs(global, ch, mean[ch], var[ch], own_sdy[ch], own_sdyx[ch], running_mean,
                        running_var, g);
-    if (g.dx == nullptr) continue;
-    const double invstd = bn_invstd(var[ch], s.eps);
-    const double gi = static_cast<double>(gamma[ch]) * invstd;
-    for (int64_t e = 0; e < s.n; ++e) {
-      const int64_t o = (e * s.c + ch) * s.hw;
-      for (int64_t i = 0; i < s.hw; ++i)
-        g.dx[o + i] = bn_dx(dy[o + i], bn_xhat(x[o + i], mean[ch], invstd), m, gi, sdy[ch], sdyx[ch]);
-    }
+    if (g.dx != nullptr)
+      bn_channel_dx(s, ch, x, dy, mean[ch], bn_invstd(var[ch], s.eps), m, gamma[ch], sdy[ch],
+                    sdyx[ch], g.dx);
   }
 }
 
