@@ -16,6 +16,7 @@
 #include "core/device.h"
 #include "core/rng.h"
 #include "kernels/gemm.h"
+#include "models/model_file.h"
 #include "models/models.h"
 #include "optim/optimizer.h"
 #include "towers/tower.h"
@@ -24,11 +25,14 @@ namespace {
 
 using namespace towers;
 
-// Args: batch, threads.
-void BM_TowerStep(benchmark::State& state, const char* model) {
+// Args: batch, threads. The convolutions' CPU algorithm is `conv` (auto: Winograd where it
+// applies, conv2d.h).
+void BM_TowerStep(benchmark::State& state, const char* model, ConvAlgorithm conv) {
   const int64_t batch = state.range(0);
   const int threads = static_cast<int>(state.range(1));
-  auto g = build_model(model);
+  ModelSpec spec = read_model(model);
+  set_conv_algorithm(spec, conv);
+  auto g = build_graph(spec);
   CpuTower tower(*g, batch, threads);
   std::vector<float> params(g->layout().total());
   g->layout().initialize(params.data(), 1);
@@ -59,14 +63,22 @@ void BM_TowerStep(benchmark::State& state, const char* model) {
   state.counters["GFLOP_per_sec"] = benchmark::Counter(batch * flops * 1e-9,
                                                        benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK_CAPTURE(BM_TowerStep, cifar10, "cifar10")
+BENCHMARK_CAPTURE(BM_TowerStep, cifar10, "cifar10", ConvAlgorithm::Auto)
     ->ArgNames({"batch", "threads"})
     ->Args({128, 1})
     ->Args({128, 2})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(3.0);
-BENCHMARK_CAPTURE(BM_TowerStep, fashion, "fashion")
+// The same with every convolution as im2col + GEMM: what Winograd's conv2 gains.
+BENCHMARK_CAPTURE(BM_TowerStep, cifar10_im2col, "cifar10", ConvAlgorithm::Im2col)
+    ->ArgNames({"batch", "threads"})
+    ->Args({128, 1})
+    ->Args({128, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(3.0);
+BENCHMARK_CAPTURE(BM_TowerStep, fashion, "fashion", ConvAlgorithm::Auto)
     ->ArgNames({"batch", "threads"})
     ->Args({128, 2})
     ->Unit(benchmark::kMillisecond)

@@ -217,7 +217,8 @@ const std::vector<Reader::LayerType>& Reader::layer_types() {
         {"relu", "whether a ReLU follows"},
         {"weight_init", "the weights' initialiser, like {\"stddev\": 0.05}"},
         {"bias_init", "the biases' initial value"},
-        {"weight_decay", "the L2 factor on the weights"}},
+        {"weight_decay", "the L2 factor on the weights"},
+        {"algorithm", "how the CPU computes it: \"auto\", \"im2col\" or \"winograd\""}},
        &Reader::conv2d,
        "filters"},
       {"maxpool",
@@ -473,6 +474,20 @@ void Reader::conv2d(const Node& n, Chain& c, LayerSpec& out) const {
   const Shape& in = image_input(n, c);
   const kernels::Window rows = window(n, c, in[1], cfg.kernel, cfg.stride, cfg.padding);
   const kernels::Window cols = window(n, c, in[2], cfg.kernel, cfg.stride, cfg.padding);
+  if (find(n, "algorithm") != nullptr) {
+    const std::string a = text(n, "algorithm");
+    if (a != "auto" && a != "im2col" && a != "winograd")
+      fail_field(n, "algorithm",
+                 fmt::format("unknown algorithm \"{}\" (known: \"auto\", \"im2col\", \"winograd\")", a));
+    cfg.algorithm = parse_conv_algorithm(a);
+    kernels::ConvGeometry g;
+    g.channels = in[0], g.height = in[1], g.width = in[2], g.rows = rows, g.cols = cols;
+    if (cfg.algorithm == ConvAlgorithm::Winograd && kernels::cpu::winograd_shape(g).m == 0)
+      fail_field(n, "algorithm",
+                 fmt::format("\"winograd\" needs a 3x3 or 5x5 kernel with stride 1 and padding "
+                             "\"same\" (this is {}x{}, stride {})",
+                             cfg.kernel, cfg.kernel, cfg.stride));
+  }
   const double patch = static_cast<double>(in[0]) * static_cast<double>(cfg.kernel * cfg.kernel);
   const double pixels = static_cast<double>(rows.out * cols.out);
   if (patch * pixels > static_cast<double>(kMaxLayerFloats))
@@ -772,6 +787,17 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& l) {
   return std::make_unique<Dense>(l.name, std::get<DenseConfig>(l.config));
 }
 }  // namespace
+
+namespace {
+void set_conv_algorithm(std::vector<LayerSpec>& layers, ConvAlgorithm a) {
+  for (LayerSpec& l : layers) {
+    if (auto* conv = std::get_if<Conv2DConfig>(&l.config)) conv->algorithm = a;
+    if (auto* res = std::get_if<ResidualConfig>(&l.config)) set_conv_algorithm(res->layers, a);
+  }
+}
+}  // namespace
+
+void set_conv_algorithm(ModelSpec& spec, ConvAlgorithm a) { set_conv_algorithm(spec.layers, a); }
 
 std::unique_ptr<Graph> build_graph(const ModelSpec& spec) {
   auto g = std::make_unique<Graph>(spec.name, spec.input, spec.classes);

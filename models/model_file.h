@@ -82,6 +82,9 @@ ModelSpec parse_model(std::string_view text, const std::string& file);
 ModelSpec read_model_file(const std::string& path);
 // The graph of a checked model.
 std::unique_ptr<Graph> build_graph(const ModelSpec& spec);
+// Sets every convolution's CPU algorithm (--conv), residual blocks' included. Winograd on a
+// layer it cannot compute is an error when the graph is built, naming the layer.
+void set_conv_algorithm(ModelSpec& spec, ConvAlgorithm a);
 // The layer types a model file may use ("conv2d", ...).
 std::vector<std::string> layer_types();
 

@@ -108,19 +108,25 @@ struct ConvCase {
   int64_t ci, h, w, co, k, s;
   Padding p;
   bool relu;
+  ConvAlgorithm algorithm = ConvAlgorithm::Auto;
+  Conv2DConfig config() const {
+    Conv2DConfig c{co, k, s, p, relu};
+    c.algorithm = algorithm;
+    return c;
+  }
 };
 
 void PrintTo(const ConvCase& c, std::ostream* os) {
   *os << c.ci << "x" << c.h << "x" << c.w << " -> " << c.co << ", k" << c.k << " s" << c.s
-      << (c.p == Padding::Same ? " SAME" : " VALID") << (c.relu ? " relu" : "");
+      << (c.p == Padding::Same ? " SAME" : " VALID") << (c.relu ? " relu" : "") << " "
+      << conv_algorithm_name(c.algorithm);
 }
 
 class ConvTest : public ::testing::TestWithParam<ConvCase> {};
 
-TEST_P(ConvTest, ForwardMatchesDirectConvolution) {
-  const ConvCase c = GetParam();
+void expect_forward_matches_direct(const ConvCase& c) {
   const int64_t n = 11;  // not a multiple of the chunk size
-  Conv2D conv("conv", Conv2DConfig{c.co, c.k, c.s, c.p, c.relu});
+  Conv2D conv("conv", c.config());
   conv.bind({c.ci, c.h, c.w});
   auto x = random_vec(n * c.ci * c.h * c.w, 3), w = random_vec(c.co * c.ci * c.k * c.k, 4),
        b = random_vec(c.co, 5);
@@ -134,9 +140,11 @@ TEST_P(ConvTest, ForwardMatchesDirectConvolution) {
   for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-4) << "at " << i;
 }
 
+TEST_P(ConvTest, ForwardMatchesDirectConvolution) { expect_forward_matches_direct(GetParam()); }
+
 TEST_P(ConvTest, GradientsMatchNumerical) {
   const ConvCase c = GetParam();
-  Conv2D conv("conv", Conv2DConfig{c.co, c.k, c.s, c.p, c.relu});
+  Conv2D conv("conv", c.config());
   conv.bind({c.ci, c.h, c.w});
   expect_gradients_ok(conv, 3, 7);
 }
@@ -151,6 +159,77 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvTest,
                            return "c" + std::to_string(c.ci) + "x" + std::to_string(c.h) + "x" +
                                   std::to_string(c.w) + "_k" + std::to_string(c.k) + "s" +
                                   std::to_string(c.s) + (c.p == Padding::Same ? "_same" : "_valid") +
+                                  (c.relu ? "_relu" : "") +
+                                  (c.algorithm == ConvAlgorithm::Winograd ? "_winograd" : "");
+                         });
+
+// The Winograd path (kernels/winograd.h; its own test holds each transform to the direct sums
+// in double). Its forward rounds more than im2col's GEMM, enough that the central differences
+// of the gradient checker cannot resolve most coordinates, so its backward is compared with
+// the im2col path's, which the checker covers above, on the same inputs: within 1e-4 of each
+// tensor's largest entry (about 800 float epsilons; a wrong coefficient or index is off by the
+// order of the entries themselves).
+class ConvWinogradTest : public ::testing::TestWithParam<ConvCase> {};
+
+TEST_P(ConvWinogradTest, ForwardMatchesDirectConvolution) {
+  const ConvCase c = GetParam();
+  Conv2D conv("conv", c.config());
+  conv.bind({c.ci, c.h, c.w});
+  ASSERT_EQ(conv.cpu_algorithm(), ConvAlgorithm::Winograd);
+  expect_forward_matches_direct(c);
+}
+
+TEST_P(ConvWinogradTest, BackwardMatchesIm2col) {
+  ConvCase c = GetParam();
+  const int64_t n = 11;  // two chunks of 4 and a ragged one
+  Conv2D wino("conv", c.config());
+  c.algorithm = ConvAlgorithm::Im2col;
+  Conv2D plain("conv", c.config());
+  wino.bind({c.ci, c.h, c.w});
+  plain.bind({c.ci, c.h, c.w});
+  const int64_t in = n * c.ci * c.h * c.w, out = n * numel(plain.out_shape());
+  auto x = random_vec(in, 3), w = random_vec(c.co * c.ci * c.k * c.k, 4), b = random_vec(c.co, 5),
+       dy = random_vec(out, 6);
+  std::vector<float> y(out);
+  ForwardArgs f;
+  f.n = n, f.x = x.data(), f.y = y.data(), f.params = {w.data(), b.data()};
+  plain.forward(f);  // both backwards read the same y (the ReLU's mask)
+  auto backward = [&](const Conv2D& conv, std::vector<float>& dx, std::vector<float>& dw,
+                      std::vector<float>& db) {
+    dx.assign(in, 0.0f), dw.assign(w.size(), 0.0f), db.assign(b.size(), 0.0f);
+    BackwardArgs a;
+    a.n = n, a.x = x.data(), a.y = y.data(), a.dy = dy.data(), a.dx = dx.data();
+    a.params = {w.data(), b.data()};
+    a.grads = {dw.data(), db.data()};
+    conv.backward(a);
+  };
+  std::vector<float> dx1, dw1, db1, dx2, dw2, db2;
+  backward(wino, dx1, dw1, db1);
+  backward(plain, dx2, dw2, db2);
+  auto expect_close = [](const std::vector<float>& got, const std::vector<float>& want,
+                         const char* what) {
+    float top = 0.0f;
+    for (float v : want) top = std::max(top, std::fabs(v));
+    ASSERT_GT(top, 0.0f) << what;
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-4f * top) << what << " at " << i;
+  };
+  expect_close(dx1, dx2, "dx");
+  expect_close(dw1, dw2, "dW");
+  expect_close(db1, db2, "db");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ConvWinogradTest,
+                         ::testing::Values(ConvCase{16, 12, 12, 16, 5, 1, Padding::Same, true,
+                                                    ConvAlgorithm::Winograd},
+                                           ConvCase{3, 7, 9, 4, 5, 1, Padding::Same, false,
+                                                    ConvAlgorithm::Winograd},
+                                           ConvCase{4, 10, 7, 5, 3, 1, Padding::Same, true,
+                                                    ConvAlgorithm::Winograd}),
+                         [](const ::testing::TestParamInfo<ConvCase>& i) {
+                           const ConvCase& c = i.param;
+                           return "c" + std::to_string(c.ci) + "x" + std::to_string(c.h) + "x" +
+                                  std::to_string(c.w) + "_k" + std::to_string(c.k) +
                                   (c.relu ? "_relu" : "");
                          });
 

@@ -18,6 +18,31 @@ namespace {
 constexpr int64_t kChunk = 4;  // images per GEMM: big enough for an efficient GEMM (conv2:
                                // 64 x 576 x 1600), small enough that two towers' col buffers
                                // share the L3 cache
+
+// d = dy where y > 0 (relu) or dy; adds d to sum (the bias gradient), in order.
+void mask_dy(const float* dy, const float* y, bool relu, int64_t n, float* d, double& sum) {
+  if (relu)
+    for (int64_t p = 0; p < n; ++p) d[p] = y[p] > 0.0f ? dy[p] : 0.0f;
+  else
+    std::memcpy(d, dy, sizeof(float) * n);
+  for (int64_t p = 0; p < n; ++p) sum += d[p];
+}
+}
+
+ConvAlgorithm parse_conv_algorithm(const std::string& s) {
+  if (s == "auto") return ConvAlgorithm::Auto;
+  if (s == "im2col") return ConvAlgorithm::Im2col;
+  if (s == "winograd") return ConvAlgorithm::Winograd;
+  TOWERS_BAD_INPUT("unknown convolution algorithm '{}' (known: auto, im2col, winograd)", s);
+}
+
+const char* conv_algorithm_name(ConvAlgorithm a) {
+  switch (a) {
+    case ConvAlgorithm::Auto: return "auto";
+    case ConvAlgorithm::Im2col: return "im2col";
+    case ConvAlgorithm::Winograd: return "winograd";
+  }
+  return "?";
 }
 
 Shape Conv2D::infer(const Shape& in) {
@@ -29,6 +54,14 @@ Shape Conv2D::infer(const Shape& in) {
   g.width = in[2];
   g.rows = kernels::make_window(in[1], cfg_.kernel, cfg_.stride, cfg_.padding);
   g.cols = kernels::make_window(in[2], cfg_.kernel, cfg_.stride, cfg_.padding);
+  const kernels::cpu::WinogradShape w = kernels::cpu::winograd_shape(g);
+  wino_ = {};
+  if (cfg_.algorithm == ConvAlgorithm::Winograd) {
+    TOWERS_REQUIRE(w.m != 0, "{}: the winograd algorithm needs a 3x3 or 5x5 kernel with stride 1 "
+                   "and SAME padding (this is {}x{}, stride {}, {})", name(), cfg_.kernel,
+                   cfg_.kernel, cfg_.stride, cfg_.padding == kernels::Padding::Same ? "SAME" : "VALID");
+    wino_ = w;
+  }
   return {cfg_.out_channels, g.rows.out, g.cols.out};
 }
 
@@ -45,6 +78,7 @@ int64_t Conv2D::flops_per_example() const {
 }
 
 void Conv2D::forward(const ForwardArgs& a) const {
+  if (wino_.m != 0) return forward_winograd(a);
   const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
   const int64_t in_sz = numel(in_shape()), out_sz = co * P;
   for_chunks(a.n, kChunk, [&](int64_t, int64_t b0, int64_t b1) {
@@ -69,6 +103,7 @@ void Conv2D::forward(const ForwardArgs& a) const {
 }
 
 void Conv2D::backward(const BackwardArgs& a) const {
+  if (wino_.m != 0) return backward_winograd(a);
   const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
   const int64_t in_sz = numel(in_shape()), out_sz = co * P;
   const int64_t chunks = ceil_div(a.n, kChunk), wsz = co * K;
@@ -92,12 +127,7 @@ void Conv2D::backward(const BackwardArgs& a) const {
       for (int64_t i = b0; i < b1; ++i) {
         const float* dy = a.dy + i * out_sz + c * P;
         const float* y = a.y + i * out_sz + c * P;
-        float* d = g + c * cols + (i - b0) * P;
-        if (cfg_.relu)
-          for (int64_t p = 0; p < P; ++p) d[p] = y[p] > 0.0f ? dy[p] : 0.0f;
-        else
-          std::memcpy(d, dy, sizeof(float) * P);
-        for (int64_t p = 0; p < P; ++p) bsum += d[p];
+        mask_dy(dy, y, cfg_.relu, P, g + c * cols + (i - b0) * P, bsum);
       }
       dbk[c] = static_cast<float>(bsum);
     }
@@ -111,6 +141,64 @@ void Conv2D::backward(const BackwardArgs& a) const {
       for (int64_t i = b0; i < b1; ++i)
         kernels::cpu::col2im(geo_, col + (i - b0) * P, cols, a.dx + i * in_sz);
     }
+  });
+  if (chunks > 1) {
+    for_chunks(wsz, 1 << 14, [&](int64_t, int64_t b, int64_t e) {
+      kernels::cpu::tree_sum(dws.data(), chunks, b, e);
+    });
+    kernels::cpu::tree_sum(dbs.data(), chunks, 0, co);
+  }
+}
+
+// Winograd: the same chunks of images; per chunk the transforms and one GEMM per position
+// (kernels/winograd.h). The weights are transformed once per call, by the calling thread.
+void Conv2D::forward_winograd(const ForwardArgs& a) const {
+  const int64_t co = cfg_.out_channels, ci = geo_.channels, pos = wino_.positions();
+  const int64_t in_sz = numel(in_shape()), out_sz = co * geo_.out_pixels();
+  float* u = thread_scratch(ScratchSlot::Weights, pos * co * ci);
+  kernels::cpu::winograd_weights(wino_, co, ci, a.params[kWeight], false, u);
+  for_chunks(a.n, kChunk, [&](int64_t, int64_t b0, int64_t b1) {
+    const int64_t per = pos * std::max(ci, co) * wino_.tiles(b1 - b0);
+    kernels::cpu::winograd_forward(wino_, co, ci, b1 - b0, u, a.x + b0 * in_sz, a.params[kBias],
+                                   cfg_.relu, a.y + b0 * out_sz, thread_scratch(ScratchSlot::Col, per),
+                                   thread_scratch(ScratchSlot::Out, per));
+  });
+}
+
+void Conv2D::backward_winograd(const BackwardArgs& a) const {
+  const int64_t co = cfg_.out_channels, ci = geo_.channels, pos = wino_.positions();
+  const int64_t P = geo_.out_pixels(), in_sz = numel(in_shape()), out_sz = co * P;
+  const int64_t chunks = ceil_div(a.n, kChunk), wsz = co * ci * cfg_.kernel * cfg_.kernel;
+  // Partials per chunk, tree-summed, as in the im2col path.
+  float* extra = thread_scratch(ScratchSlot::Partial, (chunks - 1) * wsz + chunks * co);
+  std::vector<float*> dws(chunks), dbs(chunks);
+  for (int64_t k = 0; k < chunks; ++k) {
+    dws[k] = k == 0 ? a.grads[kWeight] : extra + (k - 1) * wsz;
+    dbs[k] = k == 0 ? a.grads[kBias] : extra + (chunks - 1) * wsz + k * co;
+  }
+  float* ut = nullptr;
+  if (a.dx != nullptr) {
+    ut = thread_scratch(ScratchSlot::Weights, pos * co * ci);
+    kernels::cpu::winograd_weights(wino_, co, ci, a.params[kWeight], true, ut);
+  }
+  for_chunks(a.n, kChunk, [&](int64_t k, int64_t b0, int64_t b1) {
+    const int64_t images = b1 - b0;
+    float* g = thread_scratch(ScratchSlot::Extra, images * out_sz);  // dy, masked by the ReLU
+    for (int64_t c = 0; c < co; ++c) {
+      double bsum = 0.0;
+      for (int64_t i = b0; i < b1; ++i) {
+        const float* dy = a.dy + i * out_sz + c * P;
+        const float* y = a.y + i * out_sz + c * P;
+        mask_dy(dy, y, cfg_.relu, P, g + (i - b0) * out_sz + c * P, bsum);
+      }
+      dbs[k][c] = static_cast<float>(bsum);
+    }
+    const int64_t per = pos * std::max(ci, co) * wino_.tiles(images);
+    kernels::cpu::winograd_backward(wino_, co, ci, images, ut, a.x + b0 * in_sz, g, dws[k],
+                                    a.dx != nullptr ? a.dx + b0 * in_sz : nullptr,
+                                    thread_scratch(ScratchSlot::Col, per),
+                                    thread_scratch(ScratchSlot::Out, per),
+                                    thread_scratch(ScratchSlot::Transform, pos * co * ci));
   });
   if (chunks > 1) {
     for_chunks(wsz, 1 << 14, [&](int64_t, int64_t b, int64_t e) {

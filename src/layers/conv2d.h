@@ -1,18 +1,32 @@
-// conv2d.h — 2-D convolution (+ bias, + optional fused ReLU) as im2col + GEMM.
+// conv2d.h — 2-D convolution (+ bias, + optional fused ReLU) as im2col + GEMM, or on the CPU
+// by Winograd's minimal filtering (kernels/winograd.h) where it applies.
 // Weight [out, in, kh, kw]; TF SAME/VALID padding. The batch is cut into fixed chunks of
-// images; each chunk is one GEMM over all its pixels, and chunks run on oneTBB threads.
+// images; each chunk is one GEMM over all its pixels (or one per Winograd position), and
+// chunks run on oneTBB threads.
 #pragma once
 
+#include <string>
+
 #include "kernels/conv.h"
+#include "kernels/winograd.h"
 #include "layers/layer.h"
 
 namespace towers {
+
+// How the CPU computes a convolution (GPU towers use im2col + GEMM whatever this says).
+//   auto      im2col (Winograd's transforms cost more than its GEMMs save on this CPU path)
+//   im2col    im2col + one GEMM per chunk of images
+//   winograd  Winograd (F(2x2, 5x5) or F(4x4, 3x3)); an error where it does not apply
+enum class ConvAlgorithm { Auto, Im2col, Winograd };
+ConvAlgorithm parse_conv_algorithm(const std::string& s);  // the names above; else an error
+const char* conv_algorithm_name(ConvAlgorithm a);
 
 struct Conv2DConfig {
   int64_t out_channels = 0, kernel = 0, stride = 1;
   kernels::Padding padding = kernels::Padding::Same;
   bool relu = true;
   float weight_stddev = 5e-2f, bias_init = 0.0f, weight_decay = 0.0f;
+  ConvAlgorithm algorithm = ConvAlgorithm::Auto;
 };
 
 class Conv2D : public Layer {
@@ -20,6 +34,8 @@ class Conv2D : public Layer {
   static constexpr int kWeight = 0, kBias = 1;  // params(): "<name>/weight", "<name>/bias"
   Conv2D(std::string name, Conv2DConfig cfg) : Layer(std::move(name)), cfg_(cfg) {}
   std::string kind() const override { return "conv2d"; }
+  // What the CPU path computes with, once the input shape is known: Im2col or Winograd.
+  ConvAlgorithm cpu_algorithm() const { return wino_.m != 0 ? ConvAlgorithm::Winograd : ConvAlgorithm::Im2col; }
   std::vector<ParamSpec> params() const override;
   int64_t flops_per_example() const override;
   int64_t batch_chunk() const override;
@@ -37,6 +53,9 @@ class Conv2D : public Layer {
  private:
   Conv2DConfig cfg_;
   kernels::ConvGeometry geo_;  // set by infer (bind happens once, before any call)
+  kernels::cpu::WinogradShape wino_;  // m = 0: im2col
+  void forward_winograd(const ForwardArgs& a) const;
+  void backward_winograd(const BackwardArgs& a) const;
 };
 
 }  // namespace towers
