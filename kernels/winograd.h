@@ -44,15 +44,17 @@ struct WinogradShape {
 // 3x3 kernel, stride 1 and SAME padding along both axes; m = 0 when none applies.
 WinogradShape winograd_shape(const ConvGeometry& g);
 
-// Layouts, for a chunk of `images` images of T = s.tiles(images) tiles:
-//   U  (positions, co, ci)  the weights' transform                       winograd_weights
-//   Ut (positions, ci, co)  that of the flipped kernel, for dx            (flipped = true)
-//   V  (positions, c, T)    an input's transform                          winograd_input
-//   M  (positions, c, T)    the GEMMs' products, to NCHW output           winograd_output
-//   Dy (positions, co, T)   the adjoint of winograd_output                winograd_output_adjoint
+// Layouts, for a chunk of `images` images of T = s.tiles(images) tiles, with the channels of
+// the transformed arrays rounded up to a multiple of 8 (Cp) so that the transforms run on
+// whole vectors:
+//   U  (positions, ci, co)  the weights' transform                        winograd_weights
+//   Ut (positions, co, ci)  that of the flipped kernel, for dx             (for_dx = true)
+//   V  (positions, T, Cp)   an input's transform                           winograd_input
+//   M  (positions, T, Cp)   the GEMMs' products, to NCHW output            winograd_output
+//   Dy (positions, T, Cp)   the adjoint of winograd_output                 winograd_output_adjoint
 //   dU (positions, co, ci)  to dW (co, ci, r, r), the weight transform's adjoint
 // w is (co, ci, r, r); x, y, dy and dx are (images, c, height, width).
-void winograd_weights(const WinogradShape& s, int64_t co, int64_t ci, const float* w, bool flipped,
+void winograd_weights(const WinogradShape& s, int64_t co, int64_t ci, const float* w, bool for_dx,
                       float* u);
 void winograd_weights_adjoint(const WinogradShape& s, int64_t co, int64_t ci, const float* du,
                               float* dw);
@@ -63,17 +65,13 @@ void winograd_output(const WinogradShape& s, int64_t c, int64_t images, const fl
 void winograd_output_adjoint(const WinogradShape& s, int64_t c, int64_t images, const float* dy,
                              float* out);
 
-// One chunk of a convolution, transforms and GEMMs. Scratch: v and m hold
-// positions * max(ci, co) * T floats each.
-//   forward:  y = conv(x, w) + bias, ReLU when relu; u from winograd_weights (not flipped)
+// One chunk of a convolution, transforms and GEMMs, with per-thread scratch of its own.
+//   forward:  y = conv(x, w) + bias, ReLU when relu; u from winograd_weights (not for dx)
 //   backward: dw = the chunk's weight gradient; dx (unless null) = its input gradient, from ut
-//             (winograd_weights, flipped); g is the chunk's dy, already masked by the ReLU;
-//             du holds positions * co * ci floats
+//             (winograd_weights, for dx); g is the chunk's dy, already masked by the ReLU
 void winograd_forward(const WinogradShape& s, int64_t co, int64_t ci, int64_t images,
-                      const float* u, const float* x, const float* bias, bool relu, float* y,
-                      float* v, float* m);
+                      const float* u, const float* x, const float* bias, bool relu, float* y);
 void winograd_backward(const WinogradShape& s, int64_t co, int64_t ci, int64_t images,
-                       const float* ut, const float* x, const float* g, float* dw, float* dx,
-                       float* v, float* m, float* du);
+                       const float* ut, const float* x, const float* g, float* dw, float* dx);
 
 }  // namespace towers::kernels::cpu

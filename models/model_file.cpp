@@ -791,7 +791,11 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& l) {
 namespace {
 void set_conv_algorithm(std::vector<LayerSpec>& layers, ConvAlgorithm a) {
   for (LayerSpec& l : layers) {
-    if (auto* conv = std::get_if<Conv2DConfig>(&l.config)) conv->algorithm = a;
+    if (auto* conv = std::get_if<Conv2DConfig>(&l.config)) {
+      const bool fits = (conv->kernel == 3 || conv->kernel == 5) && conv->stride == 1 &&
+                        conv->padding == kernels::Padding::Same;
+      conv->algorithm = a == ConvAlgorithm::Winograd && !fits ? ConvAlgorithm::Im2col : a;
+    }
     if (auto* res = std::get_if<ResidualConfig>(&l.config)) set_conv_algorithm(res->layers, a);
   }
 }

@@ -82,8 +82,8 @@ ModelSpec parse_model(std::string_view text, const std::string& file);
 ModelSpec read_model_file(const std::string& path);
 // The graph of a checked model.
 std::unique_ptr<Graph> build_graph(const ModelSpec& spec);
-// Sets every convolution's CPU algorithm (--conv), residual blocks' included. Winograd on a
-// layer it cannot compute is an error when the graph is built, naming the layer.
+// Sets every convolution's CPU algorithm (--conv), residual blocks' included; Winograd goes to
+// the layers it can compute (3x3 or 5x5, stride 1, SAME), the others get im2col.
 void set_conv_algorithm(ModelSpec& spec, ConvAlgorithm a);
 // The layer types a model file may use ("conv2d", ...).
 std::vector<std::string> layer_types();

@@ -77,17 +77,14 @@ TEST_P(WinogradTest, ForwardAndGradientsAreTheDirectSumsWithinTheBound) {
   ASSERT_EQ(s.r, c.r);
   ASSERT_EQ(s.m, c.r == 5 ? 2 : 4);
   const int64_t n = c.images, H = c.h, W = c.w, R = c.r, P = (c.r - 1) / 2;
-  const int64_t pos = s.positions(), T = s.tiles(n), big = std::max(c.ci, c.co);
+  const int64_t pos = s.positions();
   const auto x = normal(n * c.ci * H * W, 1), w = normal(c.co * c.ci * R * R, 2),
              bias = normal(c.co, 3), g = normal(n * c.co * H * W, 4);
-  std::vector<float> u(pos * c.co * c.ci), ut(u.size()), v(pos * big * T), m(v.size()),
-      du(u.size()), y(g.size()), dw(w.size()), dx(x.size());
+  std::vector<float> u(pos * c.co * c.ci), ut(u.size()), y(g.size()), dw(w.size()), dx(x.size());
   kc::winograd_weights(s, c.co, c.ci, w.data(), false, u.data());
   kc::winograd_weights(s, c.co, c.ci, w.data(), true, ut.data());
-  kc::winograd_forward(s, c.co, c.ci, n, u.data(), x.data(), bias.data(), false, y.data(),
-                       v.data(), m.data());
-  kc::winograd_backward(s, c.co, c.ci, n, ut.data(), x.data(), g.data(), dw.data(), dx.data(),
-                        v.data(), m.data(), du.data());
+  kc::winograd_forward(s, c.co, c.ci, n, u.data(), x.data(), bias.data(), false, y.data());
+  kc::winograd_backward(s, c.co, c.ci, n, ut.data(), x.data(), g.data(), dw.data(), dx.data());
 
   auto X = [&](int64_t i, int64_t ch, int64_t yy, int64_t xx) -> double {
     if (yy < 0 || yy >= H || xx < 0 || xx >= W) return 0.0;
@@ -177,18 +174,19 @@ TEST(Winograd, AppliesToStrideOneSameConvolutionsWithThreeOrFiveTaps) {
   EXPECT_EQ(shape(7, 1, kernels::Padding::Same).m, 0);
 }
 
-TEST(Winograd, IsUsedWhereAsked) {
-  auto algo = [](int64_t k, ConvAlgorithm a) {
-    Conv2DConfig c{64, k, 1, kernels::Padding::Same, true};
+TEST(Winograd, AutoPicksItForWideFiveByFiveLayersOnly) {
+  auto algo = [](int64_t ci, int64_t co, int64_t k, ConvAlgorithm a) {
+    Conv2DConfig c{co, k, 1, kernels::Padding::Same, true};
     c.algorithm = a;
     Conv2D conv("conv", c);
-    conv.bind({64, 12, 12});
+    conv.bind({ci, 12, 12});
     return conv.cpu_algorithm();
   };
-  EXPECT_EQ(algo(5, ConvAlgorithm::Winograd), ConvAlgorithm::Winograd);
-  EXPECT_EQ(algo(3, ConvAlgorithm::Winograd), ConvAlgorithm::Winograd);
-  EXPECT_EQ(algo(5, ConvAlgorithm::Im2col), ConvAlgorithm::Im2col);
-  EXPECT_EQ(algo(5, ConvAlgorithm::Auto), ConvAlgorithm::Im2col);
+  EXPECT_EQ(algo(64, 64, 5, ConvAlgorithm::Auto), ConvAlgorithm::Winograd);  // cifar10's conv2
+  EXPECT_EQ(algo(3, 64, 5, ConvAlgorithm::Auto), ConvAlgorithm::Im2col);     // conv1: 3 channels
+  EXPECT_EQ(algo(64, 64, 3, ConvAlgorithm::Auto), ConvAlgorithm::Im2col);
+  EXPECT_EQ(algo(64, 64, 3, ConvAlgorithm::Winograd), ConvAlgorithm::Winograd);
+  EXPECT_EQ(algo(64, 64, 5, ConvAlgorithm::Im2col), ConvAlgorithm::Im2col);
 }
 
 TEST(Winograd, ForAKernelItCannotComputeIsAnErrorNamingTheLayer) {

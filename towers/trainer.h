@@ -51,6 +51,7 @@ struct TrainConfig {
   ScheduleConfig schedule;
   float label_smoothing = 0.0f;      // training target (1 - e) onehot + e / classes
   bool sync_bn = false;  // BatchNorm statistics over the sync towers' global batch
+  std::string conv;      // --conv: every convolution's CPU algorithm; empty: the model's own
   std::string tta = "none";          // none | flip: evaluations average each image's and its mirror's logits
   std::string metrics_path;
   std::string checkpoint_dir;

@@ -85,108 +85,153 @@ struct Mats {
   struct BT { static constexpr auto& value = Form<M, R>::BT; };
 };
 
-// Rows of an input plane, padded with zeros to the tiles' width (R - 1 + tiles_w * M).
-float* zeroed_rows(int64_t floats) {
-  thread_local std::vector<float> rows;
-  if (static_cast<int64_t>(rows.size()) < floats) rows.resize(floats);
-  return rows.data();
+// The tile transforms run over blocks of kLanes channels, the channel innermost, so that each
+// step is a vector operation: the transformed arrays are (positions, T, channels rounded up
+// to kLanes), and the GEMMs read and write them with that leading dimension.
+constexpr int kLanes = 8;
+int64_t lanes_up(int64_t c) { return (c + kLanes - 1) / kLanes * kLanes; }
+
+// product() on blocks of kLanes channels: in(k) and out(i) are pointers to kLanes floats.
+template <int Rows, int Cols, bool Transposed, class Mat, class In, class Out>
+inline void product_lanes(const In& in, const Out& out) {
+  unroll<Rows>([&](auto i) {
+    float acc[kLanes] = {};
+    unroll<Cols>([&](auto k) {
+      constexpr float c = Transposed ? Mat::value[k][i] : Mat::value[i][k];
+      const float* __restrict x = in(k);
+      if constexpr (c == 1.0f) {
+        for (int j = 0; j < kLanes; ++j) acc[j] += x[j];
+      } else if constexpr (c == -1.0f) {
+        for (int j = 0; j < kLanes; ++j) acc[j] -= x[j];
+      } else if constexpr (c != 0.0f) {
+        for (int j = 0; j < kLanes; ++j) acc[j] += c * x[j];
+      }
+    });
+    float* __restrict o = out(i);
+    for (int j = 0; j < kLanes; ++j) o[j] = acc[j];
+  });
 }
 
+// Per-thread buffers of a chunk's transforms, grown to the largest request and reused.
+struct Scratch {
+  std::vector<float> planes, v, m, du;
+  static float* get(std::vector<float>& b, int64_t floats) {
+    if (static_cast<int64_t>(b.size()) < floats) b.resize(static_cast<size_t>(floats));
+    return b.data();
+  }
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// x (images, C, H, W) channels-last in this thread's scratch: (images, Hp, Wp, lanes_up(C)),
+// each plane at (off, off), zeros around it and in the lanes past C.
+const float* channels_last(const float* x, int64_t images, int64_t C, int64_t H, int64_t Wd,
+                           int64_t Hp, int64_t Wp, int64_t off) {
+  const int64_t Cp = lanes_up(C), floats = images * Hp * Wp * Cp;
+  float* out = Scratch::get(scratch().planes, floats);
+  std::fill(out, out + floats, 0.0f);
+  for (int64_t i = 0; i < images; ++i)
+    for (int64_t y = 0; y < H; ++y)
+      for (int64_t c = 0; c < C; ++c) {
+        const float* src = x + ((i * C + c) * H + y) * Wd;
+        float* dst = out + ((i * Hp + y + off) * Wp + off) * Cp + c;
+        for (int64_t xx = 0; xx < Wd; ++xx) dst[xx * Cp] = src[xx];
+      }
+  return out;
+}
+
+// x (images, C, H, W) -> v (positions, T, lanes_up(C)).
 template <int M, int R>
 void input(const WinogradShape& s, int64_t C, int64_t images, const float* x, float* v) {
   using W = Mats<M, R>;
   constexpr int A = W::A, P = (R - 1) / 2;
   const int64_t H = s.height, Wd = s.width, th = s.tiles_h(), tw = s.tiles_w();
-  const int64_t T = images * th * tw, Wp = tw * M + R - 1;
-  float* rows = zeroed_rows(2 * A * Wp);
-  float* rowt = rows + A * Wp;  // B^T applied down the rows: (A, Wp)
+  const int64_t T = images * th * tw, Cp = lanes_up(C);
+  const int64_t Hp = th * M + R - 1, Wp = tw * M + R - 1;
+  const float* pad = channels_last(x, images, C, H, Wd, Hp, Wp, P);
   for (int64_t i = 0; i < images; ++i)
-    for (int64_t c = 0; c < C; ++c) {
-      const float* xc = x + (i * C + c) * H * Wd;
-      for (int64_t ti = 0; ti < th; ++ti) {
-        for (int r = 0; r < A; ++r) {
-          float* row = rows + r * Wp;
-          const int64_t y = ti * M - P + r;
-          std::fill(row, row + Wp, 0.0f);
-          if (y >= 0 && y < H) std::memcpy(row + P, xc + y * Wd, sizeof(float) * Wd);
-        }
-        for (int64_t w = 0; w < Wp; ++w)
-          product<A, A, false>(typename W::BT{}, [&](int k) { return rows[k * Wp + w]; },
-                               [&](int a, float val) { rowt[a * Wp + w] = val; });
-        const int64_t t0 = (i * th + ti) * tw;
-        for (int a = 0; a < A; ++a) {
-          float* va = v + (static_cast<int64_t>(a) * A * C + c) * T + t0;  // position (a, 0)
-          for (int64_t tj = 0; tj < tw; ++tj) {
-            const float* d = rowt + a * Wp + tj * M;
-            product<A, A, false>(typename W::BT{}, [&](int k) { return d[k]; },
-                                 [&](int b, float val) { va[b * C * T + tj] = val; });
-          }
+    for (int64_t ti = 0; ti < th; ++ti)
+      for (int64_t tj = 0; tj < tw; ++tj) {
+        const int64_t t = (i * th + ti) * tw + tj;
+        const float* base = pad + ((i * Hp + ti * M) * Wp + tj * M) * Cp;
+        for (int64_t cb = 0; cb < Cp; cb += kLanes) {
+          float rows[A][A][kLanes];  // (a, k): B^T down the patch's columns
+          for (int k = 0; k < A; ++k)
+            product_lanes<A, A, false, typename W::BT>(
+                [&](int r) { return base + (r * Wp + k) * Cp + cb; },
+                [&](int a) { return rows[a][k]; });
+          for (int a = 0; a < A; ++a)
+            product_lanes<A, A, false, typename W::BT>(
+                [&](int k) { return rows[a][k]; },
+                [&](int b) { return v + ((a * A + b) * T + t) * Cp + cb; });
         }
       }
-    }
 }
 
+// m (positions, T, lanes_up(C)) -> y (images, C, H, W), plus bias[c] (unless null), ReLU.
 template <int M, int R>
 void output(const WinogradShape& s, int64_t C, int64_t images, const float* m, const float* bias,
             bool relu, float* y) {
   using W = Mats<M, R>;
   constexpr int A = W::A;
   const int64_t H = s.height, Wd = s.width, th = s.tiles_h(), tw = s.tiles_w();
-  const int64_t T = images * th * tw, stride = C * T;  // between positions
+  const int64_t T = images * th * tw, Cp = lanes_up(C);
   for (int64_t i = 0; i < images; ++i)
-    for (int64_t c = 0; c < C; ++c) {
-      float* yc = y + (i * C + c) * H * Wd;
-      const float b0 = bias != nullptr ? bias[c] : 0.0f;
-      for (int64_t ti = 0; ti < th; ++ti)
-        for (int64_t tj = 0; tj < tw; ++tj) {
-          const float* mt = m + c * T + (i * th + ti) * tw + tj;
-          float half[M][A];  // A^T m, down the columns
+    for (int64_t ti = 0; ti < th; ++ti)
+      for (int64_t tj = 0; tj < tw; ++tj) {
+        const int64_t t = (i * th + ti) * tw + tj;
+        for (int64_t cb = 0; cb < Cp; cb += kLanes) {
+          float half[M][A][kLanes];  // A^T m, down the columns
           for (int b = 0; b < A; ++b)
-            product<M, A, false>(typename W::AT{}, [&](int a) { return mt[(a * A + b) * stride]; },
-                                 [&](int u, float val) { half[u][b] = val; });
-          for (int u = 0; u < M; ++u) {
-            const int64_t yy = ti * M + u;
-            if (yy >= H) break;
-            float out[M];
-            product<M, A, false>(typename W::AT{}, [&](int b) { return half[u][b]; },
-                                 [&](int vv, float val) { out[vv] = val; });
-            for (int vv = 0; vv < M && tj * M + vv < Wd; ++vv) {
-              float val = out[vv];
-              if (bias != nullptr) val += b0;
-              yc[yy * Wd + tj * M + vv] = relu ? std::max(val, 0.0f) : val;
-            }
+            product_lanes<M, A, false, typename W::AT>(
+                [&](int a) { return m + ((a * A + b) * T + t) * Cp + cb; },
+                [&](int u) { return half[u][b]; });
+          float out[M][M][kLanes];
+          for (int u = 0; u < M; ++u)
+            product_lanes<M, A, false, typename W::AT>([&](int b) { return half[u][b]; },
+                                                       [&](int vv) { return out[u][vv]; });
+          const int64_t lanes = std::min<int64_t>(kLanes, C - cb);
+          for (int64_t j = 0; j < lanes; ++j) {
+            const float b0 = bias != nullptr ? bias[cb + j] : 0.0f;
+            float* yc = y + (i * C + cb + j) * H * Wd;
+            for (int u = 0; u < M && ti * M + u < H; ++u)
+              for (int vv = 0; vv < M && tj * M + vv < Wd; ++vv) {
+                float val = out[u][vv][j];
+                if (bias != nullptr) val += b0;
+                yc[(ti * M + u) * Wd + tj * M + vv] = relu ? std::max(val, 0.0f) : val;
+              }
           }
         }
-    }
+      }
 }
 
+// dy (images, C, H, W) -> out (positions, T, lanes_up(C)) = A dy_tile A^T per tile.
 template <int M, int R>
 void output_adjoint(const WinogradShape& s, int64_t C, int64_t images, const float* dy, float* out) {
   using W = Mats<M, R>;
   constexpr int A = W::A;
   const int64_t H = s.height, Wd = s.width, th = s.tiles_h(), tw = s.tiles_w();
-  const int64_t T = images * th * tw, stride = C * T;
+  const int64_t T = images * th * tw, Cp = lanes_up(C), Ht = th * M, Wt = tw * M;
+  const float* pad = channels_last(dy, images, C, H, Wd, Ht, Wt, 0);
   for (int64_t i = 0; i < images; ++i)
-    for (int64_t c = 0; c < C; ++c) {
-      const float* dc = dy + (i * C + c) * H * Wd;
-      for (int64_t ti = 0; ti < th; ++ti)
-        for (int64_t tj = 0; tj < tw; ++tj) {
-          float g[M][M];  // the tile, zero beyond the plane
+    for (int64_t ti = 0; ti < th; ++ti)
+      for (int64_t tj = 0; tj < tw; ++tj) {
+        const int64_t t = (i * th + ti) * tw + tj;
+        const float* base = pad + ((i * Ht + ti * M) * Wt + tj * M) * Cp;
+        for (int64_t cb = 0; cb < Cp; cb += kLanes) {
+          float half[M][A][kLanes];  // dy A^T, along the rows
           for (int u = 0; u < M; ++u)
-            for (int vv = 0; vv < M; ++vv) {
-              const int64_t yy = ti * M + u, xx = tj * M + vv;
-              g[u][vv] = yy < H && xx < Wd ? dc[yy * Wd + xx] : 0.0f;
-            }
-          float half[M][A];  // g A^T, along the rows
-          for (int u = 0; u < M; ++u)
-            product<A, M, true>(typename W::AT{}, [&](int vv) { return g[u][vv]; },
-                                [&](int b, float val) { half[u][b] = val; });
-          float* ot = out + c * T + (i * th + ti) * tw + tj;
+            product_lanes<A, M, true, typename W::AT>(
+                [&](int vv) { return base + (u * Wt + vv) * Cp + cb; },
+                [&](int b) { return half[u][b]; });
           for (int b = 0; b < A; ++b)
-            product<A, M, true>(typename W::AT{}, [&](int u) { return half[u][b]; },
-                                [&](int a, float val) { ot[(a * A + b) * stride] = val; });
+            product_lanes<A, M, true, typename W::AT>(
+                [&](int u) { return half[u][b]; },
+                [&](int a) { return out + ((a * A + b) * T + t) * Cp + cb; });
         }
-    }
+      }
 }
 
 // The weight transforms run over blocks of kernel pairs (o, i), the pair innermost, so that
@@ -194,20 +239,20 @@ void output_adjoint(const WinogradShape& s, int64_t C, int64_t images, const flo
 constexpr int64_t kPairs = 64;
 
 template <int M, int R>
-void weights(int64_t co, int64_t ci, const float* w, bool flipped, float* u) {
+void weights(int64_t co, int64_t ci, const float* w, bool for_dx, float* u) {
   using W = Mats<M, R>;
   constexpr int A = W::A;
   const int64_t pairs = co * ci;
   for (int64_t q0 = 0; q0 < pairs; q0 += kPairs) {
     const int64_t n = std::min(kPairs, pairs - q0);
-    // Pair q is U's column: (o, i) = (q / ci, q % ci), or, flipped, (i, o) = (q / co, q % co)
-    // with the kernel turned by 180 degrees.
+    // Pair q is U's column: (i, o) = (q / co, q % co); for dx (o, i) = (q / ci, q % ci), with
+    // the kernel turned by 180 degrees.
     float k[R * R][kPairs];
     for (int64_t j = 0; j < n; ++j) {
       const int64_t q = q0 + j;
-      const int64_t o = flipped ? q % co : q / ci, i = flipped ? q / co : q % ci;
+      const int64_t o = for_dx ? q / ci : q % co, i = for_dx ? q % ci : q / co;
       const float* src = w + (o * ci + i) * R * R;
-      for (int e = 0; e < R * R; ++e) k[e][j] = src[flipped ? R * R - 1 - e : e];
+      for (int e = 0; e < R * R; ++e) k[e][j] = src[for_dx ? R * R - 1 - e : e];
     }
     float half[A * R][kPairs];  // G w, down the columns: (a, l)
     for (int l = 0; l < R; ++l)
@@ -267,9 +312,9 @@ WinogradShape winograd_shape(const ConvGeometry& g) {
   return s;
 }
 
-void winograd_weights(const WinogradShape& s, int64_t co, int64_t ci, const float* w, bool flipped,
+void winograd_weights(const WinogradShape& s, int64_t co, int64_t ci, const float* w, bool for_dx,
                       float* u) {
-  with_form(s, [&]<int M, int R>() { weights<M, R>(co, ci, w, flipped, u); });
+  with_form(s, [&]<int M, int R>() { weights<M, R>(co, ci, w, for_dx, u); });
 }
 
 void winograd_weights_adjoint(const WinogradShape& s, int64_t co, int64_t ci, const float* du,
@@ -292,33 +337,43 @@ void winograd_output_adjoint(const WinogradShape& s, int64_t c, int64_t images, 
 }
 
 void winograd_forward(const WinogradShape& s, int64_t co, int64_t ci, int64_t images,
-                      const float* u, const float* x, const float* bias, bool relu, float* y,
-                      float* v, float* m) {
-  const int64_t T = s.tiles(images);
+                      const float* u, const float* x, const float* bias, bool relu, float* y) {
+  const int64_t T = s.tiles(images), cpi = lanes_up(ci), cpo = lanes_up(co), pos = s.positions();
+  Scratch& sc = scratch();
+  float* v = Scratch::get(sc.v, pos * T * cpi);
+  float* m = Scratch::get(sc.m, pos * T * cpo);
+  if (cpo != co) std::fill(m, m + pos * T * cpo, 0.0f);  // the lanes past co, never written
   winograd_input(s, ci, images, x, v);
-  for (int xi = 0; xi < s.positions(); ++xi)
-    gemm(false, false, co, T, ci, 1.0f, u + xi * co * ci, ci, v + xi * ci * T, T, 0.0f,
-         m + xi * co * T, T);
+  // M[xi] (T, co) = V[xi] (T, ci) * U[xi] (ci, co)
+  for (int xi = 0; xi < pos; ++xi)
+    gemm(false, false, T, co, ci, 1.0f, v + xi * T * cpi, cpi, u + xi * ci * co, co, 0.0f,
+         m + xi * T * cpo, cpo);
   winograd_output(s, co, images, m, bias, relu, y);
 }
 
 void winograd_backward(const WinogradShape& s, int64_t co, int64_t ci, int64_t images,
-                       const float* ut, const float* x, const float* g, float* dw, float* dx,
-                       float* v, float* m, float* du) {
-  const int64_t T = s.tiles(images);
-  // dU[xi] (co, ci) = Dy[xi] (co, T) * V[xi]^T (T, ci)
+                       const float* ut, const float* x, const float* g, float* dw, float* dx) {
+  const int64_t T = s.tiles(images), cpi = lanes_up(ci), cpo = lanes_up(co), pos = s.positions();
+  const int64_t big = std::max(cpi, cpo);
+  Scratch& sc = scratch();
+  float* v = Scratch::get(sc.v, pos * T * big);
+  float* m = Scratch::get(sc.m, pos * T * big);
+  float* du = Scratch::get(sc.du, pos * co * ci);
+  // dU[xi] (co, ci) = Dy[xi]^T (co, T) * V[xi] (T, ci)
   winograd_input(s, ci, images, x, v);
   winograd_output_adjoint(s, co, images, g, m);
-  for (int xi = 0; xi < s.positions(); ++xi)
-    gemm(false, true, co, ci, T, 1.0f, m + xi * co * T, T, v + xi * ci * T, T, 0.0f,
+  for (int xi = 0; xi < pos; ++xi)
+    gemm(true, false, co, ci, T, 1.0f, m + xi * T * cpo, cpo, v + xi * T * cpi, cpi, 0.0f,
          du + xi * co * ci, ci);
   winograd_weights_adjoint(s, co, ci, du, dw);
   if (dx == nullptr) return;
-  // dx: the forward convolution of g with the flipped kernel, ci outputs from co inputs.
+  // dx: the forward convolution of g with the flipped kernel, ci outputs from co inputs:
+  // Mdx[xi] (T, ci) = Vg[xi] (T, co) * Ut[xi] (co, ci)
   winograd_input(s, co, images, g, m);
-  for (int xi = 0; xi < s.positions(); ++xi)
-    gemm(false, false, ci, T, co, 1.0f, ut + xi * ci * co, co, m + xi * co * T, T, 0.0f,
-         v + xi * ci * T, T);
+  if (cpi != ci) std::fill(v, v + pos * T * cpi, 0.0f);
+  for (int xi = 0; xi < pos; ++xi)
+    gemm(false, false, T, ci, co, 1.0f, m + xi * T * cpo, cpo, ut + xi * co * ci, ci, 0.0f,
+         v + xi * T * cpi, cpi);
   winograd_output(s, ci, images, v, nullptr, false, dx);
 }
 

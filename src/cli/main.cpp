@@ -173,6 +173,11 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                "BatchNorm normalizes each training step over the global batch of the sync towers "
                "(default: each tower over its own batch, as TF's multi-GPU towers); sync CPU "
                "towers of one process");
+  app.add_option("--conv", c.conv,
+                 "how CPU towers compute convolutions: auto (Winograd F(2x2,5x5) for 5x5 stride-1 "
+                 "SAME layers of 16+ channels, else im2col), im2col, or winograd (every 3x3 and "
+                 "5x5 stride-1 SAME layer); overrides a model file's \"algorithm\"; GPU towers "
+                 "use im2col")->capture_default_str();
   app.add_option("--tta", c.tta,
                  "test-time augmentation of evaluations: none, or flip (score each test image by "
                  "the mean of its and its mirror image's logits)")->capture_default_str();

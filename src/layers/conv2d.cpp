@@ -61,6 +61,9 @@ Shape Conv2D::infer(const Shape& in) {
                    "and SAME padding (this is {}x{}, stride {}, {})", name(), cfg_.kernel,
                    cfg_.kernel, cfg_.stride, cfg_.padding == kernels::Padding::Same ? "SAME" : "VALID");
     wino_ = w;
+  } else if (cfg_.algorithm == ConvAlgorithm::Auto && w.r == 5 &&
+             g.channels >= kWinogradMinChannels && cfg_.out_channels >= kWinogradMinChannels) {
+    wino_ = w;
   }
   return {cfg_.out_channels, g.rows.out, g.cols.out};
 }
@@ -158,10 +161,8 @@ void Conv2D::forward_winograd(const ForwardArgs& a) const {
   float* u = thread_scratch(ScratchSlot::Weights, pos * co * ci);
   kernels::cpu::winograd_weights(wino_, co, ci, a.params[kWeight], false, u);
   for_chunks(a.n, kChunk, [&](int64_t, int64_t b0, int64_t b1) {
-    const int64_t per = pos * std::max(ci, co) * wino_.tiles(b1 - b0);
     kernels::cpu::winograd_forward(wino_, co, ci, b1 - b0, u, a.x + b0 * in_sz, a.params[kBias],
-                                   cfg_.relu, a.y + b0 * out_sz, thread_scratch(ScratchSlot::Col, per),
-                                   thread_scratch(ScratchSlot::Out, per));
+                                   cfg_.relu, a.y + b0 * out_sz);
   });
 }
 
@@ -193,12 +194,8 @@ void Conv2D::backward_winograd(const BackwardArgs& a) const {
       }
       dbs[k][c] = static_cast<float>(bsum);
     }
-    const int64_t per = pos * std::max(ci, co) * wino_.tiles(images);
     kernels::cpu::winograd_backward(wino_, co, ci, images, ut, a.x + b0 * in_sz, g, dws[k],
-                                    a.dx != nullptr ? a.dx + b0 * in_sz : nullptr,
-                                    thread_scratch(ScratchSlot::Col, per),
-                                    thread_scratch(ScratchSlot::Out, per),
-                                    thread_scratch(ScratchSlot::Transform, pos * co * ci));
+                                    a.dx != nullptr ? a.dx + b0 * in_sz : nullptr);
   });
   if (chunks > 1) {
     for_chunks(wsz, 1 << 14, [&](int64_t, int64_t b, int64_t e) {

@@ -14,10 +14,12 @@
 namespace towers {
 
 // How the CPU computes a convolution (GPU towers use im2col + GEMM whatever this says).
-//   auto      im2col (Winograd's transforms cost more than its GEMMs save on this CPU path)
+//   auto      Winograd where it applies and pays: a 5x5 kernel, stride 1, SAME padding, at
+//             least kWinogradMinChannels input and output channels; else im2col
 //   im2col    im2col + one GEMM per chunk of images
 //   winograd  Winograd (F(2x2, 5x5) or F(4x4, 3x3)); an error where it does not apply
 enum class ConvAlgorithm { Auto, Im2col, Winograd };
+inline constexpr int64_t kWinogradMinChannels = 16;
 ConvAlgorithm parse_conv_algorithm(const std::string& s);  // the names above; else an error
 const char* conv_algorithm_name(ConvAlgorithm a);
 

@@ -5,7 +5,7 @@
 namespace towers {
 
 float* thread_scratch(ScratchSlot slot, int64_t count) {
-  thread_local std::array<std::vector<float>, 6> buffers;
+  thread_local std::array<std::vector<float>, 5> buffers;
   auto& b = buffers[static_cast<int>(slot)];
   if (static_cast<int64_t>(b.size()) < count) b.resize(count);
   return b.data();

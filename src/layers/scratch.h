@@ -7,7 +7,7 @@
 
 namespace towers {
 
-enum class ScratchSlot { Col, Out, Extra, Partial, Weights, Transform };
+enum class ScratchSlot { Col, Out, Extra, Partial, Weights };
 
 float* thread_scratch(ScratchSlot slot, int64_t count);
 
