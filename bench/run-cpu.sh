@@ -54,7 +54,7 @@ for r in $(seq 1 "$rounds"); do
 done
 
 python3 - "$out" "$rounds" <<'EOF' | tee "$out/summary.md"
-import glob, json, statistics, sys
+import glob, json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 def towers(r):
     b = json.load(open(f"{out}/round{r}-towers.json"))["benchmarks"][0]
@@ -76,6 +76,13 @@ for name, pat in (("TensorFlow tf.function (2 threads)", "tensorflow"),
 sgemm = max(b["GFLOP_per_sec"] for b in json.load(open(f"{out}/sgemm.json"))["benchmarks"]
             if "threads:2" in b["name"]) * 1e9
 bound = sgemm / flop_per_image
+# The FLOP-rate bound: the cores' peak, assuming 2 FMA units per core (Zen, Skylake and later),
+# each 8 floats wide with AVX2 or 16 with AVX-512, at the clock /proc/cpuinfo reports now.
+cpuinfo = open("/proc/cpuinfo").read()
+mhz = statistics.mean(float(l.split(":")[1]) for l in cpuinfo.splitlines() if l.startswith("cpu MHz"))
+lanes = 16 if " avx512f" in cpuinfo else 8 if " avx2" in cpuinfo else 4
+cores = len(os.sched_getaffinity(0))
+peak = cores * mhz * 1e6 * lanes * 2 * 2
 base = statistics.median(rates["towers (1 tower, 2 threads)"])
 print(f"cifar10, batch 128, {rounds} alternating rounds; {flop_per_image / 1e6:.0f} MFLOP per image (forward + backward)\n")
 print("| run | images/s, median | rounds | towers / it |")
@@ -84,6 +91,7 @@ for name, xs in rates.items():
     m = statistics.median(xs)
     print(f"| {name} | {m:,.0f} | {', '.join(f'{x:,.0f}' for x in xs)} | {base / m:.2f} |")
 print(f"| sgemm-rate bound of the direct FLOPs (OpenBLAS sgemm {sgemm / 1e9:.1f} GFLOP/s, 2 threads; Winograd does fewer) | {bound:,.0f} | | {base / bound:.2f} |")
+print(f"| FLOP-rate bound of the direct FLOPs ({cores} cores x {mhz / 1e3:.2f} GHz x {lanes} lanes x 2 FMA units x 2 = {peak / 1e9:.0f} GFLOP/s) | {peak / flop_per_image:,.0f} | | {base * flop_per_image / peak:.2f} |")
 mirrored = "TensorFlow MirroredStrategy, 2 logical CPUs x 1 thread"
 if mirrored in rates:
     r = statistics.median(rates[sync2]) / statistics.median(rates[mirrored])
