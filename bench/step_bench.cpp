@@ -63,27 +63,19 @@ void BM_TowerStep(benchmark::State& state, const char* model, ConvAlgorithm conv
   state.counters["GFLOP_per_sec"] = benchmark::Counter(batch * flops * 1e-9,
                                                        benchmark::Counter::kIsIterationInvariantRate);
 }
+// Batch 128 on 1 and 2 threads (fashion: 2 only), in milliseconds of real time.
+void step_args(benchmark::internal::Benchmark* b, bool one_thread) {
+  b->ArgNames({"batch", "threads"});
+  if (one_thread) b->Args({128, 1});
+  b->Args({128, 2})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+}
 BENCHMARK_CAPTURE(BM_TowerStep, cifar10, "cifar10", ConvAlgorithm::Auto)
-    ->ArgNames({"batch", "threads"})
-    ->Args({128, 1})
-    ->Args({128, 2})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(3.0);
+    ->Apply([](auto* b) { step_args(b, true); });
 // The same with every convolution as im2col + GEMM: what Winograd's conv2 gains.
 BENCHMARK_CAPTURE(BM_TowerStep, cifar10_im2col, "cifar10", ConvAlgorithm::Im2col)
-    ->ArgNames({"batch", "threads"})
-    ->Args({128, 1})
-    ->Args({128, 2})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(3.0);
+    ->Apply([](auto* b) { step_args(b, true); });
 BENCHMARK_CAPTURE(BM_TowerStep, fashion, "fashion", ConvAlgorithm::Auto)
-    ->ArgNames({"batch", "threads"})
-    ->Args({128, 2})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(3.0);
+    ->Apply([](auto* b) { step_args(b, false); });
 
 // The FLOP-rate limit: single-threaded OpenBLAS sgemm at conv2's shape (64 x 1152 x 1600,
 // one chunk of 8 images), run on `threads` threads at once as a tower does.

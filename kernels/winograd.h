@@ -40,30 +40,28 @@ struct WinogradShape {
   int64_t tiles(int64_t images) const { return images * tiles_h() * tiles_w(); }
 };
 
-// The Winograd form of a convolution with this geometry: m = 2 for a 5x5 kernel, m = 4 for a
-// 3x3 kernel, stride 1 and SAME padding along both axes; m = 0 when none applies.
-WinogradShape winograd_shape(const ConvGeometry& g);
+// Whether a convolution has a Winograd form here: a 3x3 or 5x5 kernel, stride 1, SAME.
+inline bool winograd_fits(int64_t kernel, int64_t stride, Padding padding) {
+  return (kernel == 3 || kernel == 5) && stride == 1 && padding == Padding::Same;
+}
+
+// The Winograd form of a square-kernel convolution of a height x width input: m = 2 for a
+// 5x5 kernel, m = 4 for a 3x3 one; m = 0 where it does not fit (winograd_fits).
+WinogradShape winograd_shape(int64_t kernel, int64_t stride, Padding padding, int64_t height,
+                             int64_t width);
 
 // Layouts, for a chunk of `images` images of T = s.tiles(images) tiles, with the channels of
 // the transformed arrays rounded up to a multiple of 8 (Cp) so that the transforms run on
-// whole vectors:
+// whole vectors (kernels/cpu/winograd.cpp):
 //   U  (positions, ci, co)  the weights' transform                        winograd_weights
 //   Ut (positions, co, ci)  that of the flipped kernel, for dx             (for_dx = true)
-//   V  (positions, T, Cp)   an input's transform                           winograd_input
-//   M  (positions, T, Cp)   the GEMMs' products, to NCHW output            winograd_output
-//   Dy (positions, T, Cp)   the adjoint of winograd_output                 winograd_output_adjoint
+//   V  (positions, T, Cp)   an input's transform, B^T d B per tile
+//   M  (positions, T, Cp)   the GEMMs' products, A^T m A per tile to NCHW output
+//   Dy (positions, T, Cp)   the adjoint of the output transform, A dy A^T per tile
 //   dU (positions, co, ci)  to dW (co, ci, r, r), the weight transform's adjoint
 // w is (co, ci, r, r); x, y, dy and dx are (images, c, height, width).
 void winograd_weights(const WinogradShape& s, int64_t co, int64_t ci, const float* w, bool for_dx,
                       float* u);
-void winograd_weights_adjoint(const WinogradShape& s, int64_t co, int64_t ci, const float* du,
-                              float* dw);
-void winograd_input(const WinogradShape& s, int64_t c, int64_t images, const float* x, float* v);
-// y = the tiles of M, plus bias[channel] (when not null), then ReLU when relu.
-void winograd_output(const WinogradShape& s, int64_t c, int64_t images, const float* m,
-                     const float* bias, bool relu, float* y);
-void winograd_output_adjoint(const WinogradShape& s, int64_t c, int64_t images, const float* dy,
-                             float* out);
 
 // One chunk of a convolution, transforms and GEMMs, with per-thread scratch of its own.
 //   forward:  y = conv(x, w) + bias, ReLU when relu; u from winograd_weights (not for dx)

@@ -476,13 +476,13 @@ void Reader::conv2d(const Node& n, Chain& c, LayerSpec& out) const {
   const kernels::Window cols = window(n, c, in[2], cfg.kernel, cfg.stride, cfg.padding);
   if (find(n, "algorithm") != nullptr) {
     const std::string a = text(n, "algorithm");
-    if (a != "auto" && a != "im2col" && a != "winograd")
+    const std::optional<ConvAlgorithm> algo = conv_algorithm_named(a);
+    if (!algo)
       fail_field(n, "algorithm",
                  fmt::format("unknown algorithm \"{}\" (known: \"auto\", \"im2col\", \"winograd\")", a));
-    cfg.algorithm = parse_conv_algorithm(a);
-    kernels::ConvGeometry g;
-    g.channels = in[0], g.height = in[1], g.width = in[2], g.rows = rows, g.cols = cols;
-    if (cfg.algorithm == ConvAlgorithm::Winograd && kernels::cpu::winograd_shape(g).m == 0)
+    cfg.algorithm = *algo;
+    if (cfg.algorithm == ConvAlgorithm::Winograd &&
+        !kernels::cpu::winograd_fits(cfg.kernel, cfg.stride, cfg.padding))
       fail_field(n, "algorithm",
                  fmt::format("\"winograd\" needs a 3x3 or 5x5 kernel with stride 1 and padding "
                              "\"same\" (this is {}x{}, stride {})",
@@ -792,8 +792,7 @@ namespace {
 void set_conv_algorithm(std::vector<LayerSpec>& layers, ConvAlgorithm a) {
   for (LayerSpec& l : layers) {
     if (auto* conv = std::get_if<Conv2DConfig>(&l.config)) {
-      const bool fits = (conv->kernel == 3 || conv->kernel == 5) && conv->stride == 1 &&
-                        conv->padding == kernels::Padding::Same;
+      const bool fits = kernels::cpu::winograd_fits(conv->kernel, conv->stride, conv->padding);
       conv->algorithm = a == ConvAlgorithm::Winograd && !fits ? ConvAlgorithm::Im2col : a;
     }
     if (auto* res = std::get_if<ResidualConfig>(&l.config)) set_conv_algorithm(res->layers, a);

@@ -50,11 +50,7 @@ std::string name(const Case& c) {
 }
 
 kc::WinogradShape shape_of(const Case& c) {
-  kernels::ConvGeometry g;
-  g.channels = c.ci, g.height = c.h, g.width = c.w;
-  g.rows = kernels::make_window(c.h, c.r, 1, kernels::Padding::Same);
-  g.cols = kernels::make_window(c.w, c.r, 1, kernels::Padding::Same);
-  return kc::winograd_shape(g);
+  return kc::winograd_shape(c.r, 1, kernels::Padding::Same, c.h, c.w);
 }
 
 // Largest |got - want| over a tensor, and where, against eps * its largest sum of |terms|.
@@ -161,10 +157,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(Winograd, AppliesToStrideOneSameConvolutionsWithThreeOrFiveTaps) {
   auto shape = [](int64_t k, int64_t stride, kernels::Padding p) {
-    kernels::ConvGeometry g;
-    g.channels = 4, g.height = 10, g.width = 10;
-    g.rows = g.cols = kernels::make_window(10, k, stride, p);
-    return kc::winograd_shape(g);
+    return kc::winograd_shape(k, stride, p, 10, 10);
   };
   EXPECT_EQ(shape(5, 1, kernels::Padding::Same).m, 2);
   EXPECT_EQ(shape(3, 1, kernels::Padding::Same).m, 4);

@@ -262,7 +262,7 @@ void validate(const TrainConfig& c) {
     parse_placement(placement.text, *g, placement.origin);
     check_micro_batches(*g, c.batch, c.micro_batches);
   }
-  TOWERS_REQUIRE(c.conv.empty() || c.conv == "auto" || c.conv == "im2col" || c.conv == "winograd",
+  TOWERS_REQUIRE(c.conv.empty() || conv_algorithm_named(c.conv),
                  "--conv: unknown algorithm '{}' (known: auto, im2col, winograd)", c.conv);
   TOWERS_REQUIRE(find_optimizer(o.name), "--optimizer: unknown optimizer '{}' (known: {})",
                  o.name, fmt::join(optimizer_names(), ", "));
@@ -486,7 +486,7 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
   validate(c_);
   threads_ = c_.threads_per_tower > 0 ? c_.threads_per_tower : std::max(1, cores_ / c_.towers);
   ModelSpec spec = read_model(c_.model);
-  if (!c_.conv.empty()) set_conv_algorithm(spec, parse_conv_algorithm(c_.conv));
+  if (!c_.conv.empty()) set_conv_algorithm(spec, *conv_algorithm_named(c_.conv));
   graph_ = build_graph(spec);
   graph_->set_loss(std::make_unique<SoftmaxCrossEntropy>(c_.label_smoothing));
   // From here on c_.placement is the placement the run uses (its config records it): the

@@ -142,15 +142,24 @@ const float* channels_last(const float* x, int64_t images, int64_t C, int64_t H,
   return out;
 }
 
-// x (images, C, H, W) -> v (positions, T, lanes_up(C)).
+// x (images, C, H, W) channels-last with the padding of the tiles' patches, in this thread's
+// scratch: (images, tiles_h * M + R - 1, tiles_w * M + R - 1, lanes_up(C)), each plane at
+// ((R - 1) / 2, (R - 1) / 2).
 template <int M, int R>
-void input(const WinogradShape& s, int64_t C, int64_t images, const float* x, float* v) {
+const float* planes(const WinogradShape& s, int64_t C, int64_t images, const float* x) {
+  constexpr int P = (R - 1) / 2;
+  return channels_last(x, images, C, s.height, s.width, s.tiles_h() * M + R - 1,
+                       s.tiles_w() * M + R - 1, P);
+}
+
+// planes() of an input -> v (positions, T, lanes_up(C)).
+template <int M, int R>
+void input(const WinogradShape& s, int64_t C, int64_t images, const float* pad, float* v) {
   using W = Mats<M, R>;
-  constexpr int A = W::A, P = (R - 1) / 2;
-  const int64_t H = s.height, Wd = s.width, th = s.tiles_h(), tw = s.tiles_w();
+  constexpr int A = W::A;
+  const int64_t th = s.tiles_h(), tw = s.tiles_w();
   const int64_t T = images * th * tw, Cp = lanes_up(C);
   const int64_t Hp = th * M + R - 1, Wp = tw * M + R - 1;
-  const float* pad = channels_last(x, images, C, H, Wd, Hp, Wp, P);
   for (int64_t i = 0; i < images; ++i)
     for (int64_t ti = 0; ti < th; ++ti)
       for (int64_t tj = 0; tj < tw; ++tj) {
@@ -207,24 +216,24 @@ void output(const WinogradShape& s, int64_t C, int64_t images, const float* m, c
       }
 }
 
-// dy (images, C, H, W) -> out (positions, T, lanes_up(C)) = A dy_tile A^T per tile.
+// planes() of dy -> out (positions, T, lanes_up(C)) = A dy_tile A^T per tile.
 template <int M, int R>
-void output_adjoint(const WinogradShape& s, int64_t C, int64_t images, const float* dy, float* out) {
+void output_adjoint(const WinogradShape& s, int64_t C, int64_t images, const float* pad, float* out) {
   using W = Mats<M, R>;
-  constexpr int A = W::A;
-  const int64_t H = s.height, Wd = s.width, th = s.tiles_h(), tw = s.tiles_w();
-  const int64_t T = images * th * tw, Cp = lanes_up(C), Ht = th * M, Wt = tw * M;
-  const float* pad = channels_last(dy, images, C, H, Wd, Ht, Wt, 0);
+  constexpr int A = W::A, P = (R - 1) / 2;
+  const int64_t th = s.tiles_h(), tw = s.tiles_w();
+  const int64_t T = images * th * tw, Cp = lanes_up(C);
+  const int64_t Hp = th * M + R - 1, Wp = tw * M + R - 1;
   for (int64_t i = 0; i < images; ++i)
     for (int64_t ti = 0; ti < th; ++ti)
       for (int64_t tj = 0; tj < tw; ++tj) {
         const int64_t t = (i * th + ti) * tw + tj;
-        const float* base = pad + ((i * Ht + ti * M) * Wt + tj * M) * Cp;
+        const float* base = pad + ((i * Hp + ti * M + P) * Wp + tj * M + P) * Cp;
         for (int64_t cb = 0; cb < Cp; cb += kLanes) {
           float half[M][A][kLanes];  // dy A^T, along the rows
           for (int u = 0; u < M; ++u)
             product_lanes<A, M, true, typename W::AT>(
-                [&](int vv) { return base + (u * Wt + vv) * Cp + cb; },
+                [&](int vv) { return base + (u * Wp + vv) * Cp + cb; },
                 [&](int b) { return half[u][b]; });
           for (int b = 0; b < A; ++b)
             product_lanes<A, M, true, typename W::AT>(
@@ -298,42 +307,20 @@ void with_form(const WinogradShape& s, Fn&& fn) {
 
 }  // namespace
 
-WinogradShape winograd_shape(const ConvGeometry& g) {
+WinogradShape winograd_shape(int64_t kernel, int64_t stride, Padding padding, int64_t height,
+                             int64_t width) {
   WinogradShape s;
-  const Window& r = g.rows;
-  const Window& c = g.cols;
-  const bool same = r.stride == 1 && c.stride == 1 && r.k == c.k && r.out == r.in &&
-                    c.out == c.in && r.pad_before == (r.k - 1) / 2 && c.pad_before == (c.k - 1) / 2;
-  if (!same || (r.k != 3 && r.k != 5)) return s;
-  s.r = static_cast<int>(r.k);
+  if (!winograd_fits(kernel, stride, padding)) return s;
+  s.r = static_cast<int>(kernel);
   s.m = s.r == 5 ? 2 : 4;
-  s.height = g.height;
-  s.width = g.width;
+  s.height = height;
+  s.width = width;
   return s;
 }
 
 void winograd_weights(const WinogradShape& s, int64_t co, int64_t ci, const float* w, bool for_dx,
                       float* u) {
   with_form(s, [&]<int M, int R>() { weights<M, R>(co, ci, w, for_dx, u); });
-}
-
-void winograd_weights_adjoint(const WinogradShape& s, int64_t co, int64_t ci, const float* du,
-                              float* dw) {
-  with_form(s, [&]<int M, int R>() { weights_adjoint<M, R>(co, ci, du, dw); });
-}
-
-void winograd_input(const WinogradShape& s, int64_t c, int64_t images, const float* x, float* v) {
-  with_form(s, [&]<int M, int R>() { input<M, R>(s, c, images, x, v); });
-}
-
-void winograd_output(const WinogradShape& s, int64_t c, int64_t images, const float* m,
-                     const float* bias, bool relu, float* y) {
-  with_form(s, [&]<int M, int R>() { output<M, R>(s, c, images, m, bias, relu, y); });
-}
-
-void winograd_output_adjoint(const WinogradShape& s, int64_t c, int64_t images, const float* dy,
-                             float* out) {
-  with_form(s, [&]<int M, int R>() { output_adjoint<M, R>(s, c, images, dy, out); });
 }
 
 void winograd_forward(const WinogradShape& s, int64_t co, int64_t ci, int64_t images,
@@ -343,12 +330,12 @@ void winograd_forward(const WinogradShape& s, int64_t co, int64_t ci, int64_t im
   float* v = Scratch::get(sc.v, pos * T * cpi);
   float* m = Scratch::get(sc.m, pos * T * cpo);
   if (cpo != co) std::fill(m, m + pos * T * cpo, 0.0f);  // the lanes past co, never written
-  winograd_input(s, ci, images, x, v);
+  with_form(s, [&]<int M, int R>() { input<M, R>(s, ci, images, planes<M, R>(s, ci, images, x), v); });
   // M[xi] (T, co) = V[xi] (T, ci) * U[xi] (ci, co)
   for (int xi = 0; xi < pos; ++xi)
     gemm(false, false, T, co, ci, 1.0f, v + xi * T * cpi, cpi, u + xi * ci * co, co, 0.0f,
          m + xi * T * cpo, cpo);
-  winograd_output(s, co, images, m, bias, relu, y);
+  with_form(s, [&]<int M, int R>() { output<M, R>(s, co, images, m, bias, relu, y); });
 }
 
 void winograd_backward(const WinogradShape& s, int64_t co, int64_t ci, int64_t images,
@@ -359,22 +346,26 @@ void winograd_backward(const WinogradShape& s, int64_t co, int64_t ci, int64_t i
   float* v = Scratch::get(sc.v, pos * T * big);
   float* m = Scratch::get(sc.m, pos * T * big);
   float* du = Scratch::get(sc.du, pos * co * ci);
-  // dU[xi] (co, ci) = Dy[xi]^T (co, T) * V[xi] (T, ci)
-  winograd_input(s, ci, images, x, v);
-  winograd_output_adjoint(s, co, images, g, m);
-  for (int xi = 0; xi < pos; ++xi)
-    gemm(true, false, co, ci, T, 1.0f, m + xi * T * cpo, cpo, v + xi * T * cpi, cpi, 0.0f,
-         du + xi * co * ci, ci);
-  winograd_weights_adjoint(s, co, ci, du, dw);
-  if (dx == nullptr) return;
-  // dx: the forward convolution of g with the flipped kernel, ci outputs from co inputs:
-  // Mdx[xi] (T, ci) = Vg[xi] (T, co) * Ut[xi] (co, ci)
-  winograd_input(s, co, images, g, m);
-  if (cpi != ci) std::fill(v, v + pos * T * cpi, 0.0f);
-  for (int xi = 0; xi < pos; ++xi)
-    gemm(false, false, T, ci, co, 1.0f, m + xi * T * cpo, cpo, ut + xi * co * ci, ci, 0.0f,
-         v + xi * T * cpi, cpi);
-  winograd_output(s, ci, images, v, nullptr, false, dx);
+  with_form(s, [&]<int M, int R>() {
+    // dU[xi] (co, ci) = Dy[xi]^T (co, T) * V[xi] (T, ci)
+    input<M, R>(s, ci, images, planes<M, R>(s, ci, images, x), v);
+    // g's planes serve both Dy here and, for dx, its input transform below.
+    const float* gp = planes<M, R>(s, co, images, g);
+    output_adjoint<M, R>(s, co, images, gp, m);
+    for (int xi = 0; xi < pos; ++xi)
+      gemm(true, false, co, ci, T, 1.0f, m + xi * T * cpo, cpo, v + xi * T * cpi, cpi, 0.0f,
+           du + xi * co * ci, ci);
+    weights_adjoint<M, R>(co, ci, du, dw);
+    if (dx == nullptr) return;
+    // dx: the forward convolution of g with the flipped kernel, ci outputs from co inputs:
+    // Mdx[xi] (T, ci) = Vg[xi] (T, co) * Ut[xi] (co, ci)
+    input<M, R>(s, co, images, gp, m);
+    if (cpi != ci) std::fill(v, v + pos * T * cpi, 0.0f);
+    for (int xi = 0; xi < pos; ++xi)
+      gemm(false, false, T, ci, co, 1.0f, m + xi * T * cpo, cpo, ut + xi * co * ci, ci, 0.0f,
+           v + xi * T * cpi, cpi);
+    output<M, R>(s, ci, images, v, nullptr, false, dx);
+  });
 }
 
 }  // namespace towers::kernels::cpu

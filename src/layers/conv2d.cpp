@@ -29,11 +29,10 @@ void mask_dy(const float* dy, const float* y, bool relu, int64_t n, float* d, do
 }
 }
 
-ConvAlgorithm parse_conv_algorithm(const std::string& s) {
-  if (s == "auto") return ConvAlgorithm::Auto;
-  if (s == "im2col") return ConvAlgorithm::Im2col;
-  if (s == "winograd") return ConvAlgorithm::Winograd;
-  TOWERS_BAD_INPUT("unknown convolution algorithm '{}' (known: auto, im2col, winograd)", s);
+std::optional<ConvAlgorithm> conv_algorithm_named(std::string_view name) {
+  for (ConvAlgorithm a : {ConvAlgorithm::Auto, ConvAlgorithm::Im2col, ConvAlgorithm::Winograd})
+    if (name == conv_algorithm_name(a)) return a;
+  return std::nullopt;
 }
 
 const char* conv_algorithm_name(ConvAlgorithm a) {
@@ -54,7 +53,8 @@ Shape Conv2D::infer(const Shape& in) {
   g.width = in[2];
   g.rows = kernels::make_window(in[1], cfg_.kernel, cfg_.stride, cfg_.padding);
   g.cols = kernels::make_window(in[2], cfg_.kernel, cfg_.stride, cfg_.padding);
-  const kernels::cpu::WinogradShape w = kernels::cpu::winograd_shape(g);
+  const kernels::cpu::WinogradShape w =
+      kernels::cpu::winograd_shape(cfg_.kernel, cfg_.stride, cfg_.padding, in[1], in[2]);
   wino_ = {};
   if (cfg_.algorithm == ConvAlgorithm::Winograd) {
     TOWERS_REQUIRE(w.m != 0, "{}: the winograd algorithm needs a 3x3 or 5x5 kernel with stride 1 "
@@ -80,11 +80,21 @@ int64_t Conv2D::flops_per_example() const {
   return 2 * cfg_.out_channels * geo_.patch() * geo_.out_pixels();
 }
 
+// Winograd (kernels/winograd.h) keeps the same chunks of images, and per chunk computes the
+// transforms and one GEMM per tile position; its weights are transformed once per call, by
+// the calling thread.
 void Conv2D::forward(const ForwardArgs& a) const {
-  if (wino_.m != 0) return forward_winograd(a);
-  const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
+  const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels, ci = geo_.channels;
   const int64_t in_sz = numel(in_shape()), out_sz = co * P;
+  float* u = nullptr;
+  if (wino_.m != 0) {
+    u = thread_scratch(ScratchSlot::Weights, wino_.positions() * co * ci);
+    kernels::cpu::winograd_weights(wino_, co, ci, a.params[kWeight], false, u);
+  }
   for_chunks(a.n, kChunk, [&](int64_t, int64_t b0, int64_t b1) {
+    if (u != nullptr)
+      return kernels::cpu::winograd_forward(wino_, co, ci, b1 - b0, u, a.x + b0 * in_sz,
+                                            a.params[kBias], cfg_.relu, a.y + b0 * out_sz);
     const int64_t cols = (b1 - b0) * P;
     float* col = thread_scratch(ScratchSlot::Col, K * cols);  // (K, images * P)
     float* out = thread_scratch(ScratchSlot::Out, co * cols);  // (co, images * P)
@@ -106,8 +116,7 @@ void Conv2D::forward(const ForwardArgs& a) const {
 }
 
 void Conv2D::backward(const BackwardArgs& a) const {
-  if (wino_.m != 0) return backward_winograd(a);
-  const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
+  const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels, ci = geo_.channels;
   const int64_t in_sz = numel(in_shape()), out_sz = co * P;
   const int64_t chunks = ceil_div(a.n, kChunk), wsz = co * K;
   // One partial (dW, db) per chunk, tree-summed (kernels/reduce.h): deterministic for any
@@ -119,83 +128,39 @@ void Conv2D::backward(const BackwardArgs& a) const {
     dws[k] = k == 0 ? a.grads[kWeight] : extra + (k - 1) * wsz;
     dbs[k] = k == 0 ? a.grads[kBias] : extra + (chunks - 1) * wsz + k * co;
   }
+  float* ut = nullptr;  // Winograd's weights for dx: the flipped kernel's transform
+  if (wino_.m != 0 && a.dx != nullptr) {
+    ut = thread_scratch(ScratchSlot::Weights, wino_.positions() * co * ci);
+    kernels::cpu::winograd_weights(wino_, co, ci, a.params[kWeight], true, ut);
+  }
   for_chunks(a.n, kChunk, [&](int64_t k, int64_t b0, int64_t b1) {
     const int64_t cols = (b1 - b0) * P;
-    float* col = thread_scratch(ScratchSlot::Col, K * cols);
-    float* g = thread_scratch(ScratchSlot::Out, co * cols);  // (co, images * P) masked dy
-    float* dwk = dws[k];
-    float* dbk = dbs[k];
+    // The masked dy: (co, images * P) for im2col's GEMMs, (images, co, P) for Winograd.
+    float* g = thread_scratch(ScratchSlot::Out, co * cols);
+    const int64_t c_stride = wino_.m != 0 ? P : cols, i_stride = wino_.m != 0 ? out_sz : P;
     for (int64_t c = 0; c < co; ++c) {
       double bsum = 0.0;
       for (int64_t i = b0; i < b1; ++i) {
         const float* dy = a.dy + i * out_sz + c * P;
         const float* y = a.y + i * out_sz + c * P;
-        mask_dy(dy, y, cfg_.relu, P, g + c * cols + (i - b0) * P, bsum);
+        mask_dy(dy, y, cfg_.relu, P, g + c * c_stride + (i - b0) * i_stride, bsum);
       }
-      dbk[c] = static_cast<float>(bsum);
+      dbs[k][c] = static_cast<float>(bsum);
     }
+    if (wino_.m != 0)
+      return kernels::cpu::winograd_backward(wino_, co, ci, b1 - b0, ut, a.x + b0 * in_sz, g,
+                                             dws[k], a.dx != nullptr ? a.dx + b0 * in_sz : nullptr);
+    float* col = thread_scratch(ScratchSlot::Col, K * cols);
     for (int64_t i = b0; i < b1; ++i)
       kernels::cpu::im2col(geo_, a.x + i * in_sz, col + (i - b0) * P, cols);
     // dW_k (co, K) = g (co, cols) * col^T (cols, K)
-    kernels::cpu::gemm(false, true, co, K, cols, 1.0f, g, cols, col, cols, 0.0f, dwk, K);
+    kernels::cpu::gemm(false, true, co, K, cols, 1.0f, g, cols, col, cols, 0.0f, dws[k], K);
     if (a.dx != nullptr) {
       // dcol (K, cols) = W^T (K, co) * g (co, cols), reusing the col buffer.
       kernels::cpu::gemm(true, false, K, cols, co, 1.0f, a.params[kWeight], K, g, cols, 0.0f, col, cols);
       for (int64_t i = b0; i < b1; ++i)
         kernels::cpu::col2im(geo_, col + (i - b0) * P, cols, a.dx + i * in_sz);
     }
-  });
-  if (chunks > 1) {
-    for_chunks(wsz, 1 << 14, [&](int64_t, int64_t b, int64_t e) {
-      kernels::cpu::tree_sum(dws.data(), chunks, b, e);
-    });
-    kernels::cpu::tree_sum(dbs.data(), chunks, 0, co);
-  }
-}
-
-// Winograd: the same chunks of images; per chunk the transforms and one GEMM per position
-// (kernels/winograd.h). The weights are transformed once per call, by the calling thread.
-void Conv2D::forward_winograd(const ForwardArgs& a) const {
-  const int64_t co = cfg_.out_channels, ci = geo_.channels, pos = wino_.positions();
-  const int64_t in_sz = numel(in_shape()), out_sz = co * geo_.out_pixels();
-  float* u = thread_scratch(ScratchSlot::Weights, pos * co * ci);
-  kernels::cpu::winograd_weights(wino_, co, ci, a.params[kWeight], false, u);
-  for_chunks(a.n, kChunk, [&](int64_t, int64_t b0, int64_t b1) {
-    kernels::cpu::winograd_forward(wino_, co, ci, b1 - b0, u, a.x + b0 * in_sz, a.params[kBias],
-                                   cfg_.relu, a.y + b0 * out_sz);
-  });
-}
-
-void Conv2D::backward_winograd(const BackwardArgs& a) const {
-  const int64_t co = cfg_.out_channels, ci = geo_.channels, pos = wino_.positions();
-  const int64_t P = geo_.out_pixels(), in_sz = numel(in_shape()), out_sz = co * P;
-  const int64_t chunks = ceil_div(a.n, kChunk), wsz = co * ci * cfg_.kernel * cfg_.kernel;
-  // Partials per chunk, tree-summed, as in the im2col path.
-  float* extra = thread_scratch(ScratchSlot::Partial, (chunks - 1) * wsz + chunks * co);
-  std::vector<float*> dws(chunks), dbs(chunks);
-  for (int64_t k = 0; k < chunks; ++k) {
-    dws[k] = k == 0 ? a.grads[kWeight] : extra + (k - 1) * wsz;
-    dbs[k] = k == 0 ? a.grads[kBias] : extra + (chunks - 1) * wsz + k * co;
-  }
-  float* ut = nullptr;
-  if (a.dx != nullptr) {
-    ut = thread_scratch(ScratchSlot::Weights, pos * co * ci);
-    kernels::cpu::winograd_weights(wino_, co, ci, a.params[kWeight], true, ut);
-  }
-  for_chunks(a.n, kChunk, [&](int64_t k, int64_t b0, int64_t b1) {
-    const int64_t images = b1 - b0;
-    float* g = thread_scratch(ScratchSlot::Extra, images * out_sz);  // dy, masked by the ReLU
-    for (int64_t c = 0; c < co; ++c) {
-      double bsum = 0.0;
-      for (int64_t i = b0; i < b1; ++i) {
-        const float* dy = a.dy + i * out_sz + c * P;
-        const float* y = a.y + i * out_sz + c * P;
-        mask_dy(dy, y, cfg_.relu, P, g + (i - b0) * out_sz + c * P, bsum);
-      }
-      dbs[k][c] = static_cast<float>(bsum);
-    }
-    kernels::cpu::winograd_backward(wino_, co, ci, images, ut, a.x + b0 * in_sz, g, dws[k],
-                                    a.dx != nullptr ? a.dx + b0 * in_sz : nullptr);
   });
   if (chunks > 1) {
     for_chunks(wsz, 1 << 14, [&](int64_t, int64_t b, int64_t e) {

@@ -5,7 +5,8 @@
 // chunks run on oneTBB threads.
 #pragma once
 
-#include <string>
+#include <optional>
+#include <string_view>
 
 #include "kernels/conv.h"
 #include "kernels/winograd.h"
@@ -20,7 +21,8 @@ namespace towers {
 //   winograd  Winograd (F(2x2, 5x5) or F(4x4, 3x3)); an error where it does not apply
 enum class ConvAlgorithm { Auto, Im2col, Winograd };
 inline constexpr int64_t kWinogradMinChannels = 16;
-ConvAlgorithm parse_conv_algorithm(const std::string& s);  // the names above; else an error
+// "auto", "im2col", "winograd" (nullopt for any other name), and back.
+std::optional<ConvAlgorithm> conv_algorithm_named(std::string_view name);
 const char* conv_algorithm_name(ConvAlgorithm a);
 
 struct Conv2DConfig {
@@ -56,8 +58,6 @@ class Conv2D : public Layer {
   Conv2DConfig cfg_;
   kernels::ConvGeometry geo_;  // set by infer (bind happens once, before any call)
   kernels::cpu::WinogradShape wino_;  // m = 0: im2col
-  void forward_winograd(const ForwardArgs& a) const;
-  void backward_winograd(const BackwardArgs& a) const;
 };
 
 }  // namespace towers
