@@ -6,46 +6,48 @@
 
 namespace towers::kernels::cuda {
 
-__global__ void relu_forward_kernel(int64_t n, const float* __restrict__ x, float* __restrict__ y) {
-  TOWERS_GRID_STRIDE(i, n) { y[i] = x[i] > 0.0f ? x[i] : 0.0f; }
-}
+namespace {
 
-__global__ void relu_backward_kernel(int64_t n, const float* __restrict__ y,
-                                     const float* __restrict__ dy, float* __restrict__ dx) {
-  TOWERS_GRID_STRIDE(i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
-}
+struct ReluForward {
+  const float* x;
+  float* y;
+  TOWERS_HD void operator()(int64_t i) const { y[i] = x[i] > 0.0f ? x[i] : 0.0f; }
+};
 
-__global__ void gelu_forward_kernel(int64_t n, const float* __restrict__ x, float* __restrict__ y) {
-  TOWERS_GRID_STRIDE(i, n) { y[i] = gelu_at(x[i]); }
-}
+struct ReluBackward {
+  const float *y, *dy;
+  float* dx;
+  TOWERS_HD void operator()(int64_t i) const { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+};
 
-__global__ void gelu_backward_kernel(int64_t n, const float* __restrict__ x,
-                                     const float* __restrict__ dy, float* __restrict__ dx) {
-  TOWERS_GRID_STRIDE(i, n) { dx[i] = gelu_backward_at(x[i], dy[i]); }
-}
+struct GeluForward {
+  const float* x;
+  float* y;
+  TOWERS_HD void operator()(int64_t i) const { y[i] = gelu_at(x[i]); }
+};
+
+struct GeluBackward {
+  const float *x, *dy;
+  float* dx;
+  TOWERS_HD void operator()(int64_t i) const { dx[i] = gelu_backward_at(x[i], dy[i]); }
+};
+
+}  // namespace
 
 void relu_forward(CUstream_st* stream, int64_t n, const float* x, float* y) {
-  if (n == 0) return;
-  relu_forward_kernel<<<grid_for(n), kBlock, 0, stream>>>(n, x, y);
-  CUDA_CHECK_LAUNCH();
+  for_each_index(stream, n, ReluForward{x, y});
 }
 
 void relu_backward(CUstream_st* stream, int64_t n, const float* y, const float* dy, float* dx) {
-  if (n == 0) return;
-  relu_backward_kernel<<<grid_for(n), kBlock, 0, stream>>>(n, y, dy, dx);
-  CUDA_CHECK_LAUNCH();
+  for_each_index(stream, n, ReluBackward{y, dy, dx});
 }
 
 void gelu_forward(CUstream_st* stream, int64_t n, const float* x, float* y) {
-  if (n == 0) return;
-  gelu_forward_kernel<<<grid_for(n), kBlock, 0, stream>>>(n, x, y);
-  CUDA_CHECK_LAUNCH();
+  for_each_index(stream, n, GeluForward{x, y});
 }
 
 void gelu_backward(CUstream_st* stream, int64_t n, const float* x, const float* dy, float* dx) {
-  if (n == 0) return;
-  gelu_backward_kernel<<<grid_for(n), kBlock, 0, stream>>>(n, x, dy, dx);
-  CUDA_CHECK_LAUNCH();
+  for_each_index(stream, n, GeluBackward{x, dy, dx});
 }
 
 }  // namespace towers::kernels::cuda

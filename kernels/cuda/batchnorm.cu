@@ -11,6 +11,27 @@ namespace towers::kernels::cuda {
 
 namespace {
 
+struct BnForwardEval {
+  BnShape s;
+  const float *x, *gamma, *beta, *mean, *var;
+  float* y;
+  TOWERS_HD void operator()(int64_t i) const {
+    const int64_t ch = (i / s.hw) % s.c;
+    y[i] = bn_normalize(x[i], mean[ch], bn_invstd(var[ch], s.eps), gamma[ch], beta[ch]);
+  }
+};
+
+}  // namespace
+
+void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
+                            const float* beta, const float* mean, const float* var, float* y) {
+  for_each_index(st, s.n * s.c * s.hw, BnForwardEval{s, x, gamma, beta, mean, var, y});
+}
+
+#if defined(__CUDACC__)  // per-channel blocks; emulator twins in tests/emu/emu_kernels.cpp
+
+namespace {
+
 // The block's total of each thread's v, by thread 0 in lane order; every thread gets it.
 __device__ double block_total(double v, double* lanes) {
   __syncthreads();  // lanes may still be read from the previous total
@@ -47,16 +68,6 @@ __global__ void __launch_bounds__(kBnLanes)
   for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
     const int64_t i = bn_index(s, ch, j);
     y[i] = bn_normalize(x[i], mean, invstd, gamma[ch], beta[ch]);
-  }
-}
-
-__global__ void forward_eval_kernel(BnShape s, const float* __restrict__ x,
-                                    const float* __restrict__ gamma, const float* __restrict__ beta,
-                                    const float* __restrict__ mean, const float* __restrict__ var,
-                                    float* __restrict__ y) {
-  TOWERS_GRID_STRIDE(i, s.n * s.c * s.hw) {
-    const int64_t ch = (i / s.hw) % s.c;
-    y[i] = bn_normalize(x[i], mean[ch], bn_invstd(var[ch], s.eps), gamma[ch], beta[ch]);
   }
 }
 
@@ -97,14 +108,6 @@ void batchnorm_forward_train(CUstream_st* st, const BnShape& s, const float* x, 
   CUDA_CHECK_LAUNCH();
 }
 
-void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
-                            const float* beta, const float* mean, const float* var, float* y) {
-  const int64_t count = s.n * s.c * s.hw;
-  if (count == 0) return;
-  forward_eval_kernel<<<grid_for(count), kBlock, 0, st>>>(s, x, gamma, beta, mean, var, y);
-  CUDA_CHECK_LAUNCH();
-}
-
 void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
                         const float* gamma, const float* running_mean, const float* running_var,
                         const BnGrads& g) {
@@ -113,5 +116,7 @@ void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const
                                                                    running_var, g);
   CUDA_CHECK_LAUNCH();
 }
+
+#endif
 
 }  // namespace towers::kernels::cuda

@@ -1,11 +1,25 @@
-// launch.cuh — launch arithmetic in one place: block sizes, grid sizes, grid-stride loops.
+// launch.cuh — launch arithmetic in one place: block sizes, grid sizes, and for_each_index, the
+// one launcher of every element-wise kernel.
+//
+// for_each_index(stream, n, f) calls f(i) for every i in [0, n) on the stream: f is a small
+// struct (the kernel's pointers and scalars) with a TOWERS_HD operator()(I i). Compiled by nvcc
+// it is one grid-stride kernel per functor type; compiled by the host compiler (the CUDA
+// emulator of tests/emu, which builds the .cu launchers as host code) it hands a host loop over
+// the same functor to launch_host_loop, the one function the emulator implements. Either way the
+// launcher's checks, its index width and the per-element code are those of the .cu file.
+//
+// The kernels that are not one thread per element (CUB block reductions, batch normalization's
+// per-channel blocks) are written out in their .cu files under __CUDACC__, and the emulator
+// has its own version of each (tests/emu/emu_kernels.cpp).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.h"
+#include "kernels/hd.h"
 
 namespace towers::kernels::cuda {
 
@@ -18,8 +32,40 @@ inline unsigned grid_for(int64_t n, int block = kBlock) {
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
 }
 
+#if defined(__CUDACC__)
+
 #define TOWERS_GRID_STRIDE(i, n)                                                        \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+// The loop counter is 64-bit whatever I is, so the stride cannot overflow; f sees i as an I.
+template <class I, class F>
+__global__ void __launch_bounds__(kBlock) for_each_index_kernel(I n, F f) {
+  TOWERS_GRID_STRIDE(i, static_cast<int64_t>(n)) { f(static_cast<I>(i)); }
+}
+
+template <class I, class F>
+void for_each_index(CUstream_st* stream, I n, const F& f) {
+  if (n <= 0) return;
+  for_each_index_kernel<I, F><<<grid_for(n), kBlock, 0, stream>>>(n, f);
+  CUDA_CHECK_LAUNCH();
+}
+
+#else
+
+// Implemented by the CUDA emulator: runs `loop` on the stream, at once or at graph replay. The
+// loop takes the indices in order where the GPU takes them in parallel; that makes no
+// difference, since each index writes its own elements from inputs no other index writes.
+void launch_host_loop(CUstream_st* stream, std::function<void()> loop);
+
+template <class I, class F>
+void for_each_index(CUstream_st* stream, I n, const F& f) {
+  if (n <= 0) return;
+  launch_host_loop(stream, [n, f] {
+    for (I i = 0; i < n; ++i) f(i);
+  });
+}
+
+#endif
 
 }  // namespace towers::kernels::cuda

@@ -9,64 +9,65 @@
 
 namespace towers::kernels::cuda {
 
-__global__ void maxpool_forward_kernel(int64_t count, int64_t h, int64_t w, Window rows,
-                                       Window cols, const float* __restrict__ x,
-                                       float* __restrict__ y, float* __restrict__ argmax) {
-  TOWERS_GRID_STRIDE(i, count) {
+namespace {
+
+struct MaxpoolForward {
+  int64_t h, w;
+  Window rows, cols;
+  const float* x;
+  float *y, *argmax;
+  TOWERS_HD void operator()(int64_t i) const {
     float m;
     int64_t at;
     maxpool_at(rows, cols, h, w, x, i, m, at);
     y[i] = m;
     if (argmax != nullptr) argmax[i] = static_cast<float>(at);
   }
-}
+};
 
-__global__ void maxpool_backward_kernel(int64_t count, int64_t h, int64_t w, Window rows,
-                                        Window cols, const float* __restrict__ argmax,
-                                        const float* __restrict__ dy, float* __restrict__ dx) {
-  TOWERS_GRID_STRIDE(i, count) { dx[i] = maxpool_backward_at(rows, cols, h, w, argmax, dy, i); }
-}
+struct MaxpoolBackward {
+  int64_t h, w;
+  Window rows, cols;
+  const float *argmax, *dy;
+  float* dx;
+  TOWERS_HD void operator()(int64_t i) const {
+    dx[i] = maxpool_backward_at(rows, cols, h, w, argmax, dy, i);
+  }
+};
+
+struct GlobalAvgPoolForward {
+  int64_t hw;
+  const float* x;
+  float* y;
+  TOWERS_HD void operator()(int64_t p) const { y[p] = global_avg_pool_at(hw, x, p); }
+};
+
+struct GlobalAvgPoolBackward {
+  int64_t hw;
+  const float* dy;
+  float* dx;
+  TOWERS_HD void operator()(int64_t i) const { dx[i] = global_avg_pool_backward_at(hw, dy, i); }
+};
+
+}  // namespace
 
 void maxpool_forward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
                      const Window& cols, const float* x, float* y, float* argmax) {
-  const int64_t count = planes * rows.out * cols.out;
-  if (count == 0) return;
-  maxpool_forward_kernel<<<grid_for(count), kBlock, 0, s>>>(count, h, w, rows, cols, x, y, argmax);
-  CUDA_CHECK_LAUNCH();
+  for_each_index(s, planes * rows.out * cols.out, MaxpoolForward{h, w, rows, cols, x, y, argmax});
 }
 
 void maxpool_backward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
                       const Window& cols, const float* argmax, const float* dy, float* dx) {
-  const int64_t count = planes * h * w;
-  if (count == 0) return;
-  maxpool_backward_kernel<<<grid_for(count), kBlock, 0, s>>>(count, h, w, rows, cols, argmax, dy,
-                                                             dx);
-  CUDA_CHECK_LAUNCH();
-}
-
-__global__ void global_avg_pool_forward_kernel(int64_t planes, int64_t hw,
-                                               const float* __restrict__ x, float* __restrict__ y) {
-  TOWERS_GRID_STRIDE(p, planes) { y[p] = global_avg_pool_at(hw, x, p); }
-}
-
-__global__ void global_avg_pool_backward_kernel(int64_t count, int64_t hw,
-                                                const float* __restrict__ dy,
-                                                float* __restrict__ dx) {
-  TOWERS_GRID_STRIDE(i, count) { dx[i] = global_avg_pool_backward_at(hw, dy, i); }
+  for_each_index(s, planes * h * w, MaxpoolBackward{h, w, rows, cols, argmax, dy, dx});
 }
 
 void global_avg_pool_forward(CUstream_st* s, int64_t planes, int64_t hw, const float* x, float* y) {
-  if (planes == 0) return;
-  global_avg_pool_forward_kernel<<<grid_for(planes), kBlock, 0, s>>>(planes, hw, x, y);
-  CUDA_CHECK_LAUNCH();
+  for_each_index(s, planes, GlobalAvgPoolForward{hw, x, y});
 }
 
 void global_avg_pool_backward(CUstream_st* s, int64_t planes, int64_t hw, const float* dy,
                               float* dx) {
-  const int64_t count = planes * hw;
-  if (count == 0) return;
-  global_avg_pool_backward_kernel<<<grid_for(count), kBlock, 0, s>>>(count, hw, dy, dx);
-  CUDA_CHECK_LAUNCH();
+  for_each_index(s, planes * hw, GlobalAvgPoolBackward{hw, dy, dx});
 }
 
 }  // namespace towers::kernels::cuda

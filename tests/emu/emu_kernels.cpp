@@ -1,12 +1,14 @@
-// emu_kernels.cpp — every kernels::cuda:: launcher on the emulated device (emu_runtime.h): the
-// checks of its .cu launcher, then a host loop over the per-element rule its CUDA kernel runs,
-// submitted to the stream (run at once, or recorded while the thread captures). Every closure
-// captures by value: a recorded one runs at graph replay, after the launcher has returned, when
-// only the device pointers it names are still valid.
+// emu_kernels.cpp — the kernels::cuda:: launchers whose kernels are not one thread per element,
+// on the emulated device (emu_runtime.h): the block reductions (bias gradients, the non-finite
+// check, standardize), batch normalization's per-channel blocks, the GEMM, and the debug
+// kernels. Each runs the checks of its .cu launcher, then a host loop over the rules its CUDA
+// kernel runs, submitted to the stream (run at once, or recorded while the thread captures).
+// Every closure captures by value: a recorded one runs at graph replay, after the launcher has
+// returned, when only the device pointers it names are still valid.
 //
-// The loops run the indices in order where the GPU runs them in parallel; that makes no
-// difference, since each index of a kernel writes its own element from inputs no other index
-// writes. The block reductions (bias gradients, standardize) are the exception: see block_sum.
+// The element-wise launchers are not here: emu_launchers.cpp compiles their .cu files as host
+// code, and their one launcher, for_each_index (kernels/cuda/launch.cuh), calls
+// launch_host_loop below.
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -21,31 +23,15 @@
 
 #include "core/check.h"
 #include "emu_runtime.h"
-#include "kernels/activation.h"
-#include "kernels/activation_rules.h"
 #include "kernels/batchnorm.h"
 #include "kernels/batchnorm_rules.h"
 #include "kernels/bias.h"
-#include "kernels/conv.h"
 #include "kernels/debug.h"
-#include "kernels/dropout.h"
-#include "kernels/dropout_rules.h"
 #include "kernels/cuda/bias_rules.h"
-#include "kernels/cuda/conv_rules.h"
-#include "kernels/cuda/launch.cuh"  // kBlock
-#include "kernels/cuda/lrn_rules.h"
-#include "kernels/cuda/pool_rules.h"
+#include "kernels/cuda/launch.cuh"  // kBlock, launch_host_loop
 #include "kernels/cuda/standardize_rules.h"
-#include "kernels/cuda/xent_rules.h"
 #include "kernels/gemm.h"
-#include "kernels/global_pool_rules.h"
-#include "kernels/lrn.h"
-#include "kernels/optimizer.h"
-#include "kernels/optimizer_rules.h"
-#include "kernels/pool.h"
 #include "kernels/reduce.h"
-#include "kernels/reduce_rules.h"
-#include "kernels/softmax_xent.h"
 #include "kernels/standardize.h"
 
 namespace towers::kernels::cuda {
@@ -78,76 +64,12 @@ int max1(int v) { return v > 1 ? v : 1; }
 
 }  // namespace
 
-// ---- activation.cu -------------------------------------------------------------------------
-
-void relu_forward(CUstream_st* stream, int64_t n, const float* x, float* y) {
-  if (n == 0) return;
-  submit(stream, [=] {
-    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
-  });
-}
-
-void relu_backward(CUstream_st* stream, int64_t n, const float* y, const float* dy, float* dx) {
-  if (n == 0) return;
-  submit(stream, [=] {
-    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-  });
-}
-
-void gelu_forward(CUstream_st* stream, int64_t n, const float* x, float* y) {
-  if (n == 0) return;
-  submit(stream, [=] {
-    for (int64_t i = 0; i < n; ++i) y[i] = gelu_at(x[i]);
-  });
-}
-
-void gelu_backward(CUstream_st* stream, int64_t n, const float* x, const float* dy, float* dx) {
-  if (n == 0) return;
-  submit(stream, [=] {
-    for (int64_t i = 0; i < n; ++i) dx[i] = gelu_backward_at(x[i], dy[i]);
-  });
-}
-
-// ---- dropout.cu ----------------------------------------------------------------------------
-
-namespace {
-void dropout_map(CUstream_st* stream, const DropoutParams& p, const StepNoise* noise, int64_t n,
-                 const float* src, float* dst) {
-  const int64_t count = n * p.per_example;
-  if (count == 0) return;
-  TOWERS_CHECK(noise != nullptr, "dropout on the GPU needs the step's noise in device memory");
-  submit(stream, [=] {
-    const StepNoise nz = *noise;  // read when the kernel runs, as on the GPU
-    const uint64_t key = dropout_key(nz.key, p.salt);
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t e = i / p.per_example, j = i - e * p.per_example;
-      dst[i] = dropout_at(p, key, static_cast<uint64_t>(nz.first_example + e),
-                          static_cast<uint64_t>(j), src[i]);
-    }
-  });
-}
-}  // namespace
-
-void dropout_forward(CUstream_st* stream, const DropoutParams& p, const StepNoise* noise,
-                     int64_t n, const float* x, float* y) {
-  dropout_map(stream, p, noise, n, x, y);
-}
-
-void dropout_backward(CUstream_st* stream, const DropoutParams& p, const StepNoise* noise,
-                      int64_t n, const float* dy, float* dx) {
-  dropout_map(stream, p, noise, n, dy, dx);
+// The one launcher of the element-wise kernels (launch.cuh), on the emulated device.
+void launch_host_loop(CUstream_st* stream, std::function<void()> loop) {
+  submit(stream, std::move(loop));
 }
 
 // ---- bias.cu -------------------------------------------------------------------------------
-
-void bias_add(CUstream_st* s, int64_t n, int64_t c, int64_t hw, const float* bias, float* y,
-              bool relu) {
-  const int64_t count = n * c * hw;
-  if (count == 0) return;
-  submit(s, [=] {
-    for (int64_t i = 0; i < count; ++i) y[i] = bias_add_at(c, hw, bias, y, relu, i);
-  });
-}
 
 // Channel ch as block ch computes it: kBlock thread partials (bias_grad_partial), then the block
 // sum (block_sum, CUB's order as far as it is known).
@@ -161,66 +83,6 @@ void bias_grad(CUstream_st* s, int64_t n, int64_t c, int64_t hw, const float* dy
       db[ch] = bias_grad_finish(block_sum(part), accumulate ? db[ch] : 0.0f, accumulate);
     }
   });
-}
-
-// ---- conv.cu -------------------------------------------------------------------------------
-
-void im2col(CUstream_st* s, const ConvGeometry& g, int64_t n, const float* x, float* col) {
-  const int64_t count = g.patch() * n * g.out_pixels();  // col (patch, n * P)
-  if (count == 0) return;
-  const ConvGeometry geo = g;
-  // The index width the kernel picks (conv.cu).
-  const bool narrow = fits_int32_indices(std::max(count, n * g.channels * g.height * g.width));
-  submit(s, [=] {
-    if (narrow)
-      for (int32_t i = 0; i < count; ++i) col[i] = im2col_at<int32_t>(geo, int32_t(n), x, i);
-    else
-      for (int64_t i = 0; i < count; ++i) col[i] = im2col_at(geo, n, x, i);
-  });
-}
-
-void col2im(CUstream_st* s, const ConvGeometry& g, int64_t n, const float* col, float* dx) {
-  const int64_t count = n * g.channels * g.height * g.width;  // dx (n, C, H, W)
-  if (count == 0) return;
-  const ConvGeometry geo = g;
-  const bool narrow = fits_int32_indices(std::max(count, g.patch() * n * g.out_pixels()));
-  submit(s, [=] {
-    if (narrow)
-      for (int32_t i = 0; i < count; ++i) dx[i] = col2im_at<int32_t>(geo, int32_t(n), col, i);
-    else
-      for (int64_t i = 0; i < count; ++i) dx[i] = col2im_at(geo, n, col, i);
-  });
-}
-
-void conv_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const float* out,
-                 const float* bias, bool relu, float* y) {
-  const int64_t count = n * co * p;
-  if (count == 0) return;
-  const bool narrow = fits_int32_indices(count);  // the index width the kernel picks
-  submit(s, [=] {
-    if (narrow)
-      for (int32_t i = 0; i < count; ++i)
-        y[i] = conv_output_at<int32_t>(int32_t(n), int32_t(co), int32_t(p), out, bias, relu, i);
-    else
-      for (int64_t i = 0; i < count; ++i) y[i] = conv_output_at(n, co, p, out, bias, relu, i);
-  });
-}
-
-void conv_grad_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const float* y,
-                      const float* dy, bool relu, float* g, float* db) {
-  const int64_t count = n * co * p;
-  if (count > 0) {
-    const bool narrow = fits_int32_indices(count);
-    submit(s, [=] {
-      if (narrow)
-        for (int32_t i = 0; i < count; ++i)
-          g[i] = conv_grad_output_at<int32_t>(int32_t(n), int32_t(co), int32_t(p), y, dy, relu, i);
-      else
-        for (int64_t i = 0; i < count; ++i) g[i] = conv_grad_output_at(n, co, p, y, dy, relu, i);
-    });
-  }
-  // db[c] = the sum of row c of g (co, n * P): g read as a (1, co, n * P) tensor.
-  bias_grad(s, 1, co, n * p, g, db, false);
 }
 
 // ---- gemm.cu -------------------------------------------------------------------------------
@@ -273,145 +135,13 @@ void gemm(cublasContext* h, bool trans_a, bool trans_b, int64_t m, int64_t n, in
   });
 }
 
-// ---- lrn.cu --------------------------------------------------------------------------------
-
-void lrn_forward(CUstream_st* s, const LrnParams& p, int64_t n, int64_t c, int64_t hw,
-                 const float* x, float* y, float* scale) {
-  const int64_t count = n * c * hw;
-  if (count == 0) return;
-  const LrnParams lp = p;
-  submit(s, [=] {
-    for (int64_t i = 0; i < count; ++i) {
-      float yv, sv;
-      lrn_forward_at(lp, c, hw, x, i, yv, sv);
-      y[i] = yv;
-      scale[i] = sv;
-    }
-  });
-}
-
-void lrn_backward(CUstream_st* s, const LrnParams& p, int64_t n, int64_t c, int64_t hw,
-                  const float* x, const float* y, const float* scale, const float* dy, float* dx) {
-  const int64_t count = n * c * hw;
-  if (count == 0) return;
-  const LrnParams lp = p;
-  submit(s, [=] {
-    for (int64_t i = 0; i < count; ++i) dx[i] = lrn_backward_at(lp, c, hw, x, y, scale, dy, i);
-  });
-}
-
-// ---- optimizer.cu --------------------------------------------------------------------------
-
-void optimizer_update(CUstream_st* s, int64_t n, float* w, float* s0, float* s1, const float* g,
-                      const RuleArgs& a) {
-  if (n == 0) return;
-  const RuleArgs args = a;
-  submit(s, [=] {
-    with_rule(args.rule, [&](auto rule) {
-      for (int64_t i = 0; i < n; ++i) decltype(rule)::at(i, w, s0, s1, g, args);
-    });
-  });
-}
-
-void optimizer_update_at(CUstream_st* s, int64_t n, float* w, float* s0, float* s1,
-                         const float* g, OptRule rule, const RuleArgs* args,
-                         const int32_t* skip) {
-  if (n == 0) return;
-  // The scalars and the flag are read when the work runs (at replay, for a captured step).
-  submit(s, [=] {
-    if (*skip != 0) return;
-    const RuleArgs a = *args;
-    with_rule(rule, [&](auto r) {
-      for (int64_t i = 0; i < n; ++i) decltype(r)::at(i, w, s0, s1, g, a);
-    });
-  });
-}
-
-// ---- pool.cu -------------------------------------------------------------------------------
-
-void maxpool_forward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
-                     const Window& cols, const float* x, float* y, float* argmax) {
-  const int64_t count = planes * rows.out * cols.out;
-  if (count == 0) return;
-  const Window r = rows, c = cols;
-  submit(s, [=] {
-    for (int64_t i = 0; i < count; ++i) {
-      float m;
-      int64_t at;
-      maxpool_at(r, c, h, w, x, i, m, at);
-      y[i] = m;
-      if (argmax != nullptr) argmax[i] = static_cast<float>(at);
-    }
-  });
-}
-
-void maxpool_backward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
-                      const Window& cols, const float* argmax, const float* dy, float* dx) {
-  const int64_t count = planes * h * w;
-  if (count == 0) return;
-  const Window r = rows, c = cols;
-  submit(s, [=] {
-    for (int64_t i = 0; i < count; ++i) dx[i] = maxpool_backward_at(r, c, h, w, argmax, dy, i);
-  });
-}
-
-void global_avg_pool_forward(CUstream_st* s, int64_t planes, int64_t hw, const float* x, float* y) {
-  if (planes == 0) return;
-  submit(s, [=] {
-    for (int64_t p = 0; p < planes; ++p) y[p] = global_avg_pool_at(hw, x, p);
-  });
-}
-
-void global_avg_pool_backward(CUstream_st* s, int64_t planes, int64_t hw, const float* dy,
-                              float* dx) {
-  const int64_t count = planes * hw;
-  if (count == 0) return;
-  submit(s, [=] {
-    for (int64_t i = 0; i < count; ++i) dx[i] = global_avg_pool_backward_at(hw, dy, i);
-  });
-}
-
 // ---- reduce.cu -----------------------------------------------------------------------------
-
-// The block pointers are copied, as the kernel argument copies them: blocks is the caller's host
-// array and need not outlive the call.
-void tree_sum(CUstream_st* s, float* const* blocks, int64_t count, int64_t n) {
-  TOWERS_CHECK(count >= 0 && count <= kMaxTreeBlocks, "tree_sum: count {} not in [0, {}]", count,
-               kMaxTreeBlocks);
-  if (count <= 1 || n == 0) return;  // one block is its own sum
-  std::array<float*, kMaxTreeBlocks> b{};
-  for (int64_t i = 0; i < count; ++i) b[i] = blocks[i];
-  submit(s, [=] {
-    for (int64_t j = 0; j < n; ++j) tree_sum_rule(b, count, j);
-  });
-}
-
-void scale(CUstream_st* s, int64_t n, float alpha, float* x) {
-  if (n == 0) return;
-  submit(s, [=] {
-    for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
-  });
-}
 
 void any_nonfinite(CUstream_st* s, int64_t n, const double* x, int32_t* flag) {
   submit(s, [=] {
     int32_t bad = 0;
     for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
     *flag = bad;
-  });
-}
-
-// ---- softmax_xent.cu -----------------------------------------------------------------------
-
-void softmax_xent(CUstream_st* s, int64_t n, int64_t k, const float* logits, const int32_t* labels,
-                  float smoothing, float grad_scale, float* dlogits, double* row_loss,
-                  int32_t* row_correct) {
-  if (n == 0) return;
-  check_softmax_xent_args(k, row_loss, row_correct);
-  submit(s, [=] {
-    for (int64_t b = 0; b < n; ++b)
-      softmax_xent_row(k, logits, labels, smoothing, grad_scale, dlogits, row_loss, row_correct,
-                       b);
   });
 }
 
@@ -444,15 +174,6 @@ void batchnorm_forward_train(CUstream_st* st, const BnShape& s, const float* x, 
   if (s.c == 0 || s.n * s.hw == 0) return;
   submit(st, [=] {
     for (int64_t ch = 0; ch < s.c; ++ch) bn_channel_forward_train(s, ch, x, gamma, beta, y);
-  });
-}
-
-void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
-                            const float* beta, const float* mean, const float* var, float* y) {
-  if (s.n * s.c * s.hw == 0) return;
-  submit(st, [=] {
-    for (int64_t ch = 0; ch < s.c; ++ch)
-      bn_channel_forward_eval(s, ch, x, gamma, beta, mean, var, y);
   });
 }
 

@@ -1,7 +1,8 @@
 // emu_runtime.h — the CUDA emulator the emulated test suite runs on: the CUDA runtime, cuBLAS
 // handle and NCCL entry points towers calls, implemented on the host (tests/emu/emu_runtime.cpp),
-// and every kernels::cuda:: launcher implemented as a sequential host loop over the same
-// per-element rules the CUDA kernels run (tests/emu/emu_kernels.cpp).
+// and every kernels::cuda:: launcher as a sequential host loop: the element-wise ones are their
+// own .cu files compiled as host code (tests/emu/emu_launchers.cpp, through launch_host_loop),
+// the others host loops over the rules their kernels run (tests/emu/emu_kernels.cpp).
 //
 // What it is for: running towers' real GPU host code — CudaDevice, CudaTower (staging, the
 // per-layer gradient copies, CUDA graph capture and replay), the layers' GPU paths with their
