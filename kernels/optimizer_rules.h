@@ -80,7 +80,8 @@ struct Rule;
 template <>
 struct Rule<OptRule::Sgd> {
   static constexpr int kSlots = 0;
-  TOWERS_HD static void at(int64_t i, float* w, float*, float*, const float* g, const RuleArgs& a) {
+  TOWERS_HD static void at(int64_t i, float* w, float*, float*, const float* __restrict__ g,
+                           const RuleArgs& a) {
     sgd_rule(w[i], g[i], a.lr, a.wd);
   }
 };
@@ -88,7 +89,7 @@ struct Rule<OptRule::Sgd> {
 template <>
 struct Rule<OptRule::Momentum> {
   static constexpr int kSlots = 1;
-  TOWERS_HD static void at(int64_t i, float* w, float* s0, float*, const float* g,
+  TOWERS_HD static void at(int64_t i, float* w, float* s0, float*, const float* __restrict__ g,
                            const RuleArgs& a) {
     momentum_rule(w[i], s0[i], g[i], a.lr, a.mu, a.nesterov, a.wd);
   }
@@ -97,7 +98,7 @@ struct Rule<OptRule::Momentum> {
 template <>
 struct Rule<OptRule::Adagrad> {
   static constexpr int kSlots = 1;
-  TOWERS_HD static void at(int64_t i, float* w, float* s0, float*, const float* g,
+  TOWERS_HD static void at(int64_t i, float* w, float* s0, float*, const float* __restrict__ g,
                            const RuleArgs& a) {
     adagrad_rule(w[i], s0[i], g[i], a.lr, a.wd);
   }
@@ -106,7 +107,7 @@ struct Rule<OptRule::Adagrad> {
 template <>
 struct Rule<OptRule::Adam> {
   static constexpr int kSlots = 2;
-  TOWERS_HD static void at(int64_t i, float* w, float* s0, float* s1, const float* g,
+  TOWERS_HD static void at(int64_t i, float* w, float* s0, float* s1, const float* __restrict__ g,
                            const RuleArgs& a) {
     adam_rule(w[i], s0[i], s1[i], g[i], a.lr, a.b1, a.b2, a.eps, a.wd);
   }
@@ -115,7 +116,7 @@ struct Rule<OptRule::Adam> {
 template <>
 struct Rule<OptRule::Rmsprop> {
   static constexpr int kSlots = 2;
-  TOWERS_HD static void at(int64_t i, float* w, float* s0, float* s1, const float* g,
+  TOWERS_HD static void at(int64_t i, float* w, float* s0, float* s1, const float* __restrict__ g,
                            const RuleArgs& a) {
     rmsprop_rule(w[i], s0[i], s1[i], g[i], a.lr, a.rho, a.mu, a.eps, a.wd);
   }

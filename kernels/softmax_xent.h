@@ -29,7 +29,7 @@ namespace cuda {
 void softmax_xent(CUstream_st* s, int64_t n, int64_t k, const float* logits,
                   const int32_t* labels, float smoothing, float grad_scale, float* dlogits,
                   double* row_loss, int32_t* row_correct);
-// The launcher's argument checks (host code; the emulator's twin makes the same ones).
+// The launcher's argument checks (host code; the emulator runs the launcher itself).
 void check_softmax_xent_args(int64_t k, const double* row_loss, const int32_t* row_correct);
 }  // namespace cuda
 

@@ -11,25 +11,39 @@ namespace {
 struct ReluForward {
   const float* x;
   float* y;
-  TOWERS_HD void operator()(int64_t i) const { y[i] = x[i] > 0.0f ? x[i] : 0.0f; }
+  TOWERS_HD void operator()(int64_t i) const { body(x, y, i); }
+  static TOWERS_HD void body(const float* __restrict__ x, float* __restrict__ y, int64_t i) {
+    y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  }
 };
 
 struct ReluBackward {
   const float *y, *dy;
   float* dx;
-  TOWERS_HD void operator()(int64_t i) const { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+  TOWERS_HD void operator()(int64_t i) const { body(y, dy, dx, i); }
+  static TOWERS_HD void body(const float* __restrict__ y, const float* __restrict__ dy,
+                             float* __restrict__ dx, int64_t i) {
+    dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  }
 };
 
 struct GeluForward {
   const float* x;
   float* y;
-  TOWERS_HD void operator()(int64_t i) const { y[i] = gelu_at(x[i]); }
+  TOWERS_HD void operator()(int64_t i) const { body(x, y, i); }
+  static TOWERS_HD void body(const float* __restrict__ x, float* __restrict__ y, int64_t i) {
+    y[i] = gelu_at(x[i]);
+  }
 };
 
 struct GeluBackward {
   const float *x, *dy;
   float* dx;
-  TOWERS_HD void operator()(int64_t i) const { dx[i] = gelu_backward_at(x[i], dy[i]); }
+  TOWERS_HD void operator()(int64_t i) const { body(x, dy, dx, i); }
+  static TOWERS_HD void body(const float* __restrict__ x, const float* __restrict__ dy,
+                             float* __restrict__ dx, int64_t i) {
+    dx[i] = gelu_backward_at(x[i], dy[i]);
+  }
 };
 
 }  // namespace

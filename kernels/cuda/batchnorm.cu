@@ -15,7 +15,11 @@ struct BnForwardEval {
   BnShape s;
   const float *x, *gamma, *beta, *mean, *var;
   float* y;
-  TOWERS_HD void operator()(int64_t i) const {
+  TOWERS_HD void operator()(int64_t i) const { body(s, x, gamma, beta, mean, var, y, i); }
+  static TOWERS_HD void body(const BnShape& s, const float* __restrict__ x,
+                             const float* __restrict__ gamma, const float* __restrict__ beta,
+                             const float* __restrict__ mean, const float* __restrict__ var,
+                             float* __restrict__ y, int64_t i) {
     const int64_t ch = (i / s.hw) % s.c;
     y[i] = bn_normalize(x[i], mean[ch], bn_invstd(var[ch], s.eps), gamma[ch], beta[ch]);
   }

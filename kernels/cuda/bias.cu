@@ -17,7 +17,11 @@ struct BiasAdd {
   const float* bias;
   float* y;
   bool relu;
-  TOWERS_HD void operator()(int64_t i) const { y[i] = bias_add_at(c, hw, bias, y, relu, i); }
+  TOWERS_HD void operator()(int64_t i) const { body(c, hw, bias, y, relu, i); }
+  static TOWERS_HD void body(int64_t c, int64_t hw, const float* __restrict__ bias,
+                             float* __restrict__ y, bool relu, int64_t i) {
+    y[i] = bias_add_at(c, hw, bias, y, relu, i);
+  }
 };
 
 }  // namespace

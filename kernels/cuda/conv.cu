@@ -18,7 +18,11 @@ struct Im2col {
   I n;
   const float* x;
   float* col;
-  TOWERS_HD void operator()(I i) const { col[i] = im2col_at<I>(g, n, x, i); }
+  TOWERS_HD void operator()(I i) const { body(g, n, x, col, i); }
+  static TOWERS_HD void body(const ConvGeometry& g, I n, const float* __restrict__ x,
+                             float* __restrict__ col, I i) {
+    col[i] = im2col_at<I>(g, n, x, i);
+  }
 };
 
 template <class I>
@@ -27,7 +31,11 @@ struct Col2im {
   I n;
   const float* col;
   float* dx;
-  TOWERS_HD void operator()(I i) const { dx[i] = col2im_at<I>(g, n, col, i); }
+  TOWERS_HD void operator()(I i) const { body(g, n, col, dx, i); }
+  static TOWERS_HD void body(const ConvGeometry& g, I n, const float* __restrict__ col,
+                             float* __restrict__ dx, I i) {
+    dx[i] = col2im_at<I>(g, n, col, i);
+  }
 };
 
 template <class I>
@@ -36,7 +44,12 @@ struct ConvOutput {
   const float *out, *bias;
   bool relu;
   float* y;
-  TOWERS_HD void operator()(I i) const { y[i] = conv_output_at<I>(n, co, p, out, bias, relu, i); }
+  TOWERS_HD void operator()(I i) const { body(n, co, p, out, bias, relu, y, i); }
+  static TOWERS_HD void body(I n, I co, I p, const float* __restrict__ out,
+                             const float* __restrict__ bias, bool relu, float* __restrict__ y,
+                             I i) {
+    y[i] = conv_output_at<I>(n, co, p, out, bias, relu, i);
+  }
 };
 
 template <class I>
@@ -45,12 +58,16 @@ struct ConvGradOutput {
   const float *y, *dy;
   bool relu;
   float* g;
-  TOWERS_HD void operator()(I i) const { g[i] = conv_grad_output_at<I>(n, co, p, y, dy, relu, i); }
+  TOWERS_HD void operator()(I i) const { body(n, co, p, y, dy, relu, g, i); }
+  static TOWERS_HD void body(I n, I co, I p, const float* __restrict__ y,
+                             const float* __restrict__ dy, bool relu, float* __restrict__ g, I i) {
+    g[i] = conv_grad_output_at<I>(n, co, p, y, dy, relu, i);
+  }
 };
 
 // f<int32_t> over count indices when narrow, else f<int64_t>; make(I) builds the functor.
 template <class Make>
-void launch(CUstream_st* s, int64_t count, bool narrow, Make make) {
+void launch_narrow_or_wide(CUstream_st* s, int64_t count, bool narrow, Make make) {
   if (narrow)
     for_each_index(s, static_cast<int32_t>(count), make(int32_t{}));
   else
@@ -62,7 +79,7 @@ void launch(CUstream_st* s, int64_t count, bool narrow, Make make) {
 void im2col(CUstream_st* s, const ConvGeometry& g, int64_t n, const float* x, float* col) {
   const int64_t count = g.patch() * n * g.out_pixels();  // col (patch, n * P)
   const bool narrow = fits_int32_indices(std::max(count, n * g.channels * g.height * g.width));
-  launch(s, count, narrow, [&](auto i) {
+  launch_narrow_or_wide(s, count, narrow, [&](auto i) {
     using I = decltype(i);
     return Im2col<I>{g, static_cast<I>(n), x, col};
   });
@@ -71,7 +88,7 @@ void im2col(CUstream_st* s, const ConvGeometry& g, int64_t n, const float* x, fl
 void col2im(CUstream_st* s, const ConvGeometry& g, int64_t n, const float* col, float* dx) {
   const int64_t count = n * g.channels * g.height * g.width;  // dx (n, C, H, W)
   const bool narrow = fits_int32_indices(std::max(count, g.patch() * n * g.out_pixels()));
-  launch(s, count, narrow, [&](auto i) {
+  launch_narrow_or_wide(s, count, narrow, [&](auto i) {
     using I = decltype(i);
     return Col2im<I>{g, static_cast<I>(n), col, dx};
   });
@@ -80,7 +97,7 @@ void col2im(CUstream_st* s, const ConvGeometry& g, int64_t n, const float* col, 
 void conv_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const float* out,
                  const float* bias, bool relu, float* y) {
   const int64_t count = n * co * p;
-  launch(s, count, fits_int32_indices(count), [&](auto i) {
+  launch_narrow_or_wide(s, count, fits_int32_indices(count), [&](auto i) {
     using I = decltype(i);
     return ConvOutput<I>{static_cast<I>(n), static_cast<I>(co), static_cast<I>(p), out, bias,
                          relu, y};
@@ -90,7 +107,7 @@ void conv_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const float* 
 void conv_grad_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const float* y,
                       const float* dy, bool relu, float* g, float* db) {
   const int64_t count = n * co * p;
-  launch(s, count, fits_int32_indices(count), [&](auto i) {
+  launch_narrow_or_wide(s, count, fits_int32_indices(count), [&](auto i) {
     using I = decltype(i);
     return ConvGradOutput<I>{static_cast<I>(n), static_cast<I>(co), static_cast<I>(p), y, dy,
                              relu, g};

@@ -16,7 +16,9 @@ struct DropoutMap {
   const StepNoise* noise;
   const float* src;
   float* dst;
-  TOWERS_HD void operator()(int64_t i) const {
+  TOWERS_HD void operator()(int64_t i) const { body(p, noise, src, dst, i); }
+  static TOWERS_HD void body(const DropoutParams& p, const StepNoise* __restrict__ noise,
+                             const float* __restrict__ src, float* __restrict__ dst, int64_t i) {
     const StepNoise nz = *noise;
     const int64_t e = i / p.per_example, j = i - e * p.per_example;
     dst[i] = dropout_at(p, dropout_key(nz.key, p.salt), static_cast<uint64_t>(nz.first_example + e),

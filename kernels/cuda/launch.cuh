@@ -2,15 +2,20 @@
 // one launcher of every element-wise kernel.
 //
 // for_each_index(stream, n, f) calls f(i) for every i in [0, n) on the stream: f is a small
-// struct (the kernel's pointers and scalars) with a TOWERS_HD operator()(I i). Compiled by nvcc
+// struct (the kernel's pointers and scalars) with a TOWERS_HD operator()(I i). Its operator()
+// passes the pointers on to a static body() whose parameters are __restrict__: nvcc ignores
+// __restrict__ on struct members, but honours it on the parameters of an inlined function, and
+// then loads the read-only buffers through the non-coherent cache as a kernel with __restrict__
+// parameters does (ld.global.nc). Compiled by nvcc
 // it is one grid-stride kernel per functor type; compiled by the host compiler (the CUDA
 // emulator of tests/emu, which builds the .cu launchers as host code) it hands a host loop over
 // the same functor to launch_host_loop, the one function the emulator implements. Either way the
 // launcher's checks, its index width and the per-element code are those of the .cu file.
 //
 // The kernels that are not one thread per element (CUB block reductions, batch normalization's
-// per-channel blocks) are written out in their .cu files under __CUDACC__, and the emulator
-// has its own version of each (tests/emu/emu_kernels.cpp).
+// per-channel blocks) are written out in their .cu files, under __CUDACC__ where the file also
+// has element-wise launchers (the emulator compiles those files); the emulator has its own
+// version of each (tests/emu/emu_kernels.cpp).
 #pragma once
 
 #include <cstdint>
@@ -48,7 +53,10 @@ template <class I, class F>
 void for_each_index(CUstream_st* stream, I n, const F& f) {
   if (n <= 0) return;
   for_each_index_kernel<I, F><<<grid_for(n), kBlock, 0, stream>>>(n, f);
-  CUDA_CHECK_LAUNCH();
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)  // names the kernel: its signature carries the functor's type
+    TOWERS_SYSTEM_FAIL("CUDA launch of {} failed: {} ({})", __PRETTY_FUNCTION__,
+                       cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
 #else

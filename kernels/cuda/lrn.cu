@@ -13,7 +13,9 @@ struct LrnForward {
   int64_t c, hw;
   const float* x;
   float *y, *scale;
-  TOWERS_HD void operator()(int64_t i) const {
+  TOWERS_HD void operator()(int64_t i) const { body(p, c, hw, x, y, scale, i); }
+  static TOWERS_HD void body(const LrnParams& p, int64_t c, int64_t hw, const float* __restrict__ x,
+                             float* __restrict__ y, float* __restrict__ scale, int64_t i) {
     float yv, sv;
     lrn_forward_at(p, c, hw, x, i, yv, sv);
     y[i] = yv;
@@ -26,7 +28,10 @@ struct LrnBackward {
   int64_t c, hw;
   const float *x, *y, *scale, *dy;
   float* dx;
-  TOWERS_HD void operator()(int64_t i) const {
+  TOWERS_HD void operator()(int64_t i) const { body(p, c, hw, x, y, scale, dy, dx, i); }
+  static TOWERS_HD void body(const LrnParams& p, int64_t c, int64_t hw, const float* __restrict__ x,
+                             const float* __restrict__ y, const float* __restrict__ scale,
+                             const float* __restrict__ dy, float* __restrict__ dx, int64_t i) {
     dx[i] = lrn_backward_at(p, c, hw, x, y, scale, dy, i);
   }
 };

@@ -15,7 +15,11 @@ struct Update {
   float *w, *s0, *s1;
   const float* g;
   RuleArgs a;
-  TOWERS_HD void operator()(int64_t i) const { R::at(i, w, s0, s1, g, a); }
+  TOWERS_HD void operator()(int64_t i) const { body(w, s0, s1, g, a, i); }
+  static TOWERS_HD void body(float* __restrict__ w, float* __restrict__ s0, float* __restrict__ s1,
+                             const float* __restrict__ g, const RuleArgs a, int64_t i) {
+    R::at(i, w, s0, s1, g, a);
+  }
 };
 
 // The scalars and the skip flag from device memory, read when the kernel runs (at replay, for
@@ -26,8 +30,13 @@ struct UpdateAt {
   const float* g;
   const RuleArgs* args;
   const int32_t* skip;
-  TOWERS_HD void operator()(int64_t i) const {
-    if (*skip == 0) R::at(i, w, s0, s1, g, *args);
+  TOWERS_HD void operator()(int64_t i) const { body(w, s0, s1, g, args, skip, i); }
+  static TOWERS_HD void body(float* __restrict__ w, float* __restrict__ s0, float* __restrict__ s1,
+                             const float* __restrict__ g, const RuleArgs* __restrict__ args,
+                             const int32_t* __restrict__ skip, int64_t i) {
+    if (*skip != 0) return;
+    const RuleArgs a = *args;
+    R::at(i, w, s0, s1, g, a);
   }
 };
 

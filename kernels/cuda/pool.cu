@@ -16,7 +16,10 @@ struct MaxpoolForward {
   Window rows, cols;
   const float* x;
   float *y, *argmax;
-  TOWERS_HD void operator()(int64_t i) const {
+  TOWERS_HD void operator()(int64_t i) const { body(h, w, rows, cols, x, y, argmax, i); }
+  static TOWERS_HD void body(int64_t h, int64_t w, const Window& rows, const Window& cols,
+                             const float* __restrict__ x, float* __restrict__ y,
+                             float* __restrict__ argmax, int64_t i) {
     float m;
     int64_t at;
     maxpool_at(rows, cols, h, w, x, i, m, at);
@@ -30,7 +33,10 @@ struct MaxpoolBackward {
   Window rows, cols;
   const float *argmax, *dy;
   float* dx;
-  TOWERS_HD void operator()(int64_t i) const {
+  TOWERS_HD void operator()(int64_t i) const { body(h, w, rows, cols, argmax, dy, dx, i); }
+  static TOWERS_HD void body(int64_t h, int64_t w, const Window& rows, const Window& cols,
+                             const float* __restrict__ argmax, const float* __restrict__ dy,
+                             float* __restrict__ dx, int64_t i) {
     dx[i] = maxpool_backward_at(rows, cols, h, w, argmax, dy, i);
   }
 };
@@ -39,14 +45,22 @@ struct GlobalAvgPoolForward {
   int64_t hw;
   const float* x;
   float* y;
-  TOWERS_HD void operator()(int64_t p) const { y[p] = global_avg_pool_at(hw, x, p); }
+  TOWERS_HD void operator()(int64_t p) const { body(hw, x, y, p); }
+  static TOWERS_HD void body(int64_t hw, const float* __restrict__ x, float* __restrict__ y,
+                             int64_t p) {
+    y[p] = global_avg_pool_at(hw, x, p);
+  }
 };
 
 struct GlobalAvgPoolBackward {
   int64_t hw;
   const float* dy;
   float* dx;
-  TOWERS_HD void operator()(int64_t i) const { dx[i] = global_avg_pool_backward_at(hw, dy, i); }
+  TOWERS_HD void operator()(int64_t i) const { body(hw, dy, dx, i); }
+  static TOWERS_HD void body(int64_t hw, const float* __restrict__ dy, float* __restrict__ dx,
+                             int64_t i) {
+    dx[i] = global_avg_pool_backward_at(hw, dy, i);
+  }
 };
 
 }  // namespace

@@ -7,7 +7,7 @@ namespace towers::kernels::cuda {
 
 namespace {
 
-// The block pointers travel by value in the kernel's argument (512 bytes, in the constant bank),
+// The block pointers travel by value in the kernel's argument (in the constant bank),
 // so the launch needs no device copy of the host array.
 struct TreeBlocks {
   float* p[kMaxTreeBlocks];
@@ -26,7 +26,8 @@ struct TreeSum {
 struct Scale {
   float alpha;
   float* x;
-  TOWERS_HD void operator()(int64_t i) const { x[i] *= alpha; }
+  TOWERS_HD void operator()(int64_t i) const { body(alpha, x, i); }
+  static TOWERS_HD void body(float alpha, float* __restrict__ x, int64_t i) { x[i] *= alpha; }
 };
 
 }  // namespace

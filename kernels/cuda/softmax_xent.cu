@@ -18,6 +18,12 @@ struct SoftmaxXentRow {
   double* row_loss;
   int32_t* row_correct;
   TOWERS_HD void operator()(int64_t b) const {
+    body(k, logits, labels, smoothing, grad_scale, dlogits, row_loss, row_correct, b);
+  }
+  static TOWERS_HD void body(int64_t k, const float* __restrict__ logits,
+                             const int32_t* __restrict__ labels, float smoothing, float grad_scale,
+                             float* __restrict__ dlogits, double* __restrict__ row_loss,
+                             int32_t* __restrict__ row_correct, int64_t b) {
     softmax_xent_row(k, logits, labels, smoothing, grad_scale, dlogits, row_loss, row_correct, b);
   }
 };
