@@ -152,6 +152,17 @@ const float* planes(const WinogradShape& s, int64_t C, int64_t images, const flo
                        s.tiles_w() * M + R - 1, P);
 }
 
+// f(i, ti, tj, t, cb) for every tile (ti, tj) of every image i, t its index among the
+// images * tiles_h * tiles_w tiles, and every block of kLanes channels cb of lanes_up(C).
+template <class F>
+void for_each_tile(const WinogradShape& s, int64_t C, int64_t images, F f) {
+  const int64_t th = s.tiles_h(), tw = s.tiles_w(), Cp = lanes_up(C);
+  for (int64_t i = 0; i < images; ++i)
+    for (int64_t ti = 0; ti < th; ++ti)
+      for (int64_t tj = 0; tj < tw; ++tj)
+        for (int64_t cb = 0; cb < Cp; cb += kLanes) f(i, ti, tj, (i * th + ti) * tw + tj, cb);
+}
+
 // planes() of an input -> v (positions, T, lanes_up(C)).
 template <int M, int R>
 void input(const WinogradShape& s, int64_t C, int64_t images, const float* pad, float* v) {
@@ -160,23 +171,18 @@ void input(const WinogradShape& s, int64_t C, int64_t images, const float* pad, 
   const int64_t th = s.tiles_h(), tw = s.tiles_w();
   const int64_t T = images * th * tw, Cp = lanes_up(C);
   const int64_t Hp = th * M + R - 1, Wp = tw * M + R - 1;
-  for (int64_t i = 0; i < images; ++i)
-    for (int64_t ti = 0; ti < th; ++ti)
-      for (int64_t tj = 0; tj < tw; ++tj) {
-        const int64_t t = (i * th + ti) * tw + tj;
-        const float* base = pad + ((i * Hp + ti * M) * Wp + tj * M) * Cp;
-        for (int64_t cb = 0; cb < Cp; cb += kLanes) {
-          float rows[A][A][kLanes];  // (a, k): B^T down the patch's columns
-          for (int k = 0; k < A; ++k)
-            product_lanes<A, A, false, typename W::BT>(
-                [&](int r) { return base + (r * Wp + k) * Cp + cb; },
-                [&](int a) { return rows[a][k]; });
-          for (int a = 0; a < A; ++a)
-            product_lanes<A, A, false, typename W::BT>(
-                [&](int k) { return rows[a][k]; },
-                [&](int b) { return v + ((a * A + b) * T + t) * Cp + cb; });
-        }
-      }
+  for_each_tile(s, C, images, [&](int64_t i, int64_t ti, int64_t tj, int64_t t, int64_t cb) {
+    const float* base = pad + ((i * Hp + ti * M) * Wp + tj * M) * Cp;
+    float rows[A][A][kLanes];  // (a, k): B^T down the patch's columns
+    for (int k = 0; k < A; ++k)
+      product_lanes<A, A, false, typename W::BT>(
+          [&](int r) { return base + (r * Wp + k) * Cp + cb; },
+          [&](int a) { return rows[a][k]; });
+    for (int a = 0; a < A; ++a)
+      product_lanes<A, A, false, typename W::BT>(
+          [&](int k) { return rows[a][k]; },
+          [&](int b) { return v + ((a * A + b) * T + t) * Cp + cb; });
+  });
 }
 
 // m (positions, T, lanes_up(C)) -> y (images, C, H, W), plus bias[c] (unless null), ReLU.
@@ -187,33 +193,28 @@ void output(const WinogradShape& s, int64_t C, int64_t images, const float* m, c
   constexpr int A = W::A;
   const int64_t H = s.height, Wd = s.width, th = s.tiles_h(), tw = s.tiles_w();
   const int64_t T = images * th * tw, Cp = lanes_up(C);
-  for (int64_t i = 0; i < images; ++i)
-    for (int64_t ti = 0; ti < th; ++ti)
-      for (int64_t tj = 0; tj < tw; ++tj) {
-        const int64_t t = (i * th + ti) * tw + tj;
-        for (int64_t cb = 0; cb < Cp; cb += kLanes) {
-          float half[M][A][kLanes];  // A^T m, down the columns
-          for (int b = 0; b < A; ++b)
-            product_lanes<M, A, false, typename W::AT>(
-                [&](int a) { return m + ((a * A + b) * T + t) * Cp + cb; },
-                [&](int u) { return half[u][b]; });
-          float out[M][M][kLanes];
-          for (int u = 0; u < M; ++u)
-            product_lanes<M, A, false, typename W::AT>([&](int b) { return half[u][b]; },
-                                                       [&](int vv) { return out[u][vv]; });
-          const int64_t lanes = std::min<int64_t>(kLanes, C - cb);
-          for (int64_t j = 0; j < lanes; ++j) {
-            const float b0 = bias != nullptr ? bias[cb + j] : 0.0f;
-            float* yc = y + (i * C + cb + j) * H * Wd;
-            for (int u = 0; u < M && ti * M + u < H; ++u)
-              for (int vv = 0; vv < M && tj * M + vv < Wd; ++vv) {
-                float val = out[u][vv][j];
-                if (bias != nullptr) val += b0;
-                yc[(ti * M + u) * Wd + tj * M + vv] = relu ? std::max(val, 0.0f) : val;
-              }
-          }
+  for_each_tile(s, C, images, [&](int64_t i, int64_t ti, int64_t tj, int64_t t, int64_t cb) {
+    float half[M][A][kLanes];  // A^T m, down the columns
+    for (int b = 0; b < A; ++b)
+      product_lanes<M, A, false, typename W::AT>(
+          [&](int a) { return m + ((a * A + b) * T + t) * Cp + cb; },
+          [&](int u) { return half[u][b]; });
+    float out[M][M][kLanes];
+    for (int u = 0; u < M; ++u)
+      product_lanes<M, A, false, typename W::AT>([&](int b) { return half[u][b]; },
+                                                 [&](int vv) { return out[u][vv]; });
+    const int64_t lanes = std::min<int64_t>(kLanes, C - cb);
+    for (int64_t j = 0; j < lanes; ++j) {
+      const float b0 = bias != nullptr ? bias[cb + j] : 0.0f;
+      float* yc = y + (i * C + cb + j) * H * Wd;
+      for (int u = 0; u < M && ti * M + u < H; ++u)
+        for (int vv = 0; vv < M && tj * M + vv < Wd; ++vv) {
+          float val = out[u][vv][j];
+          if (bias != nullptr) val += b0;
+          yc[(ti * M + u) * Wd + tj * M + vv] = relu ? std::max(val, 0.0f) : val;
         }
-      }
+    }
+  });
 }
 
 // planes() of dy -> out (positions, T, lanes_up(C)) = A dy_tile A^T per tile.
@@ -224,23 +225,18 @@ void output_adjoint(const WinogradShape& s, int64_t C, int64_t images, const flo
   const int64_t th = s.tiles_h(), tw = s.tiles_w();
   const int64_t T = images * th * tw, Cp = lanes_up(C);
   const int64_t Hp = th * M + R - 1, Wp = tw * M + R - 1;
-  for (int64_t i = 0; i < images; ++i)
-    for (int64_t ti = 0; ti < th; ++ti)
-      for (int64_t tj = 0; tj < tw; ++tj) {
-        const int64_t t = (i * th + ti) * tw + tj;
-        const float* base = pad + ((i * Hp + ti * M + P) * Wp + tj * M + P) * Cp;
-        for (int64_t cb = 0; cb < Cp; cb += kLanes) {
-          float half[M][A][kLanes];  // dy A^T, along the rows
-          for (int u = 0; u < M; ++u)
-            product_lanes<A, M, true, typename W::AT>(
-                [&](int vv) { return base + (u * Wp + vv) * Cp + cb; },
-                [&](int b) { return half[u][b]; });
-          for (int b = 0; b < A; ++b)
-            product_lanes<A, M, true, typename W::AT>(
-                [&](int u) { return half[u][b]; },
-                [&](int a) { return out + ((a * A + b) * T + t) * Cp + cb; });
-        }
-      }
+  for_each_tile(s, C, images, [&](int64_t i, int64_t ti, int64_t tj, int64_t t, int64_t cb) {
+    const float* base = pad + ((i * Hp + ti * M + P) * Wp + tj * M + P) * Cp;
+    float half[M][A][kLanes];  // dy A^T, along the rows
+    for (int u = 0; u < M; ++u)
+      product_lanes<A, M, true, typename W::AT>(
+          [&](int vv) { return base + (u * Wp + vv) * Cp + cb; },
+          [&](int b) { return half[u][b]; });
+    for (int b = 0; b < A; ++b)
+      product_lanes<A, M, true, typename W::AT>(
+          [&](int u) { return half[u][b]; },
+          [&](int a) { return out + ((a * A + b) * T + t) * Cp + cb; });
+  });
 }
 
 // The weight transforms run over blocks of kernel pairs (o, i), the pair innermost, so that
