@@ -30,6 +30,7 @@
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "kernels/reduce.h"
+#include "models/model_file.h"
 #include "models/models.h"
 #include "optim/optimizer.h"
 #include "towers/cuda_tower.h"
@@ -46,6 +47,13 @@ bool skip_without_gpus(benchmark::State& state, size_t need = 1) {
   state.SkipWithError(g.gpus.empty() ? ("no GPU: " + g.why_none).c_str()
                                      : ("needs " + std::to_string(need) + " GPUs").c_str());
   return true;
+}
+
+// model with its GPU convolutions through cuDNN (the default) or im2col + cuBLAS.
+std::unique_ptr<Graph> model_conv(const std::string& model, bool cudnn) {
+  ModelSpec spec = read_model(model);
+  set_conv_algorithm(spec, cudnn ? ConvAlgorithm::Auto : ConvAlgorithm::Im2col);
+  return build_graph(spec);
 }
 
 struct Inputs {
@@ -88,9 +96,9 @@ bool valid_step(benchmark::State& state, const StepStats& s, const float* grads,
 // One host-parameter tower step of model at batch, timed: parameters H2D, forward,
 // backward, gradients D2H, the momentum apply on the host.
 void time_host_param_step(benchmark::State& state, const std::string& model, int64_t batch,
-                          bool graphs, bool tf32) {
+                          bool graphs, bool tf32, bool cudnn = true) {
   if (skip_without_gpus(state)) return;
-  auto g = build_model(model);
+  auto g = model_conv(model, cudnn);
   const int64_t total = g->layout().total();
   CudaTower tower(*g, batch, placement(graphs, tf32));
   std::vector<float> params(total);
@@ -113,11 +121,13 @@ void time_host_param_step(benchmark::State& state, const std::string& model, int
       batch * 3.0 * g->flops_per_example() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Args: graphs (0/1), tf32 (0/1).
+// Args: graphs (0/1), tf32 (0/1), cudnn (1: cuDNN convolutions, 0: im2col + cuBLAS).
 void BM_GpuTowerStep(benchmark::State& state) {
-  time_host_param_step(state, "cifar10", 128, state.range(0) != 0, state.range(1) != 0);
+  time_host_param_step(state, "cifar10", 128, state.range(0) != 0, state.range(1) != 0,
+                       state.range(2) != 0);
 }
-BENCHMARK(BM_GpuTowerStep)->ArgNames({"graph", "tf32"})->Args({1, 0})->Args({0, 0})->Args({1, 1})
+BENCHMARK(BM_GpuTowerStep)->ArgNames({"graph", "tf32", "cudnn"})->Args({1, 0, 1})
+    ->Args({1, 0, 0})->Args({0, 0, 1})->Args({1, 1, 1})
     ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
 
 // The step of BM_GpuTowerStep (host parameters, graph replay) for the nets of the fast
@@ -136,11 +146,11 @@ BENCHMARK_CAPTURE(BM_GpuModelStep, resnet_small_cifar, std::string("resnet-small
 
 // --params mirrored: the same step with the parameters and momentum on the GPU, the update the
 // last kernels of the step's graph; nothing crosses PCIe but the batch and the losses.
-// Args: batch, tf32 (0/1).
+// Args: batch, tf32 (0/1), cudnn (1: cuDNN convolutions, 0: im2col + cuBLAS).
 void BM_GpuMirroredStep(benchmark::State& state) {
   if (skip_without_gpus(state)) return;
   const int64_t batch = state.range(0);
-  auto g = build_model("cifar10");
+  auto g = model_conv("cifar10", state.range(2) != 0);
   const int64_t total = g->layout().total();
   CudaTower tower(*g, batch, placement(true, state.range(1) != 0));
   std::vector<float> params(total), init(total);
@@ -175,15 +185,16 @@ void BM_GpuMirroredStep(benchmark::State& state) {
   state.counters["GFLOP_per_sec"] = benchmark::Counter(
       batch * 3.0 * g->flops_per_example() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32"})->Args({128, 0})->Args({128, 1})
-    ->Args({512, 0})->Args({512, 1})
+BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn"})->Args({128, 0, 1})
+    ->Args({128, 1, 1})->Args({512, 0, 1})->Args({512, 1, 1})->Args({128, 0, 0})->Args({512, 0, 0})
     ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
 
 // Forward + backward on the device only: the same step without the host's share.
+// Args: graphs (0/1), cudnn (0/1).
 void BM_GpuComputeOnly(benchmark::State& state) {
   if (skip_without_gpus(state)) return;
   const int64_t batch = 128;
-  auto g = build_model("cifar10");
+  auto g = model_conv("cifar10", state.range(1) != 0);
   const int64_t total = g->layout().total();
   CudaTower tower(*g, batch, placement(state.range(0) != 0, false));
   tower.set_grads_to_host(false);
@@ -202,7 +213,8 @@ void BM_GpuComputeOnly(benchmark::State& state) {
   state.counters["images_per_sec"] =
       benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_GpuComputeOnly)->ArgName("graph")->Arg(1)->Arg(0)->UseRealTime()->MinTime(2.0)
+BENCHMARK(BM_GpuComputeOnly)->ArgNames({"graph", "cudnn"})->Args({1, 1})->Args({1, 0})
+    ->Args({0, 1})->UseRealTime()->MinTime(2.0)
     ->Repetitions(3)->ReportAggregatesOnly(true);
 
 // The host's share of BM_GpuTowerStep that is not a copy: the momentum apply to the 1.07 M

@@ -14,3 +14,4 @@
 // The CUDA types host code may name without including CUDA headers.
 struct CUstream_st;    // cudaStream_t
 struct cublasContext;  // cublasHandle_t
+struct cudnnContext;   // cudnnHandle_t

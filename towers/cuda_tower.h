@@ -61,6 +61,8 @@ class CudaTower final : public Tower {
   float* device_params() { return params_d_.data(); }
   int64_t graph_captures() const { return captures_; }
   int64_t graph_replays() const { return replays_; }
+  // Plans the layers made on this tower (one per cuDNN convolution and batch size).
+  int64_t gpu_plans() const { return static_cast<int64_t>(plans_.size()); }
 
  private:
   void stage_inputs(const float* images, const int32_t* labels, int64_t n);
@@ -77,6 +79,7 @@ class CudaTower final : public Tower {
   DeviceBuffer params_d_, grads_d_, images_d_, labels_d_, row_loss_d_, row_correct_d_, scratch_;
   DeviceBuffer noise_d_;  // the step's noise (Tower::set_noise), copied in with its batch
   PinnedBuffer grads_host_, images_pin_, labels_pin_, row_loss_h_, row_correct_h_, noise_pin_;
+  GpuPlans plans_;  // the layers' per-batch-size plans (cuDNN), before exec_ which points here
   GpuExec exec_;
   cudaEvent_t inputs_ready_ = nullptr, copies_done_ = nullptr;
   std::vector<cudaEvent_t> layer_done_;  // per layer with variables: its gradients are final

@@ -35,7 +35,8 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
   row_loss_h_ = PinnedBuffer(sizeof(double) * max_batch);
   row_correct_h_ = PinnedBuffer(sizeof(int32_t) * max_batch);
   noise_pin_ = PinnedBuffer(sizeof(kernels::StepNoise));
-  exec_ = GpuExec{dev_.compute(), dev_.blas(), scratch_.data(), scratch_.size()};
+  exec_ = GpuExec{dev_.compute(), dev_.blas(), scratch_.data(), scratch_.size(), dev_.dnn(),
+                  &plans_, dev_.tf32()};
   CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming));
   layer_done_.resize(graph.layers().size(), nullptr);

@@ -39,6 +39,7 @@ int list_devices(bool as_json) {
   const towers::GpuList g = towers::list_gpus(/*with_free_memory=*/true);
   const int cores = towers::hardware_threads();
   auto version = [](int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); };
+  auto cudnn_text = [](int v) { return fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100); };
   if (as_json) {
     nlohmann::json gpus = nlohmann::json::array();
     for (const auto& d : g.gpus)
@@ -50,6 +51,7 @@ int list_devices(bool as_json) {
     if (g.gpus.empty()) j["no_gpu_reason"] = g.why_none;
     if (g.driver_version) j["cuda_driver"] = version(g.driver_version);
     if (g.runtime_version) j["cuda_runtime"] = version(g.runtime_version);
+    if (g.cudnn_version) j["cudnn"] = cudnn_text(g.cudnn_version);
     fmt::print("{}\n", j.dump());
     return 0;
   }
@@ -58,8 +60,8 @@ int list_devices(bool as_json) {
     fmt::print("cuda     no GPU: {}\n", g.why_none);
     return 0;
   }
-  fmt::print("cuda     driver {}, runtime {} (--device cuda)\n", version(g.driver_version),
-             version(g.runtime_version));
+  fmt::print("cuda     driver {}, runtime {}, cuDNN {} (--device cuda)\n",
+             version(g.driver_version), version(g.runtime_version), cudnn_text(g.cudnn_version));
   for (const auto& d : g.gpus)
     fmt::print("cuda:{}   {}, {:.1f} GiB ({:.1f} GiB free), compute capability {}.{}, {} SMs\n",
                d.ordinal, d.name, d.total_bytes / 1073741824.0, d.free_bytes / 1073741824.0,
@@ -174,10 +176,12 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                "(default: each tower over its own batch, as TF's multi-GPU towers); sync CPU "
                "towers of one process");
   app.add_option("--conv", c.conv,
-                 "how CPU towers compute convolutions: auto (Winograd F(2x2,5x5) for 5x5 stride-1 "
-                 "SAME layers of 16+ channels, else im2col), im2col, or winograd (every 3x3 and "
-                 "5x5 stride-1 SAME layer); overrides a model file's \"algorithm\"; GPU towers "
-                 "use im2col")->capture_default_str();
+                 "how convolutions are computed: auto (CPU: Winograd F(2x2,5x5) for 5x5 stride-1 "
+                 "SAME layers of 16+ channels, else im2col; GPU: cuDNN, with deterministic "
+                 "algorithms, wherever its symmetric padding gives the layer's window, else "
+                 "im2col), im2col (CPU: im2col + GEMM; GPU: im2col + cuBLAS), or winograd (CPU: "
+                 "every 3x3 and 5x5 stride-1 SAME layer; GPU: as auto); overrides a model file's "
+                 "\"algorithm\"")->capture_default_str();
   app.add_option("--tta", c.tta,
                  "test-time augmentation of evaluations: none, or flip (score each test image by "
                  "the mean of its and its mirror image's logits)")->capture_default_str();

@@ -1,7 +1,7 @@
 // cuda_device.h — the CUDA device (DESIGN.md, decision 3), for CUDA builds only.
-// A CudaDevice is one tower's view of one GPU: its own compute stream, copy stream and cuBLAS
-// handle (bound to the compute stream), so several towers can share a GPU without sharing
-// queues. Memory comes from one caching pool per GPU, shared by every tower on it: cudaMalloc
+// A CudaDevice is one tower's view of one GPU: its own compute stream, copy stream, cuBLAS
+// handle and (on demand) cuDNN handle, both handles bound to the compute stream, so several
+// towers can share a GPU without sharing queues. Memory comes from one caching pool per GPU, shared by every tower on it: cudaMalloc
 // and cudaFree synchronise the whole device, so they happen once at set-up, never per step.
 // Ordering between the streams uses events, never a device-wide synchronisation.
 #pragma once
@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "core/device.h"
+#include "kernels/hd.h"  // cudnnContext
 
 namespace towers {
 
@@ -62,6 +63,9 @@ class CudaDevice final : public Device {
   cudaStream_t compute() const { return compute_; }
   cudaStream_t copy() const { return copy_; }
   cublasHandle_t blas() const { return blas_; }
+  // The device's cuDNN handle, bound to the compute stream, made on first use (a CudaTower
+  // asks for it at set-up; a bare device in a test need not).
+  cudnnContext* dnn();
 
  private:
   int ordinal_;
@@ -69,6 +73,7 @@ class CudaDevice final : public Device {
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* blas_workspace_ = nullptr;
+  cudnnContext* dnn_ = nullptr;
 };
 
 // Page-locked host memory from cudaMallocHost: the landing buffers of gradients, the staging

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include <cudnn.h>
 #include <fmt/format.h>
 
 #include "core/cuda_check.h"
@@ -138,9 +139,29 @@ CudaDevice::~CudaDevice() {
   if (compute_) cudaStreamSynchronize(compute_);
   if (copy_) cudaStreamSynchronize(copy_);
   if (blas_) cublasDestroy(blas_);
+  if (dnn_) cudnnDestroy(dnn_);
   if (blas_workspace_) CudaMemoryPool::of(ordinal_).release(blas_workspace_);
   if (compute_) cudaStreamDestroy(compute_);
   if (copy_) cudaStreamDestroy(copy_);
+}
+
+cudnnContext* CudaDevice::dnn() {
+  if (dnn_ == nullptr) {
+    activate();
+    cudnnHandle_t h = nullptr;
+    cudnnStatus_t st = cudnnCreate(&h);
+    if (st != CUDNN_STATUS_SUCCESS)
+      TOWERS_SYSTEM_FAIL("cuda:{}: cudnnCreate failed: {} (GPU towers need cuDNN 9: "
+                         "libcudnn.so.9 and its sub-libraries on the library path)",
+                         ordinal_, cudnnGetErrorString(st));
+    st = cudnnSetStream(h, compute_);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      cudnnDestroy(h);
+      TOWERS_SYSTEM_FAIL("cuda:{}: cudnnSetStream failed: {}", ordinal_, cudnnGetErrorString(st));
+    }
+    dnn_ = h;
+  }
+  return dnn_;
 }
 
 std::string CudaDevice::name() const {

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.h"
+#include "core/cudnn_conv.h"
 #endif
 
 namespace towers {
@@ -21,6 +22,7 @@ GpuList list_gpus(bool with_free_memory) {
 #if TOWERS_HAVE_CUDA
   cudaDriverGetVersion(&out.driver_version);
   cudaRuntimeGetVersion(&out.runtime_version);
+  out.cudnn_version = static_cast<int>(cudnn_version());
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {

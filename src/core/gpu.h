@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/hd.h"  // CUstream_st, cublasContext
@@ -25,6 +27,7 @@ struct GpuList {
   std::vector<GpuInfo> gpus;
   std::string why_none;  // set when gpus is empty: built without CUDA, no driver, no device
   int driver_version = 0, runtime_version = 0;  // CUDA's encoding: 13000 = 13.0
+  int cudnn_version = 0;  // of the libcudnn loaded, cuDNN's encoding: 91900 = 9.19.0
 };
 // with_free_memory also reads each GPU's free memory, which creates a CUDA context on every
 // GPU (hundreds of MiB each, for the life of the process): for `towers devices` only.
@@ -36,13 +39,39 @@ GpuList list_gpus(bool with_free_memory = false);
 // says why; copies from the memory remain correct.
 std::shared_ptr<void> pin_host_memory(void* p, size_t bytes, std::string* why = nullptr);
 
+// What a layer plans once per batch size on one tower's GPU (the cuDNN descriptors and
+// algorithms of a convolution, core/cudnn_conv.h), kept by the tower for its life. A plan is
+// made by the first call that needs it; a tower's first step of a batch size runs eagerly,
+// before any CUDA graph capture, so making a plan never happens inside a capture. One tower's
+// calls come from one thread at a time, so there is no lock.
+class GpuPlans {
+ public:
+  // The plan owner made for calls on n examples; make() (returning std::unique_ptr<T>) makes it
+  // on first use.
+  template <class T, class Make>
+  T& get(const void* owner, int64_t n, Make make) {
+    std::shared_ptr<void>& slot = plans_[{owner, n}];
+    if (!slot) slot = std::shared_ptr<T>(make());
+    return *static_cast<T*>(slot.get());
+  }
+  size_t size() const { return plans_.size(); }
+
+ private:
+  std::map<std::pair<const void*, int64_t>, std::shared_ptr<void>> plans_;
+};
+
 // Everything a layer's GPU path needs: the tower's compute stream and cuBLAS handle (bound to
-// that stream), and device scratch of scratch_size floats that the call may overwrite.
+// that stream), device scratch of scratch_size floats that the call may overwrite, and, on a
+// tower, its cuDNN handle (bound to the same stream), its plans and its precision. Without a
+// cuDNN handle (a bare exec in a test) convolutions run as im2col + cuBLAS.
 struct GpuExec {
   CUstream_st* stream = nullptr;
   cublasContext* blas = nullptr;
   float* scratch = nullptr;
   int64_t scratch_size = 0;
+  cudnnContext* dnn = nullptr;
+  GpuPlans* plans = nullptr;
+  bool tf32 = false;
 };
 
 // floats [offset, offset + count) of e's scratch; an internal error naming `who` if the

@@ -11,6 +11,11 @@
 #include "layers/scratch.h"
 #include "core/gpu.h"
 #include "kernels/conv.h"
+#if TOWERS_HAVE_CUDA
+#include "core/cudnn_conv.h"
+#include "kernels/activation.h"
+#include "kernels/bias.h"
+#endif
 
 namespace towers {
 
@@ -174,10 +179,29 @@ void Conv2D::backward(const BackwardArgs& a) const {
 // ---- the GPU twin ----------------------------------------------------------------------------
 namespace kc = kernels::cuda;
 
-// GPU path: the CPU path's arithmetic with the batch as one unit. One batched im2col, one
-// cuBLAS GEMM over every pixel of the batch and one kernel that scatters to NCHW with the bias
-// and ReLU; the backward is one masking kernel (with the bias gradient), one GEMM for dW over
-// the whole batch, one for the columns of dx, and one col2im. All on the tower's stream.
+// GPU path, two ways. With the tower's cuDNN handle, where cuDNN's symmetric padding gives the
+// layer's window and --conv is not im2col: cuDNN's forward into y, then one kernel adds the
+// bias and applies the ReLU in place; the backward masks dy by the ReLU, sums the bias
+// gradient, and runs cuDNN's backward-filter and backward-data on the masked dy. The
+// algorithms are planned once per batch size (core/cudnn_conv.h), with the scratch im2col
+// would use as their workspace. Otherwise the CPU path's arithmetic with the batch as one
+// unit: one batched im2col, one cuBLAS GEMM over every pixel of the batch and one kernel that
+// scatters to NCHW with the bias and ReLU; the backward is one masking kernel (with the bias
+// gradient), one GEMM for dW over the whole batch, one for the columns of dx, and one col2im.
+// All on the tower's stream.
+bool Conv2D::gpu_uses_cudnn(const GpuExec& e) const {
+  return e.dnn != nullptr && e.plans != nullptr && cfg_.algorithm != ConvAlgorithm::Im2col &&
+         cudnn_window_fits(geo_.rows) && cudnn_window_fits(geo_.cols);
+}
+
+const CudnnConv& Conv2D::cudnn_plan(const GpuExec& e, int64_t n) const {
+  return e.plans->get<CudnnConv>(this, n, [&] {
+    const int64_t workspace = geo_.patch() * n * geo_.out_pixels();  // floats, as im2col's col
+    return std::make_unique<CudnnConv>(e.dnn, CudnnConv::Shape{n, geo_, cfg_.out_channels},
+                                       e.tf32, sizeof(float) * workspace, name());
+  });
+}
+
 int64_t Conv2D::gpu_scratch(int64_t n) const {
   const int64_t cols = n * geo_.out_pixels();
   return geo_.patch() * cols + cfg_.out_channels * cols;  // col + GEMM output / masked dy
@@ -186,6 +210,12 @@ int64_t Conv2D::gpu_scratch(int64_t n) const {
 void Conv2D::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
   const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
   const int64_t cols = a.n * P;
+  if (gpu_uses_cudnn(e)) {
+    const CudnnConv& plan = cudnn_plan(e, a.n);
+    plan.forward(a.x, a.params[kWeight], a.y, gpu_scratch_at(e, 0, K * cols, name()));
+    kc::bias_add(e.stream, a.n, co, P, a.params[kBias], a.y, cfg_.relu);
+    return;
+  }
   float* col = gpu_scratch_at(e, 0, K * cols, name());
   float* out = gpu_scratch_at(e, K * cols, co * cols, name());
   kc::im2col(e.stream, geo_, a.n, a.x, col);
@@ -198,6 +228,18 @@ void Conv2D::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
   const int64_t cols = a.n * P;
   float* col = gpu_scratch_at(e, 0, K * cols, name());
   float* g = gpu_scratch_at(e, K * cols, co * cols, name());
+  if (gpu_uses_cudnn(e)) {
+    const CudnnConv& plan = cudnn_plan(e, a.n);
+    const float* d = a.dy;  // (n, co, P), masked by the ReLU into g
+    if (cfg_.relu) {
+      kc::relu_backward(e.stream, co * cols, a.y, a.dy, g);
+      d = g;
+    }
+    kc::bias_grad(e.stream, a.n, co, P, d, a.grads[kBias], false);
+    plan.backward_filter(a.x, d, a.grads[kWeight], col);
+    if (a.dx != nullptr) plan.backward_data(a.params[kWeight], d, a.dx, col);
+    return;
+  }
   kc::conv_grad_output(e.stream, a.n, co, P, a.y, a.dy, cfg_.relu, g, a.grads[kBias]);
   kc::im2col(e.stream, geo_, a.n, a.x, col);
   // dW (co, K) = g (co, cols) * col^T (cols, K)

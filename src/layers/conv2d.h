@@ -1,5 +1,5 @@
-// conv2d.h — 2-D convolution (+ bias, + optional fused ReLU) as im2col + GEMM, or on the CPU
-// by Winograd's minimal filtering (kernels/winograd.h) where it applies.
+// conv2d.h — 2-D convolution (+ bias, + optional fused ReLU) as im2col + GEMM, on the CPU also
+// by Winograd's minimal filtering (kernels/winograd.h), on the GPU also through cuDNN.
 // Weight [out, in, kh, kw]; TF SAME/VALID padding. The batch is cut into fixed chunks of
 // images; each chunk is one GEMM over all its pixels (or one per Winograd position), and
 // chunks run on oneTBB threads.
@@ -14,11 +14,15 @@
 
 namespace towers {
 
-// How the CPU computes a convolution (GPU towers use im2col + GEMM whatever this says).
-//   auto      Winograd where it applies and pays: a 5x5 kernel, stride 1, SAME padding, at
-//             least kWinogradMinChannels input and output channels; else im2col
-//   im2col    im2col + one GEMM per chunk of images
-//   winograd  Winograd (F(2x2, 5x5) or F(4x4, 3x3)); an error where it does not apply
+class CudnnConv;  // core/cudnn_conv.h
+
+// How a convolution is computed.
+//   auto      CPU: Winograd where it applies and pays: a 5x5 kernel, stride 1, SAME padding, at
+//             least kWinogradMinChannels input and output channels; else im2col.
+//             GPU: cuDNN where its symmetric padding gives the layer's window; else im2col
+//   im2col    CPU: im2col + one GEMM per chunk of images; GPU: im2col + one cuBLAS GEMM
+//   winograd  CPU: Winograd (F(2x2, 5x5) or F(4x4, 3x3)); an error where it does not apply.
+//             GPU: as auto (cuDNN ranks its own Winograd kernels among the others)
 enum class ConvAlgorithm { Auto, Im2col, Winograd };
 inline constexpr int64_t kWinogradMinChannels = 16;
 // "auto", "im2col", "winograd" (nullopt for any other name), and back.
@@ -49,6 +53,8 @@ class Conv2D : public Layer {
   int64_t gpu_scratch(int64_t n) const override;
   void forward_gpu(const GpuExec& exec, const ForwardArgs& a) const override;
   void backward_gpu(const GpuExec& exec, const BackwardArgs& a) const override;
+  // Whether calls on exec go through cuDNN (else im2col + cuBLAS); see conv2d.cpp.
+  bool gpu_uses_cudnn(const GpuExec& exec) const;
 #endif
 
  protected:
@@ -58,6 +64,9 @@ class Conv2D : public Layer {
   Conv2DConfig cfg_;
   kernels::ConvGeometry geo_;  // set by infer (bind happens once, before any call)
   kernels::cpu::WinogradShape wino_;  // m = 0: im2col
+#if TOWERS_HAVE_CUDA
+  const CudnnConv& cudnn_plan(const GpuExec& e, int64_t n) const;
+#endif
 };
 
 }  // namespace towers

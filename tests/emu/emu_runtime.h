@@ -1,5 +1,6 @@
 // emu_runtime.h — the CUDA emulator the emulated test suite runs on: the CUDA runtime, cuBLAS
 // handle and NCCL entry points towers calls, implemented on the host (tests/emu/emu_runtime.cpp),
+// the cuDNN convolution calls (tests/emu/emu_cudnn.cpp),
 // and every kernels::cuda:: launcher as a sequential host loop: the element-wise ones are their
 // own .cu files compiled as host code (tests/emu/emu_launchers.cpp, through launch_host_loop),
 // the others host loops over the rules their kernels run (tests/emu/emu_kernels.cpp).
@@ -17,6 +18,7 @@
 // the graph instead (towers captures fork/join patterns: the copy stream joins the capture).
 #pragma once
 
+#include <cstddef>
 #include <functional>
 
 #include <cublas_v2.h>
@@ -30,5 +32,7 @@ void submit(cudaStream_t s, std::function<void()> work);
 cudaStream_t stream_of(cublasHandle_t h);
 // Whether a cuBLAS handle asked for TF32 (the emulator computes in FP32 regardless).
 bool tf32(cublasHandle_t h);
+// Whether [p, p + bytes) lies inside one live device allocation.
+bool on_device(const void* p, size_t bytes);
 
 }  // namespace towers::emu

@@ -54,13 +54,23 @@ TowerPlacement gpu(bool graphs, bool tf32 = false) {
   return p;
 }
 
-// A model whose convolutions compute as the GPU twin does (im2col + GEMM) on the CPU too, so
-// that a test comparing the two towers compares the GPU's arithmetic with the CPU's, not with
-// the larger rounding of the CPU's Winograd path (kernels/winograd.h, tested on its own).
-std::unique_ptr<Graph> twin_model(const std::string& name) {
+// The model with every convolution computed by `conv`. The CPU tower of a comparison uses
+// im2col, so that a test comparing the two towers compares the GPU's arithmetic with the CPU's
+// im2col + GEMM, not with the larger rounding of the CPU's Winograd path (kernels/winograd.h,
+// tested on its own); on the GPU, auto means cuDNN and im2col the im2col + cuBLAS path.
+std::unique_ptr<Graph> model_with(const std::string& name, ConvAlgorithm conv) {
   ModelSpec spec = read_model(name);
-  set_conv_algorithm(spec, ConvAlgorithm::Im2col);
+  set_conv_algorithm(spec, conv);
   return build_graph(spec);
+}
+std::unique_ptr<Graph> twin_model(const std::string& name) {
+  return model_with(name, ConvAlgorithm::Im2col);
+}
+
+int64_t conv_layers(const Graph& g) {
+  int64_t n = 0;
+  for (const auto& l : g.layers()) n += l->kind() == "conv2d";
+  return n;
 }
 
 // Examples whose top two logits (of the CPU tower's last forward) are closer than float
@@ -91,6 +101,8 @@ void expect_same_correct(int64_t gpu, int64_t cpu_correct, const CpuTower& cpu, 
 
 class TowerGpu : public ::testing::TestWithParam<const char*> {};
 
+// Both GPU convolution paths: cuDNN (auto: one plan per convolution layer and batch size) and
+// im2col + cuBLAS (no plans), against one CPU tower.
 TEST_P(TowerGpu, MatchesTheCpuTower) {
   TOWERS_SKIP_WITHOUT_GPU();
   auto g = twin_model(GetParam());
@@ -99,24 +111,30 @@ TEST_P(TowerGpu, MatchesTheCpuTower) {
   g->layout().initialize(params.data(), 7);
   Batch b = random_batch(*g, n, 8);
   CpuTower cpu(*g, n, 2);
-  CudaTower cuda(*g, n, gpu(false));
   cpu.load_params(params.data());
-  cuda.load_params(params.data());
   StepStats sc = cpu.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
-  StepStats sg = cuda.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
-  EXPECT_NEAR(sg.loss_sum, sc.loss_sum, 1e-5 * std::fabs(sc.loss_sum));
-  expect_same_correct(sg.correct, sc.correct, cpu, n);
-  // Per variable, norm-wise: cuBLAS sums a conv's dW over n * pixels products (4,608 for
-  // conv2 at n = 32, 18,432 for conv1) in another order than OpenBLAS's chunks, and the
-  // differences pass through every layer below, so a whole tower is held to 1e-4; each kernel
-  // alone is held to 1e-5 in the kernel tests.
-  for (const Variable& v : g->layout().variables())
-    EXPECT_LT(norm_rel(cuda.grads() + v.offset, cpu.grads() + v.offset, v.size), 1e-4)
-        << v.spec.name;
+  const std::vector<float> cpu_grads(cpu.grads(), cpu.grads() + total);
   StepStats ec = cpu.evaluate(b.images.data(), b.labels.data(), n);
-  StepStats eg = cuda.evaluate(b.images.data(), b.labels.data(), n);
-  EXPECT_NEAR(eg.loss_sum, ec.loss_sum, 1e-5 * std::fabs(ec.loss_sum));
-  expect_same_correct(eg.correct, ec.correct, cpu, n);
+  for (ConvAlgorithm conv : {ConvAlgorithm::Auto, ConvAlgorithm::Im2col}) {
+    SCOPED_TRACE(std::string("GPU convolutions: ") + conv_algorithm_name(conv));
+    auto gg = model_with(GetParam(), conv);
+    ASSERT_EQ(gg->layout().total(), total);
+    CudaTower cuda(*gg, n, gpu(false));
+    cuda.load_params(params.data());
+    StepStats sg = cuda.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+    EXPECT_NEAR(sg.loss_sum, sc.loss_sum, 1e-5 * std::fabs(sc.loss_sum));
+    // Per variable, norm-wise: cuBLAS or cuDNN sums a conv's dW over n * pixels products (4,608
+    // for conv2 at n = 32, 18,432 for conv1) in another order than OpenBLAS's chunks, and the
+    // differences pass through every layer below, so a whole tower is held to 1e-4; each kernel
+    // alone is held to 1e-5 in the kernel tests.
+    for (const Variable& v : g->layout().variables())
+      EXPECT_LT(norm_rel(cuda.grads() + v.offset, cpu_grads.data() + v.offset, v.size), 1e-4)
+          << v.spec.name;
+    StepStats eg = cuda.evaluate(b.images.data(), b.labels.data(), n);
+    EXPECT_NEAR(eg.loss_sum, ec.loss_sum, 1e-5 * std::fabs(ec.loss_sum));
+    expect_same_correct(eg.correct, ec.correct, cpu, n);
+    EXPECT_EQ(cuda.gpu_plans(), conv == ConvAlgorithm::Auto ? conv_layers(*gg) : 0);
+  }
 }
 
 TEST_P(TowerGpu, CudaGraphReplayIsBitwiseEagerLaunches) {

@@ -1,0 +1,73 @@
+// cudnn_conv.h — one convolution shape through cuDNN (CUDA builds; src/core/cudnn_conv_cuda.cpp).
+//
+// A CudnnConv is made once per (layer, batch size) on a tower's cuDNN handle, before the tower
+// captures a CUDA graph of the step (GpuPlans, core/gpu.h): the tensor, filter and convolution
+// descriptors, and for each of forward, backward-data and backward-filter one algorithm.
+//
+// The algorithm is the first in cuDNN's heuristic ranking for this GPU (the _v7 queries, which
+// run nothing on the GPU) that succeeds, is deterministic and needs at most the workspace the
+// layer offers. Heuristics rather than cudnnFind*, which times every algorithm: timing picks
+// different algorithms from run to run, and with them different rounding, where a heuristic
+// pick gives a run the same bits every time on one GPU and library version, as the rest of
+// towers does. The workspace is the caller's memory (the tower's scratch), allocated before
+// any capture, so no call allocates.
+//
+// Precision: in FP32 mode (the default) every convolution descriptor asks for CUDNN_FMA_MATH,
+// which excludes tensor-core TF32; with --tf32 it asks for CUDNN_DEFAULT_MATH, which permits
+// TF32 on Ampere and later, and each direction runs with the math type its algorithm came with.
+//
+// Layout NCHW, float, cross-correlation (no kernel flip), symmetric padding: cuDNN pads each side
+// by the same amount, so a TF SAME window with an extra row or column after the image (even
+// total padding is symmetric; odd is not) does not fit (cudnn_window_fits), and the layer keeps
+// im2col there.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/conv.h"
+#include "kernels/hd.h"  // cudnnContext
+
+namespace towers {
+
+// Whether cuDNN's symmetric padding of pad_before on both sides gives TF's window: the same
+// output size (the windows then start at the same places).
+bool cudnn_window_fits(const kernels::Window& w);
+
+class CudnnConv {
+ public:
+  struct Shape {
+    int64_t n = 0;                           // batch
+    kernels::ConvGeometry geo;               // input (C, H, W) and the two windows
+    int64_t out_channels = 0;
+  };
+  // Throws towers::Error naming `who` when the shape does not fit cuDNN (cudnn_window_fits) or
+  // a direction has no deterministic algorithm within workspace_bytes.
+  CudnnConv(cudnnContext* handle, const Shape& shape, bool tf32, size_t workspace_bytes,
+            const std::string& who);
+  ~CudnnConv();
+  CudnnConv(const CudnnConv&) = delete;
+  CudnnConv& operator=(const CudnnConv&) = delete;
+
+  // Queued on the handle's stream (cudnnSetStream); ws is the workspace (workspace_bytes()).
+  // Each overwrites its output: y (n, out, OH, OW); dw (out, C, KH, KW); dx (n, C, H, W).
+  void forward(const float* x, const float* w, float* y, void* ws) const;
+  void backward_filter(const float* x, const float* dy, float* dw, void* ws) const;
+  void backward_data(const float* w, const float* dy, float* dx, void* ws) const;
+
+  // The most any of the three chosen algorithms needs.
+  size_t workspace_bytes() const;
+  // "forward IMPLICIT_PRECOMP_GEMM (0 B), backward-data ALGO_1 (1.2 MB), backward-filter ..."
+  std::string algorithms() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// cuDNN's version as cudnnGetVersion() reports it (91900 = 9.19.0), of the library loaded.
+size_t cudnn_version();
+
+}  // namespace towers

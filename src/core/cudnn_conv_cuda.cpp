@@ -1,0 +1,208 @@
+#include "core/cudnn_conv.h"
+
+#include <cudnn.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+
+#include "core/check.h"
+
+#define CUDNN_CHECK(call)                                                                   \
+  do {                                                                                      \
+    cudnnStatus_t towers_st_ = (call);                                                      \
+    if (towers_st_ != CUDNN_STATUS_SUCCESS)                                                 \
+      TOWERS_SYSTEM_FAIL("cuDNN call {} failed: {}", #call, cudnnGetErrorString(towers_st_)); \
+  } while (0)
+
+namespace towers {
+
+bool cudnn_window_fits(const kernels::Window& w) {
+  // cuDNN: out = (in + 2 pad - k) / stride + 1, rounded down; the first window starts at -pad.
+  const int64_t span = w.in + 2 * w.pad_before - w.k;
+  return span >= 0 && span / w.stride + 1 == w.out;
+}
+
+size_t cudnn_version() { return cudnnGetVersion(); }
+
+namespace {
+
+const char* fwd_name(cudnnConvolutionFwdAlgo_t a) {
+  static constexpr std::array<const char*, 8> kNames = {
+      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
+      "WINOGRAD", "WINOGRAD_NONFUSED"};
+  return a >= 0 && a < static_cast<int>(kNames.size()) ? kNames[a] : "?";
+}
+const char* bwd_data_name(cudnnConvolutionBwdDataAlgo_t a) {
+  static constexpr std::array<const char*, 6> kNames = {
+      "ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  return a >= 0 && a < static_cast<int>(kNames.size()) ? kNames[a] : "?";
+}
+const char* bwd_filter_name(cudnnConvolutionBwdFilterAlgo_t a) {
+  static constexpr std::array<const char*, 7> kNames = {
+      "ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
+  return a >= 0 && a < static_cast<int>(kNames.size()) ? kNames[a] : "?";
+}
+
+std::string mib(size_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
+
+// The first of cuDNN's ranking that ran, is deterministic, fits the workspace and keeps to
+// the precision asked for (FP32: no tensor-op math); a towers::Error listing the ranking if
+// none does.
+template <class Perf, class Name>
+const Perf& pick(const Perf* perf, int count, size_t workspace, bool tf32, Name name,
+                 const char* direction, const std::string& who, int64_t n) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) continue;
+    if (p.memory > workspace) continue;
+    if (!tf32 && (p.mathType == CUDNN_TENSOR_OP_MATH ||
+                  p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
+      continue;
+    return p;
+  }
+  std::string seen;
+  for (int i = 0; i < count; ++i)
+    seen += fmt::format("{}{} ({}, {})", i ? ", " : "", name(perf[i].algo),
+                        perf[i].determinism == CUDNN_DETERMINISTIC ? "deterministic"
+                                                                    : "not deterministic",
+                        mib(perf[i].memory));
+  TOWERS_BAD_INPUT("{}: cuDNN has no deterministic {} algorithm for this shape (batch {}) within "
+                   "the {} workspace{}; its ranking: {}; use --conv im2col",
+                   who, direction, n, mib(workspace), tf32 ? "" : " in FP32",
+                   seen.empty() ? "empty" : seen);
+}
+
+}  // namespace
+
+struct CudnnConv::Impl {
+  cudnnHandle_t handle = nullptr;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  // One per direction: each runs with the math type its algorithm was ranked with.
+  cudnnConvolutionDescriptor_t fwd = nullptr, bwd_data = nullptr, bwd_filter = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd_algo{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data_algo{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo{};
+  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+
+  ~Impl() {
+    for (cudnnConvolutionDescriptor_t d : {fwd, bwd_data, bwd_filter})
+      if (d) cudnnDestroyConvolutionDescriptor(d);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+};
+
+CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t workspace,
+                     const std::string& who)
+    : impl_(std::make_unique<Impl>()) {
+  const kernels::ConvGeometry& g = s.geo;
+  TOWERS_CHECK(cudnn_window_fits(g.rows) && cudnn_window_fits(g.cols),
+               "{}: cuDNN's symmetric padding cannot give this layer's window", who);
+  Impl& m = *impl_;
+  m.handle = handle;
+  auto i32 = [](int64_t v) { return static_cast<int>(v); };
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&m.x));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(m.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i32(s.n),
+                                         i32(g.channels), i32(g.height), i32(g.width)));
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&m.y));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(m.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i32(s.n),
+                                         i32(s.out_channels), i32(g.rows.out), i32(g.cols.out)));
+  CUDNN_CHECK(cudnnCreateFilterDescriptor(&m.w));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(m.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                         i32(s.out_channels), i32(g.channels), i32(g.rows.k),
+                                         i32(g.cols.k)));
+  const cudnnMathType_t math = tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  for (cudnnConvolutionDescriptor_t* d : {&m.fwd, &m.bwd_data, &m.bwd_filter}) {
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(d));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(*d, i32(g.rows.pad_before), i32(g.cols.pad_before),
+                                                i32(g.rows.stride), i32(g.cols.stride), 1, 1,
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(*d, math));
+  }
+  // Set the descriptor to the chosen math type (TF32 mode may rank FMA and tensor-op kernels
+  // together), then ask for the workspace that combination needs.
+  const auto adopt = [&](cudnnConvolutionDescriptor_t d, cudnnMathType_t chosen) {
+    if (tf32) CUDNN_CHECK(cudnnSetConvolutionMathType(d, chosen));
+  };
+
+  {
+    std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
+    int count = 0;
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, m.x, m.w, m.fwd, m.y,
+                                                       static_cast<int>(perf.size()), &count,
+                                                       perf.data()));
+    const auto& p = pick(perf.data(), count, workspace, tf32, fwd_name, "forward", who, s.n);
+    m.fwd_algo = p.algo;
+    adopt(m.fwd, p.mathType);
+    CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, m.x, m.w, m.fwd, m.y, m.fwd_algo,
+                                                        &m.fwd_ws));
+  }
+  {
+    std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
+    int count = 0;
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, m.w, m.y, m.bwd_data, m.x,
+                                                            static_cast<int>(perf.size()), &count,
+                                                            perf.data()));
+    const auto& p = pick(perf.data(), count, workspace, tf32, bwd_data_name, "backward-data", who, s.n);
+    m.bwd_data_algo = p.algo;
+    adopt(m.bwd_data, p.mathType);
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, m.w, m.y, m.bwd_data, m.x,
+                                                             m.bwd_data_algo, &m.bwd_data_ws));
+  }
+  {
+    std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
+    int count = 0;
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, m.x, m.y, m.bwd_filter, m.w,
+                                                              static_cast<int>(perf.size()),
+                                                              &count, perf.data()));
+    const auto& p = pick(perf.data(), count, workspace, tf32, bwd_filter_name, "backward-filter", who, s.n);
+    m.bwd_filter_algo = p.algo;
+    adopt(m.bwd_filter, p.mathType);
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        handle, m.x, m.y, m.bwd_filter, m.w, m.bwd_filter_algo, &m.bwd_filter_ws));
+  }
+  // The size query after adopting the math type is the one that counts.
+  TOWERS_CHECK(workspace_bytes() <= workspace,
+               "{}: cuDNN's chosen algorithms ({}) need more workspace than offered ({})", who,
+               algorithms(), mib(workspace));
+}
+
+CudnnConv::~CudnnConv() = default;
+
+size_t CudnnConv::workspace_bytes() const {
+  return std::max({impl_->fwd_ws, impl_->bwd_data_ws, impl_->bwd_filter_ws});
+}
+
+std::string CudnnConv::algorithms() const {
+  const Impl& m = *impl_;
+  return fmt::format("forward {} ({}), backward-data {} ({}), backward-filter {} ({})",
+                     fwd_name(m.fwd_algo), mib(m.fwd_ws), bwd_data_name(m.bwd_data_algo),
+                     mib(m.bwd_data_ws), bwd_filter_name(m.bwd_filter_algo), mib(m.bwd_filter_ws));
+}
+
+void CudnnConv::forward(const float* x, const float* w, float* y, void* ws) const {
+  const Impl& m = *impl_;
+  const float one = 1.0f, zero = 0.0f;
+  CUDNN_CHECK(cudnnConvolutionForward(m.handle, &one, m.x, x, m.w, w, m.fwd, m.fwd_algo, ws,
+                                      m.fwd_ws, &zero, m.y, y));
+}
+
+void CudnnConv::backward_filter(const float* x, const float* dy, float* dw, void* ws) const {
+  const Impl& m = *impl_;
+  const float one = 1.0f, zero = 0.0f;
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(m.handle, &one, m.x, x, m.y, dy, m.bwd_filter,
+                                             m.bwd_filter_algo, ws, m.bwd_filter_ws, &zero, m.w,
+                                             dw));
+}
+
+void CudnnConv::backward_data(const float* w, const float* dy, float* dx, void* ws) const {
+  const Impl& m = *impl_;
+  const float one = 1.0f, zero = 0.0f;
+  CUDNN_CHECK(cudnnConvolutionBackwardData(m.handle, &one, m.w, w, m.y, dy, m.bwd_data,
+                                           m.bwd_data_algo, ws, m.bwd_data_ws, &zero, m.x, dx));
+}
+
+}  // namespace towers
