@@ -162,12 +162,15 @@ StepStats CudaTower::compute_gradients(const float* images, const int32_t* label
   if (graph_n_ != n || graph_scale_ != grad_scale || graph_to_host_ != grads_to_host_) {
     // A new (batch, scale): this step runs eagerly, so that cuBLAS and the driver do their
     // first-call set-up outside any capture; the next step with the same key is captured.
+    // The key is set once the eager step has gone through, so a step that failed (a layer's
+    // set-up, say) is run eagerly again, never captured first.
     drop_graph();
+    enqueue_step(n, grad_scale);
+    const StepStats s = finish(n);
     graph_n_ = n;
     graph_scale_ = grad_scale;
     graph_to_host_ = grads_to_host_;
-    enqueue_step(n, grad_scale);
-    return finish(n);
+    return s;
   }
   if (graph_ == nullptr) capture(n, grad_scale);
   CUDA_CHECK(cudaGraphLaunch(graph_, dev_.compute()));

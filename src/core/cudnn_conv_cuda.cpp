@@ -47,8 +47,8 @@ const char* bwd_filter_name(cudnnConvolutionBwdFilterAlgo_t a) {
 std::string mib(size_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
 
 // The first of cuDNN's ranking that ran, is deterministic, fits the workspace and keeps to
-// the precision asked for (FP32: no tensor-op math); a towers::Error listing the ranking if
-// none does.
+// the precision asked for (FP32: no tensor-op math; never ALLOW_CONVERSION, which may compute
+// in FP16 or BF16); a towers::Error listing the ranking if none does.
 template <class Perf, class Name>
 const Perf& pick(const Perf* perf, int count, size_t workspace, bool tf32, Name name,
                  const char* direction, const std::string& who, int64_t n) {
@@ -56,9 +56,8 @@ const Perf& pick(const Perf* perf, int count, size_t workspace, bool tf32, Name 
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) continue;
     if (p.memory > workspace) continue;
-    if (!tf32 && (p.mathType == CUDNN_TENSOR_OP_MATH ||
-                  p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
-      continue;
+    if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
+    if (!tf32 && p.mathType == CUDNN_TENSOR_OP_MATH) continue;
     return p;
   }
   std::string seen;

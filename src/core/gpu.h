@@ -50,9 +50,11 @@ class GpuPlans {
   // on first use.
   template <class T, class Make>
   T& get(const void* owner, int64_t n, Make make) {
-    std::shared_ptr<void>& slot = plans_[{owner, n}];
-    if (!slot) slot = std::shared_ptr<T>(make());
-    return *static_cast<T*>(slot.get());
+    const std::pair<const void*, int64_t> key{owner, n};
+    auto it = plans_.find(key);
+    // Made before it is stored: a make() that throws leaves no entry.
+    if (it == plans_.end()) it = plans_.emplace(key, std::shared_ptr<T>(make())).first;
+    return *static_cast<T*>(it->second.get());
   }
   size_t size() const { return plans_.size(); }
 

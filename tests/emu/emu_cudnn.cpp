@@ -10,6 +10,9 @@
 // a caller must skip ahead of the usable ones: non-deterministic ones (backward-data ALGO_0,
 // backward-filter ALGO_0 and ALGO_3) and, where the descriptor permits tensor-op math, a
 // tensor-op forward; the usable ones need workspace (the one image's col buffer) or none.
+// A tensor-op forward rounds its inputs to TF32, as the emulated cuBLAS does in TF32 mode. Set-up
+// (handles, descriptors, rankings, workspace queries) is refused while the calling thread
+// captures a graph: towers plans its convolutions before any capture, and this holds it to that.
 // Only beta = 0 (overwrite) is emulated, which is all towers uses.
 #include <cudnn.h>
 
@@ -101,8 +104,12 @@ Perf entry(Algo a, bool deterministic, size_t memory, cudnnMathType_t math) {
   return p;
 }
 
+// Set-up inside a capture: refused (see the top of the file).
+bool setup_refused() { return towers::emu::capturing(); }
+
 template <class T>
 cudnnStatus_t make(T** d) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   *d = new T{};
   return CUDNN_STATUS_SUCCESS;
 }
@@ -137,6 +144,7 @@ const char* cudnnGetErrorString(cudnnStatus_t s) {
 cudnnStatus_t cudnnCreate(cudnnHandle_t* h) { return make(h); }
 cudnnStatus_t cudnnDestroy(cudnnHandle_t h) { return drop(h); }
 cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   h->stream = s;
   return CUDNN_STATUS_SUCCESS;
 }
@@ -145,6 +153,7 @@ cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* d) { return m
 cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) { return drop(d); }
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t format,
                                          cudnnDataType_t type, int n, int c, int h, int w) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   if (format != CUDNN_TENSOR_NCHW || type != CUDNN_DATA_FLOAT) return CUDNN_STATUS_NOT_SUPPORTED;
   if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
   *d = {true, n, c, h, w};
@@ -155,6 +164,7 @@ cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* d) { return m
 cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) { return drop(d); }
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t type,
                                          cudnnTensorFormat_t format, int k, int c, int h, int w) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   if (format != CUDNN_TENSOR_NCHW || type != CUDNN_DATA_FLOAT) return CUDNN_STATUS_NOT_SUPPORTED;
   if (k <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
   *d = {true, k, c, h, w};
@@ -167,6 +177,7 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, in
                                               int pad_w, int u, int v, int dilation_h,
                                               int dilation_w, cudnnConvolutionMode_t mode,
                                               cudnnDataType_t compute) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   if (mode != CUDNN_CROSS_CORRELATION || compute != CUDNN_DATA_FLOAT || dilation_h != 1 ||
       dilation_w != 1)
     return CUDNN_STATUS_NOT_SUPPORTED;
@@ -176,6 +187,7 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, in
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t d, cudnnMathType_t math) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   d->math = math;
   return CUDNN_STATUS_SUCCESS;
 }
@@ -185,6 +197,7 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(
     cudnnHandle_t, const cudnnTensorDescriptor_t x, const cudnnFilterDescriptor_t w,
     const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t y, const int requested,
     int* returned, cudnnConvolutionFwdAlgoPerf_t* out) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   ConvGeometry g;
   if (!geometry(x, w, c, y, &g)) return CUDNN_STATUS_BAD_PARAM;
   using P = cudnnConvolutionFwdAlgoPerf_t;
@@ -231,9 +244,19 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void* alpha,
   const float* xf = static_cast<const float*>(x);
   const float* wf = static_cast<const float*>(w);
   float* yf = static_cast<float*>(y);
+  const bool tf32 =
+      cd->math != CUDNN_FMA_MATH && algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
   return convolve(h, g, xd->n, k, x, w, y, ws, ws_bytes, needed, beta, [=](int i, float* col) {
     towers::kernels::cpu::im2col(g, xf + i * in, col, P);
-    towers::kernels::cpu::gemm(false, false, k, P, K, a, wf, K, col, P, 0.0f, yf + i * k * P, P);
+    const float* wu = wf;
+    std::vector<float> wr;
+    if (tf32) {  // the tensor-op forward: both operands rounded to TF32
+      for (int64_t j = 0; j < K * P; ++j) col[j] = towers::emu::to_tf32(col[j]);
+      wr.assign(wf, wf + k * K);
+      for (float& v : wr) v = towers::emu::to_tf32(v);
+      wu = wr.data();
+    }
+    towers::kernels::cpu::gemm(false, false, k, P, K, a, wu, K, col, P, 0.0f, yf + i * k * P, P);
   });
 }
 
@@ -242,6 +265,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
     cudnnHandle_t, const cudnnFilterDescriptor_t w, const cudnnTensorDescriptor_t dy,
     const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t dx, const int requested,
     int* returned, cudnnConvolutionBwdDataAlgoPerf_t* out) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   ConvGeometry g;
   if (!geometry(dx, w, c, dy, &g)) return CUDNN_STATUS_BAD_PARAM;
   using P = cudnnConvolutionBwdDataAlgoPerf_t;
@@ -298,6 +322,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     cudnnHandle_t, const cudnnTensorDescriptor_t x, const cudnnTensorDescriptor_t dy,
     const cudnnConvolutionDescriptor_t c, const cudnnFilterDescriptor_t dw, const int requested,
     int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* out) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   ConvGeometry g;
   if (!geometry(x, dw, c, dy, &g)) return CUDNN_STATUS_BAD_PARAM;
   using P = cudnnConvolutionBwdFilterAlgoPerf_t;

@@ -87,16 +87,7 @@ void bias_grad(CUstream_st* s, int64_t n, int64_t c, int64_t hw, const float* dy
 
 // ---- gemm.cu -------------------------------------------------------------------------------
 
-// x rounded to TF32 (1 sign, 8 exponent, 10 mantissa bits), to nearest with ties to even.
-static float to_tf32(float x) {
-  if (!std::isfinite(x)) return x;
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  u += 0x0FFFu + ((u >> 13) & 1u);
-  u &= 0xFFFFE000u;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
+using emu::to_tf32;
 
 // The column-major call cuda::gemm makes (row_major_as_col_major), with cuda::gemm's int checks
 // and the argument checks cuBLAS makes before it runs (a null handle; a leading dimension below

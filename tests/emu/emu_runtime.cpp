@@ -101,6 +101,7 @@ void submit(cudaStream_t, std::function<void()> work) {
 
 cudaStream_t stream_of(cublasHandle_t h) { return h->stream; }
 bool tf32(cublasHandle_t h) { return h->tf32; }
+bool capturing() { return capture != nullptr; }
 bool on_device(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> l(mu);
   return inside(device_, p, bytes);

@@ -18,7 +18,10 @@
 // the graph instead (towers captures fork/join patterns: the copy stream joins the capture).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 
 #include <cublas_v2.h>
@@ -34,5 +37,19 @@ cudaStream_t stream_of(cublasHandle_t h);
 bool tf32(cublasHandle_t h);
 // Whether [p, p + bytes) lies inside one live device allocation.
 bool on_device(const void* p, size_t bytes);
+// Whether the calling thread is capturing a stream into a graph.
+bool capturing();
+
+// x rounded to TF32 (1 sign, 8 exponent, 10 mantissa bits), to nearest with ties to even:
+// what tensor cores multiply in TF32 mode.
+inline float to_tf32(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  u += 0x0FFFu + ((u >> 13) & 1u);
+  u &= 0xFFFFE000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
 
 }  // namespace towers::emu
