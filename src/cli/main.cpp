@@ -39,7 +39,9 @@ int list_devices(bool as_json) {
   const towers::GpuList g = towers::list_gpus(/*with_free_memory=*/true);
   const int cores = towers::hardware_threads();
   auto version = [](int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); };
-  auto cudnn_text = [](int v) { return fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100); };
+  auto cudnn_text = [](int v) {
+    return fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+  };
   if (as_json) {
     nlohmann::json gpus = nlohmann::json::array();
     for (const auto& d : g.gpus)

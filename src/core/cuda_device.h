@@ -1,8 +1,9 @@
 // cuda_device.h — the CUDA device (DESIGN.md, decision 3), for CUDA builds only.
 // A CudaDevice is one tower's view of one GPU: its own compute stream, copy stream, cuBLAS
 // handle and (on demand) cuDNN handle, both handles bound to the compute stream, so several
-// towers can share a GPU without sharing queues. Memory comes from one caching pool per GPU, shared by every tower on it: cudaMalloc
-// and cudaFree synchronise the whole device, so they happen once at set-up, never per step.
+// towers can share a GPU without sharing queues. Memory comes from one caching pool per GPU,
+// shared by every tower on it: cudaMalloc and cudaFree synchronise the whole device, so they
+// happen once at set-up, never per step.
 // Ordering between the streams uses events, never a device-wide synchronisation.
 #pragma once
 

@@ -59,7 +59,7 @@ class CudnnConv {
 
   // The most any of the three chosen algorithms needs.
   size_t workspace_bytes() const;
-  // "forward IMPLICIT_PRECOMP_GEMM (0 B), backward-data ALGO_1 (1.2 MB), backward-filter ..."
+  // "forward IMPLICIT_PRECOMP_GEMM (0.0 MiB), backward-data ALGO_1 (1.2 MiB), backward-filter ..."
   std::string algorithms() const;
 
  private:
