@@ -1,15 +1,19 @@
 // remote_bench — the transport of remote tower groups (towers/remote/), each case validated
 // before it is timed, next to its physical yardsticks measured in the same run:
 //   BM_Push/BYTES/SHARDS   one sync push of a BYTES gradient to SHARDS shards (1 worker: the
-//                          round is applied when it arrives), through RemoteParameterStore:
-//                          send (the gradient lent to gRPC, wire.h), the shard's one copy out
-//                          of the received slices, its apply (sgd, one pass), the reply
-//   BM_Pull/BYTES/SHARDS   one read of every shard's range into the host array (host_params)
+//                          round is applied as it arrives), through RemoteParameterStore: the
+//                          gradient lent to gRPC in pieces on a PushStream (wire.h), the
+//                          shard's one copy of each piece out of the received slices and its
+//                          apply (sgd) while the next piece is on the wire, the reply
+//   BM_Pull/BYTES/SHARDS   what a tower's pull reads: every shard's range, streamed in pieces
+//                          (PullStream), each copied into the worker's array as it arrives
 //   BM_TcpLoopback/BYTES   the raw yardstick: BYTES over one 127.0.0.1 TCP connection and a
 //                          1-byte reply, the same round trip as a unary call
 //   BM_GrpcUnary/BYTES     gRPC's own floor: one unary call of BYTES on one channel, sent from
 //                          the caller's memory without a copy (wire.h), to a server that
 //                          replies at once without reading it: what any design on gRPC pays
+//   BM_GrpcStream/BYTES    the same floor for the streamed push: BYTES in 1 MiB messages on one
+//                          PushStream, drained unread by the server
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
 // The shards run as threads of this process on 127.0.0.1 (on a 2-core machine they share the
 // cores with the client, as separate processes would). bytes_per_second is the message size
@@ -114,14 +118,14 @@ void BM_Push(benchmark::State& state) {
 void BM_Pull(benchmark::State& state) {
   const int64_t bytes = state.range(0);
   Cluster c(bytes / 4, static_cast<int>(state.range(1)));
-  c.params.assign(c.params.size(), -1.0f);  // the pull must overwrite every element
-  const float* p = c.store->host_params();
+  std::vector<float> dst(bytes / 4, -1.0f);  // the pull must overwrite every element
+  c.store->pull_into(dst.data());
   for (int64_t i = 0; i < bytes / 4; ++i)
-    if (p[i] != 0.5f) {
+    if (dst[i] != 0.5f) {
       state.SkipWithError("pull failed validation");
       return;
     }
-  for (auto _ : state) benchmark::DoNotOptimize(c.store->host_params());
+  for (auto _ : state) c.store->pull_into(dst.data());
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
@@ -177,9 +181,66 @@ void BM_TcpLoopback(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
-// Acknowledges every Push without reading it.
-class AckService final : public remote::Shard::WithRawCallbackMethod_Push<remote::Shard::Service> {
+// Acknowledges every Push, and every PushStream once its last message has arrived, without
+// reading them.
+class AckService final
+    : public remote::Shard::WithRawCallbackMethod_Push<remote::Shard::WithRawCallbackMethod_PushStream<
+          remote::Shard::WithRawCallbackMethod_PullStream<remote::Shard::Service>>> {
  public:
+  // PullStream: `source` in pieces, sent from its memory without a copy.
+  std::vector<char> source;
+  class Send final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+   public:
+    explicit Send(const std::vector<char>& src) {
+      const size_t piece = remote::kDefaultPieceFloats * 4;
+      for (size_t at = 0; at < src.size(); at += piece) {
+        grpc::Slice s(const_cast<char*>(src.data()) + at, std::min(piece, src.size() - at),
+                      grpc::Slice::STATIC_SLICE);
+        out_.emplace_back(&s, 1);
+      }
+      StartWrite(&out_[next_++]);
+    }
+    void OnWriteDone(bool ok) override {
+      if (ok && next_ < out_.size()) StartWrite(&out_[next_++]);
+      else Finish(grpc::Status::OK);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    std::vector<grpc::ByteBuffer> out_;
+    size_t next_ = 0;
+  };
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext*,
+                                                         const grpc::ByteBuffer*) override {
+    return new Send(source);
+  }
+
+  class Drain final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+   public:
+    explicit Drain(grpc::ByteBuffer* reply) : reply_(reply) { StartRead(&in_); }
+    void OnReadDone(bool ok) override {
+      if (ok) {
+        bytes_ += static_cast<int64_t>(in_.Length());
+        in_.Clear();
+        StartRead(&in_);
+        return;
+      }
+      remote::PushReply rep;
+      rep.set_version(bytes_);
+      *reply_ = remote::encode(rep);
+      Finish(grpc::Status::OK);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    grpc::ByteBuffer* reply_;
+    grpc::ByteBuffer in_;
+    int64_t bytes_ = 0;
+  };
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext*,
+                                                        grpc::ByteBuffer* reply) override {
+    return new Drain(reply);
+  }
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                  grpc::ByteBuffer* out) override {
     remote::PushReply rep;
@@ -191,18 +252,40 @@ class AckService final : public remote::Shard::WithRawCallbackMethod_Push<remote
   }
 };
 
+// Validates one call, then times calls of BYTES each.
+template <class Call>
+void time_calls(benchmark::State& state, Call call, const char* failed) {
+  if (!call()) state.SkipWithError(failed);
+  for (auto _ : state)
+    if (!call()) break;
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+
+// An AckService on a free loopback port, tuned as a shard is, and a channel to it.
+struct AckServer {
+  AckService service;
+  std::unique_ptr<grpc::Server> server;
+  grpc::GenericStub stub;
+  static std::shared_ptr<grpc::Channel> start(AckService& service,
+                                              std::unique_ptr<grpc::Server>& server) {
+    remote::keep_message_buffers();  // as every shard and worker process does
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.SetMaxReceiveMessageSize(remote::kMaxMessageBytes);
+    remote::tune(builder);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    return remote::open_channel(fmt::format("127.0.0.1:{}", port), {});
+  }
+  AckServer() : stub(start(service, server)) {}
+  ~AckServer() { server->Shutdown(std::chrono::system_clock::now()); }
+};
+
 void BM_GrpcUnary(benchmark::State& state) {
   const int64_t bytes = state.range(0);
-  remote::keep_message_buffers();  // as every shard and worker process does
-  AckService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(remote::kMaxMessageBytes);
-  remote::tune(builder);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  grpc::GenericStub stub(remote::open_channel(fmt::format("127.0.0.1:{}", port), {}));
+  AckServer ack;
+  grpc::GenericStub& stub = ack.stub;
   std::vector<char> data(bytes, 7);
   auto call = [&] {
     remote::Lender lender;
@@ -226,11 +309,97 @@ void BM_GrpcUnary(benchmark::State& state) {
     std::string error;
     return status.ok() && remote::decode(in, rep, &error) && rep.version() == bytes;
   };
-  if (!call()) state.SkipWithError("gRPC call failed validation");
-  for (auto _ : state)
-    if (!call()) break;
-  server->Shutdown();
-  state.SetBytesProcessed(state.iterations() * bytes);
+  time_calls(state, call, "gRPC call failed validation");
+}
+
+// A client stream whose end the benchmark waits for.
+struct Streaming : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  void OnDone(const grpc::Status& s) override {
+    std::lock_guard<std::mutex> l(mu);
+    status = s;
+    done = true;
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return done; });
+  }
+};
+
+// The floor of the streamed push: BYTES in messages of one piece (kDefaultPieceFloats floats)
+// on one PushStream, from the caller's memory, to a server that drains them unread.
+void BM_GrpcStream(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  AckServer ack;
+  grpc::GenericStub& stub = ack.stub;
+  std::vector<char> data(bytes, 7);
+  const int64_t piece = remote::kDefaultPieceFloats * 4;
+  struct Writer final : Streaming {
+    std::vector<grpc::ByteBuffer> out;
+    size_t next = 0;
+    grpc::ByteBuffer in;
+    void write_next() {
+      const size_t i = next++;
+      if (next < out.size()) StartWrite(&out[i]);
+      else StartWriteLast(&out[i], grpc::WriteOptions());
+    }
+    void OnWriteDone(bool ok) override {
+      if (ok && next < out.size()) write_next();
+    }
+  };
+  auto call = [&] {
+    remote::Lender lender;
+    Writer w;
+    for (int64_t at = 0; at < bytes; at += piece) {
+      const grpc::Slice lent = lender.lend(data.data() + at, std::min(piece, bytes - at));
+      w.out.emplace_back(&lent, 1);
+    }
+    grpc::ClientContext ctx;
+    stub.PrepareBidiStreamingCall(&ctx, remote::kPushStreamMethod, grpc::StubOptions(), &w);
+    w.StartRead(&w.in);
+    w.write_next();
+    w.StartCall();
+    w.wait();
+    remote::PushReply rep;
+    std::string error;
+    return w.status.ok() && remote::decode(w.in, rep, &error) && rep.version() == bytes;
+  };
+  time_calls(state, call, "gRPC stream failed validation");
+}
+
+// The floor of the streamed pull: BYTES in 1 MiB messages on one PullStream, sent by the
+// server from its memory without a copy, received and dropped unread.
+void BM_GrpcPullStream(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  AckServer ack;
+  ack.service.source.assign(bytes, 7);
+  grpc::GenericStub& stub = ack.stub;
+  struct Reader final : Streaming {
+    grpc::ByteBuffer out, in;
+    int64_t got = 0;
+    void OnReadDone(bool ok) override {
+      if (!ok) return;
+      got += static_cast<int64_t>(in.Length());
+      in.Clear();
+      StartRead(&in);
+    }
+  };
+  auto call = [&] {
+    Reader r;
+    r.out = remote::encode(remote::PullRequest());
+    grpc::ClientContext ctx;
+    stub.PrepareBidiStreamingCall(&ctx, remote::kPullStreamMethod, grpc::StubOptions(), &r);
+    r.StartWriteLast(&r.out, grpc::WriteOptions());
+    r.StartRead(&r.in);
+    r.StartCall();
+    r.wait();
+    return r.status.ok() && r.got >= bytes;  // (each message's bytes and its framing)
+  };
+  time_calls(state, call, "gRPC pull stream failed validation");
 }
 
 void BM_Memcpy(benchmark::State& state) {
@@ -256,6 +425,8 @@ BENCHMARK(BM_Push)->Apply([](auto* b) { sizes(b, true); });
 BENCHMARK(BM_Pull)->Apply([](auto* b) { sizes(b, true); });
 BENCHMARK(BM_TcpLoopback)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });
+BENCHMARK(BM_GrpcStream)->Apply([](auto* b) { sizes(b, false); });
+BENCHMARK(BM_GrpcPullStream)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_Memcpy)->Apply([](auto* b) { sizes(b, false); });
 
 }  // namespace

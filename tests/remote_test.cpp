@@ -27,6 +27,11 @@
 #include "core/check.h"
 #include "optim/optimizer.h"
 #include "towers/remote/cluster.h"
+#include "towers/remote/remote_store.h"
+#include "towers/remote/shard_server.h"
+#include "towers/remote/shard_set.h"
+#include "towers/remote/towers.grpc.pb.h"
+#include "towers/remote/wire.h"
 
 namespace towers {
 namespace {
@@ -180,6 +185,194 @@ TEST(RemoteOptimizer, RangesTogetherEqualTheWholeArray) {
   }
 }
 
+// A sync shard applies a round piece by piece as the gradient arrives (Optimizer::apply_piece):
+// pieces in any order, cutting variables anywhere, give bitwise apply()'s update, with the
+// running averages of state variables and both wrappers (EMA, Lookahead) included.
+TEST(RemoteOptimizer, PiecesInAnyOrderEqualOneApply) {
+  const ParameterLayout layout({{"a/w", {37, 29}, Init::constant(0), 0.01f},
+                                {"a/b", {37}, Init::constant(0)},
+                                {"s/mean", {5}, Init::constant(0), 0.0f, false, 0.1f},
+                                {"b/w", {300}, Init::constant(0), 0.002f}});
+  const auto ranges = remote::shard_ranges(layout.total(), 2);
+  const remote::Range r = ranges[1];  // a range that starts inside a variable
+  for (const char* name : {"sgd", "momentum", "adam", "rmsprop", "adagrad"}) {
+    OptimizerConfig c{name};
+    c.ema = 0.9;
+    c.lookahead_k = 2;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::vector<float> p(r.size());
+    for (auto& x : p) x = n(rng);
+    std::vector<float> got = p;
+    Optimizer whole(layout, c, r.begin, r.end), pieced(layout, c, r.begin, r.end);
+    std::vector<float> g(r.size());
+    for (int step = 0; step < 4; ++step) {
+      for (auto& x : g) x = n(rng);
+      whole.apply(p.data(), g.data(), 0.05f);
+      const int64_t t = pieced.begin_pieces();
+      // Pieces of 97 floats, last to first.
+      for (int64_t hi = r.size(); hi > 0; hi = std::max<int64_t>(0, hi - 97)) {
+        const int64_t lo = std::max<int64_t>(0, hi - 97);
+        pieced.apply_piece(got.data(), g.data() + lo, lo, hi, 0.05f, t);
+      }
+    }
+    EXPECT_EQ(0, std::memcmp(got.data(), p.data(), sizeof(float) * p.size())) << name;
+    EXPECT_EQ(pieced.updates(), whole.updates());
+    for (size_t s = 0; s < whole.slots().size(); ++s)
+      EXPECT_EQ(0, std::memcmp(whole.slots()[s].second, pieced.slots()[s].second,
+                               sizeof(float) * p.size())) << name << " slot " << whole.slots()[s].first;
+  }
+}
+
+// ---- one shard in this process: what its Push and PushStream refuse ---------------------------
+
+// A sync shard of one worker serving one variable of n floats in pieces of `piece`, and the
+// worker's store, joined.
+struct OneShard {
+  remote::ShardOptions opts;
+  std::thread server;
+  ParameterLayout layout;
+  std::vector<float> params;
+  Optimizer opt;
+  std::unique_ptr<remote::RemoteParameterStore> store;
+  remote::RemoteConfig cfg;
+
+  OneShard(int64_t n, int64_t piece)
+      : layout({{"v/w", {n}, Init::constant(0.5f)}}), params(n, 0.5f),
+        opt(layout, OptimizerConfig{"sgd"}) {
+    remote::Cluster c;
+    c.worker = {"127.0.0.1:1"};
+    c.ps = {fmt::format("127.0.0.1:{}", remote::free_loopback_ports(1)[0])};
+    opts.cluster = c;
+    opts.token = "t";
+    opts.quiet = true;
+    server = std::thread([this] { remote::run_shard(opts); });
+    cfg.cluster = c;
+    cfg.token = "t";
+    cfg.rpc_timeout = 30;
+    cfg.run_id = "test";
+    cfg.piece_floats = piece;
+    store = std::make_unique<remote::RemoteParameterStore>(cfg, layout, params.data(), opt,
+                                                           UpdateAccess::Exclusive);
+    store->initialize_shards(0);
+    store->join();
+  }
+  ~OneShard() {
+    store.reset();
+    auto stub = remote::Shard::NewStub(remote::open_channel(cfg.cluster.ps[0], {}));
+    remote::ShutdownRequest req;
+    remote::ShutdownReply rep;
+    auto ctx = remote::call_context("t", 5);
+    stub->Shutdown(ctx.get(), req, &rep);
+    server.join();
+  }
+  // The small fields of this worker's push of round 0.
+  remote::PushRequest head() const {
+    remote::PushRequest r;
+    r.set_layout_hash(remote::layout_hash(layout));
+    r.set_round(0);
+    r.set_lr(1.0f);
+    r.set_examples(1);
+    r.set_towers(1);
+    return r;
+  }
+  // The error of a PushStream of these messages (empty: it succeeded).
+  std::string push(std::vector<grpc::ByteBuffer> messages) {
+    remote::ShardSet shards(cfg.cluster.ps, "t", {});
+    std::vector<remote::PushReply> reps;
+    try {
+      shards.push_streams({std::move(messages)}, reps, 10);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+grpc::ByteBuffer piece(remote::PushRequest head, int64_t offset, const std::vector<float>& g,
+                       int64_t lo, int64_t hi) {
+  head.set_offset(offset);
+  const grpc::Slice s(g.data() + lo, sizeof(float) * static_cast<size_t>(hi - lo));
+  return remote::encode(head, remote::PushRequest::kGradsFieldNumber, &s);
+}
+
+// A PushStream must send whole pieces, in order, within the range; a unary Push the whole
+// range. A message that does not is refused before any of its floats is taken: as the first
+// message of a push, the parameters stay as they were. The pieces a stream delivered before it
+// broke off stay counted in the round, so the same push sent again completes the round, with
+// each piece applied once.
+TEST(RemoteShard, PushesOffTheRangeOrItsPiecesAreRefusedNotApplied) {
+  OneShard s(1024, 300);  // pieces [0, 300) [300, 600) [600, 900) [900, 1024)
+  ASSERT_EQ(s.layout.total(), 1024);
+  ASSERT_EQ(s.store->piece_floats(), 300);
+  const std::vector<float> g(1400, 1.0f);
+  const remote::PushRequest h = s.head();
+  auto unchanged = [&] {
+    const float* p = s.store->host_params();
+    for (int i = 0; i < 1024; ++i)
+      if (p[i] != 0.5f) return false;
+    return s.store->version() == 0;
+  };
+  // Beyond the range, a piece cut short, not starting at float 0, another layout.
+  EXPECT_NE(s.push({piece(h, 0, g, 0, 1400)}).find("refused, not applied"), std::string::npos);
+  EXPECT_NE(s.push({piece(h, 0, g, 0, 200)}).find("pieces of 300"), std::string::npos);
+  EXPECT_NE(s.push({piece(h, 300, g, 0, 300)}).find("from float 0"), std::string::npos);
+  remote::PushRequest other = h;
+  other.set_layout_hash(h.layout_hash() + 1);
+  EXPECT_NE(s.push({piece(other, 0, g, 0, 300)}).find("layout hash"), std::string::npos);
+  EXPECT_TRUE(unchanged());
+  // A unary Push of the wrong size.
+  {
+    remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+    remote::PushRequest r = h;
+    r.set_grads(std::string(4 * 1023, '\0'));
+    remote::PushReply rep;
+    auto ctx = remote::call_context("t", 10);
+    const grpc::Status st = shards.stub(0).Push(ctx.get(), r, &rep);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("refused, not applied"), std::string::npos) << st.error_message();
+  }
+  EXPECT_TRUE(unchanged());
+  // A stream that skips a piece: refused at the second message.
+  EXPECT_NE(s.push({piece(h, 0, g, 0, 300), piece(h, 600, g, 0, 300)}).find("from float 300"),
+            std::string::npos);
+  // The whole gradient again, in pieces of one and two: the round is applied once (sgd, lr 1).
+  EXPECT_EQ(s.push({piece(h, 0, g, 0, 300), piece(h, 300, g, 0, 600), piece(h, 900, g, 0, 124)}),
+            "");
+  const float* p = s.store->host_params();
+  for (int i = 0; i < 1024; ++i) ASSERT_EQ(p[i], -0.5f) << i;
+  EXPECT_EQ(s.store->version(), 1);
+}
+
+// A client of the generated protobuf stubs pushes with the unary Push (the whole range in one
+// message) and pulls with Pull; the shard serves it the same as the streams.
+TEST(RemoteShard, ProtobufClientsPushAndPullWhole) {
+  OneShard s(1024, 300);
+  remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+  remote::PushRequest r = s.head();
+  r.set_grads(std::string(4 * 1024, '\0'));
+  for (int i = 0; i < 1024; ++i) reinterpret_cast<float*>(r.mutable_grads()->data())[i] = 0.25f * (i % 4);
+  remote::PushReply rep;
+  auto ctx = remote::call_context("t", 10);
+  ASSERT_TRUE(shards.stub(0).Push(ctx.get(), r, &rep).ok());
+  EXPECT_EQ(rep.version(), 1);
+  EXPECT_TRUE(rep.applied());
+  remote::PullRequest q;
+  q.set_layout_hash(remote::layout_hash(s.layout));
+  q.set_worker(-1);
+  remote::PullReply got;
+  auto ctx2 = remote::call_context("t", 10);
+  ASSERT_TRUE(shards.stub(0).Pull(ctx2.get(), q, &got).ok());
+  ASSERT_EQ(got.params().size(), 4096u);
+  std::vector<float> streamed(1024, -9.0f);
+  EXPECT_EQ(s.store->pull_into(streamed.data()), 1);
+  for (int i = 0; i < 1024; ++i) {
+    const float expect = 0.5f - 0.25f * static_cast<float>(i % 4);
+    EXPECT_EQ(reinterpret_cast<const float*>(got.params().data())[i], expect) << i;
+    EXPECT_EQ(streamed[i], expect) << i;
+  }
+}
+
 // ---- clusters of real processes -------------------------------------------------------------
 
 // The tensor bytes of a safetensors file (everything after its header).
@@ -204,7 +397,8 @@ std::string only_checkpoint(const std::string& dir) {
 // W workers x T towers in sync mode give bitwise the parameters, slots and losses of one
 // process with W x T towers: the same global batches, and the same tree over the towers.
 void expect_launch_matches_one_process(int workers, int towers_per_worker, int ps,
-                                       const std::string& model = "fashion") {
+                                       const std::string& model = "fashion",
+                                       const std::string& remote_flags = "") {
   const std::string flags =
       "--model " + model + " --dataset synthetic --synthetic-size 1500 --mode sync --steps 12 "
       "--seed 3 --batch 16 --eval-every 0 --log-every 1 --quiet --optimizer adam --lr 0.001";
@@ -213,8 +407,9 @@ void expect_launch_matches_one_process(int workers, int towers_per_worker, int p
   ASSERT_EQ(run_towers(fmt::format("train {} --towers {} --metrics {}/m.jsonl --checkpoint-dir {}",
                                    flags, workers * towers_per_worker, one, one), &out), 0) << out;
   ASSERT_EQ(run_towers(fmt::format("launch --ps {} --workers {} --towers-per-worker {} --out {} -- "
-                                   "train {} --checkpoint-dir {}/ck", ps, workers,
-                                   towers_per_worker, many, flags, many), &out), 0) << out;
+                                   "train {} {} --checkpoint-dir {}/ck", ps, workers,
+                                   towers_per_worker, many, flags, remote_flags, many), &out), 0)
+      << out;
   const auto a = metrics_events(one + "/m.jsonl", "step");
   const auto b = metrics_events(many + "/worker-0.jsonl", "step");
   ASSERT_EQ(a.size(), 12u);
@@ -230,6 +425,11 @@ void expect_launch_matches_one_process(int workers, int towers_per_worker, int p
 }
 
 TEST(RemoteCli, SyncTwoWorkersEqualTwoTowersBitwise) { expect_launch_matches_one_process(2, 1, 2); }
+// Pushes and pulls in pieces of 16 KiB: dozens per range, applied piece by piece as they arrive,
+// in whatever order the workers' pieces complete.
+TEST(RemoteCli, SyncInSmallPiecesEqualsOneProcessBitwise) {
+  expect_launch_matches_one_process(2, 1, 2, "fashion", "--rpc-piece-kib 16");
+}
 TEST(RemoteCli, SyncTwoWorkersOfTwoTowersEqualFourTowersBitwise) {
   expect_launch_matches_one_process(2, 2, 3);
 }

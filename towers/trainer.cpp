@@ -281,6 +281,8 @@ void validate(const TrainConfig& c) {
                    c.replicas_to_aggregate, ct.cluster.origin, ct.cluster.workers());
     TOWERS_REQUIRE(c.rpc_timeout > 0.0 && c.heartbeat_timeout > 0.0,
                    "--rpc-timeout and --heartbeat-timeout must be > 0 seconds");
+    TOWERS_REQUIRE(c.rpc_piece_kib >= 1 && c.rpc_piece_kib <= (1 << 20),
+                   "--rpc-piece-kib {}: pieces of 1 KiB to 1 GiB", c.rpc_piece_kib);
     remote::check_tls({c.tls_cert, c.tls_key, c.tls_ca});
     remote::read_token(c.token_file);
   } else {
@@ -545,6 +547,7 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
     rc.tls = {c_.tls_cert, c_.tls_key, c_.tls_ca};
     rc.rpc_timeout = c_.rpc_timeout;
     rc.heartbeat_timeout = c_.heartbeat_timeout;
+    rc.piece_floats = c_.rpc_piece_kib * 1024 / static_cast<int64_t>(sizeof(float));
     rc.mode = c_.mode;
     rc.replicas_to_aggregate = c_.replicas_to_aggregate;
     rc.staleness = std::max<int64_t>(c_.staleness, 0);

@@ -228,6 +228,10 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_option("--heartbeat-timeout", c.heartbeat_timeout,
                  "with --cluster: seconds without a call after which the shards count a worker "
                  "lost")->capture_default_str();
+  app.add_option("--rpc-piece-kib", c.rpc_piece_kib,
+                 "with --cluster: pushes and pulls travel in pieces of this many KiB, so a shard "
+                 "copies and applies one piece while the next is on the wire (the chief's value "
+                 "is the run's)")->capture_default_str();
 }
 
 // `towers launch ... -- <training flags>`: the flags after -- go to every worker.

@@ -94,27 +94,28 @@ inline float state_step(float state, float rate, float delta) {
 }
 }  // namespace
 
-void Optimizer::apply_state(float* params, const float* grads, bool shared) const {
+void Optimizer::apply_state(float* params, const float* grads, bool shared, int64_t lo,
+                            int64_t hi) const {
   for (const Variable& v : layout_.variables()) {
     if (v.spec.trainable || v.spec.state_rate == 0.0f) continue;
-    // The variable's part inside [begin_, end_), range-relative.
-    const int64_t b = std::max(v.offset, begin_) - begin_;
-    const int64_t e = std::min(v.offset + v.size, end_) - begin_;
+    // The variable's part inside [begin_, end_) and [lo, hi), range-relative.
+    const int64_t b = std::max(std::max(v.offset, begin_) - begin_, lo);
+    const int64_t e = std::min(std::min(v.offset + v.size, end_) - begin_, hi);
     for (int64_t i = b; i < e; ++i) {
       if (!shared) {
-        params[i] = state_step(params[i], v.spec.state_rate, grads[i]);
+        params[i] = state_step(params[i], v.spec.state_rate, grads[i - lo]);
         continue;
       }
       std::atomic_ref<float> p(params[i]);
-      p.store(state_step(p.load(std::memory_order_relaxed), v.spec.state_rate, grads[i]),
+      p.store(state_step(p.load(std::memory_order_relaxed), v.spec.state_rate, grads[i - lo]),
               std::memory_order_relaxed);
     }
   }
 }
 
-void Optimizer::apply_wrappers(float* params, int64_t t, bool shared, bool use_locking) {
+void Optimizer::apply_wrappers(float* params, int64_t t, bool shared, bool use_locking,
+                               int64_t lo, int64_t hi) {
   if (ema_ == nullptr && slow_ == nullptr) return;
-  const int64_t n = end_ - begin_;
   // Plain or relaxed-atomic access, as the update's.
   auto get = [shared](float* p) {
     return shared ? std::atomic_ref<float>(*p).load(std::memory_order_relaxed) : *p;
@@ -129,12 +130,14 @@ void Optimizer::apply_wrappers(float* params, int64_t t, bool shared, bool use_l
     // Trainable variables only: state variables keep their running averages.
     const double alpha = cfg_.lookahead_alpha;
     for_each_part([&](size_t vi, const Variable&, int64_t at, int64_t size) {
+      const int64_t from = std::max(at, lo), to = std::min(at + size, hi);
+      if (from >= to) return;
       // Under use_locking the reset is one more update of the variable: no other update of it
       // runs in between.
       std::unique_lock<std::mutex> lock(var_locks_[vi], std::defer_lock);
       if (use_locking) lock.lock();
-      for_chunks(size, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
-        for (int64_t i = at + b; i < at + e; ++i) {
+      for_chunks(to - from, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
+        for (int64_t i = from + b; i < from + e; ++i) {
           const double slow = get(slow_ + i);
           const float moved = static_cast<float>(slow + alpha * (get(params + i) - slow));
           set(slow_ + i, moved);
@@ -145,27 +148,29 @@ void Optimizer::apply_wrappers(float* params, int64_t t, bool shared, bool use_l
   }
   if (ema_ != nullptr) {
     const double d = std::min(cfg_.ema, (1.0 + static_cast<double>(t)) / (10.0 + static_cast<double>(t)));
-    for_chunks(n, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i)
+    for_chunks(hi - lo, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
+      for (int64_t i = lo + b; i < lo + e; ++i)
         set(ema_ + i, static_cast<float>(d * get(ema_ + i) + (1.0 - d) * get(params + i)));
     });
   }
 }
 
-void Optimizer::begin_update(const float* params, int64_t t, bool shared) {
+void Optimizer::begin_update(const float* params, int64_t t, bool shared, int64_t lo,
+                             int64_t hi) {
   if (t != 1) return;
   for (float* s : {ema_, slow_}) {
     if (s == nullptr) continue;
     if (shared)
-      load_relaxed(params, s, end_ - begin_);
+      load_relaxed(params + lo, s + lo, hi - lo);
     else
-      std::copy(params, params + (end_ - begin_), s);
+      std::copy(params + lo, params + hi, s + lo);
   }
 }
 
 void Optimizer::apply(float* params, const float* grads, float lr) {
   const int64_t t = ++updates_;
-  begin_update(params, t, false);
+  const int64_t n = end_ - begin_;
+  begin_update(params, t, false, 0, n);
   kernels::RuleArgs r = def_->args(cfg_, lr, t);
   float* s0 = def_->slots.size() > 0 ? slot_buffers_[0].data() : nullptr;
   float* s1 = def_->slots.size() > 1 ? slot_buffers_[1].data() : nullptr;
@@ -178,13 +183,34 @@ void Optimizer::apply(float* params, const float* grads, float lr) {
                                      s1 ? s1 + o : nullptr, grads + o, r);
     });
   });
-  apply_state(params, grads, false);
-  apply_wrappers(params, t, false, false);
+  apply_state(params, grads, false, 0, n);
+  apply_wrappers(params, t, false, false, 0, n);
+}
+
+void Optimizer::apply_piece(float* params, const float* grads, int64_t lo, int64_t hi, float lr,
+                            int64_t t) {
+  TOWERS_CHECK(0 <= lo && lo <= hi && hi <= end_ - begin_ && 1 <= t && t <= updates_.load(),
+               "apply_piece [{}, {}) of update {}: the range has {} floats and {} updates begun",
+               lo, hi, t, end_ - begin_, updates_.load());
+  begin_update(params, t, false, lo, hi);
+  kernels::RuleArgs r = def_->args(cfg_, lr, t);
+  float* s0 = def_->slots.size() > 0 ? slot_buffers_[0].data() : nullptr;
+  float* s1 = def_->slots.size() > 1 ? slot_buffers_[1].data() : nullptr;
+  for_each_part([&](size_t, const Variable& v, int64_t at, int64_t size) {
+    const int64_t from = std::max(at, lo), to = std::min(at + size, hi);
+    if (from >= to) return;
+    r.wd = v.spec.weight_decay;
+    kernels::cpu::optimizer_update(to - from, params + from, s0 ? s0 + from : nullptr,
+                                   s1 ? s1 + from : nullptr, grads + (from - lo), r);
+  });
+  apply_state(params, grads, false, lo, hi);
+  apply_wrappers(params, t, false, false, lo, hi);
 }
 
 void Optimizer::apply_shared(float* params, const float* grads, float lr, bool use_locking) {
   const int64_t t = ++updates_;
-  begin_update(params, t, true);
+  const int64_t n = end_ - begin_;
+  begin_update(params, t, true, 0, n);
   kernels::RuleArgs r = def_->args(cfg_, lr, t);
   float* s0 = def_->slots.size() > 0 ? slot_buffers_[0].data() : nullptr;
   float* s1 = def_->slots.size() > 1 ? slot_buffers_[1].data() : nullptr;
@@ -208,8 +234,8 @@ void Optimizer::apply_shared(float* params, const float* grads, float lr, bool u
       if (s1) store_relaxed(c.data(), s1 + o, n);
     });
   });
-  apply_state(params, grads, true);
-  apply_wrappers(params, t, true, use_locking);
+  apply_state(params, grads, true, 0, n);
+  apply_wrappers(params, t, true, use_locking, 0, n);
 }
 
 nlohmann::json Optimizer::state() const {

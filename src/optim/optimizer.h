@@ -77,6 +77,14 @@ class Optimizer {
   // lose one of them, as Hogwild accepts). use_locking serialises the update of each
   // variable (TF's use_locking=True); readers still never lock.
   void apply_shared(float* params, const float* grads, float lr, bool use_locking);
+  // One update applied in pieces, as a sync parameter-server shard applies a round while the
+  // pieces of the gradient arrive: begin_pieces() takes the update's number t once, then
+  // apply_piece() applies update t to the range-relative elements [lo, hi), grads holding
+  // element lo first. Disjoint pieces that cover the range, in any order and on any threads,
+  // give bitwise apply()'s result: every step of every rule and wrapper is element-wise. The
+  // caller has the pieces' parameters and slots to itself; one piece runs on one thread.
+  int64_t begin_pieces() { return ++updates_; }
+  void apply_piece(float* params, const float* grads, int64_t lo, int64_t hi, float lr, int64_t t);
 
   // For a store that runs the rule itself (on a device, kernels::cuda::optimizer_update; it
   // has no wrappers, OptimizerConfig::ema and lookahead_k are 0): the scalars of the next
@@ -103,18 +111,20 @@ class Optimizer {
   // lock for the Lookahead reset. Concurrent updates (async modes) may interleave their EMA
   // steps and lose one, as Hogwild loses parameter updates; the average stays an average of
   // the weights it saw.
-  void apply_wrappers(float* params, int64_t t, bool shared, bool use_locking);
+  // [lo, hi): range-relative elements (apply: all of them).
+  void apply_wrappers(float* params, int64_t t, bool shared, bool use_locking, int64_t lo,
+                      int64_t hi);
   // Before the rule of update t: update 1 copies the parameters into the wrappers' slots.
-  void begin_update(const float* params, int64_t t, bool shared);
+  void begin_update(const float* params, int64_t t, bool shared, int64_t lo, int64_t hi);
 
   // Calls f(variable index, variable, range-relative offset, first element, elements) for the
   // part of every trainable variable inside [begin_, end_).
   template <class F>
   void for_each_part(F&& f) const;
   // The running averages of the state variables (ParamSpec::state_rate > 0) inside
-  // [begin_, end_): state += state_rate x delta (grads holds the update's deltas); shared: as
-  // relaxed atomics, like apply_shared.
-  void apply_state(float* params, const float* grads, bool shared) const;
+  // [begin_, end_) and range-relative [lo, hi): state += state_rate x delta (grads holds the
+  // update's deltas, element lo first); shared: as relaxed atomics, like apply_shared.
+  void apply_state(float* params, const float* grads, bool shared, int64_t lo, int64_t hi) const;
 
   const ParameterLayout& layout_;
   OptimizerConfig cfg_;

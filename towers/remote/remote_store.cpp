@@ -99,6 +99,7 @@ void RemoteParameterStore::initialize_shards(int64_t version) {
     run->set_use_locking(cfg_.use_locking);
     run->set_optimizer(optimizer_json(opt_.config()));
     run->set_heartbeat_timeout_ms(static_cast<int64_t>(cfg_.heartbeat_timeout * 1000));
+    run->set_piece_floats(cfg_.piece_floats);
     r.set_version(version);
     r.set_updates(opt_.updates());
     const Range& g = ranges_[i];
@@ -156,6 +157,10 @@ int64_t RemoteParameterStore::join() {
                        "ps:{} ({}) serves a different model (layout hash {:016x}, this worker's "
                        "is {:016x}): every task of a run must train the same --model",
                        i, cfg_.cluster.ps[i], rep.layout_hash(), hash_);
+        TOWERS_REQUIRE(rep.piece_floats() > 0 && (i == 0 || rep.piece_floats() == piece_),
+                       "ps:{} ({}) serves pieces of {} floats, ps:0 of {}: the shards disagree",
+                       i, cfg_.cluster.ps[i], rep.piece_floats(), piece_);
+        piece_ = rep.piece_floats();
         break;
       }
       TOWERS_REQUIRE(Clock::now() < until,
@@ -203,34 +208,32 @@ int64_t RemoteParameterStore::pull(Tower& tower) {
   const auto t0 = Clock::now();
   const int ti = tower_index(tower);
   float* dst = pulled_[ti].data();
+  const int64_t v = fetch(dst, ti);
+  version_read_[ti] = v;
+  tower.load_params(dst);
+  ++pulls_;
+  pull_ns_ += ns_since(t0);
+  return v;
+}
+
+int64_t RemoteParameterStore::fetch(float* dst, int ti) {
+  TOWERS_CHECK(piece_ > 0, "the remote store pulls before it has joined the shards");
   PullRequest req;
   req.set_layout_hash(hash_);
   req.set_worker(cfg_.rank);
   // sync: the current round, so a pull waits at the barrier for it
   if (cfg_.mode == "sync") req.set_min_version(version_.load());
   if (cfg_.mode == "ssp") {
-    req.set_clock(clocks_[ti].load());
+    req.set_clock(ti >= 0 ? clocks_[ti].load() : min_clock());
     req.set_worker_clock(min_clock());
   }
-  const std::vector<ShardSet::Pulled> reps = shards_->pull_all(req, false, cfg_.rpc_timeout);
-  int64_t v = std::numeric_limits<int64_t>::max();
-  for (int i = 0; i < shards_->size(); ++i) {
-    const Range& g = ranges_[i];
-    TOWERS_REQUIRE(reps[i].params.size() == sizeof(float) * static_cast<size_t>(g.size()),
-                   "ps:{}: a pull of {} bytes for a range of {} floats", i,
-                   reps[i].params.size(), g.size());
-    // the one copy: from the received slices to the tower's array
-    reps[i].params.copy_to(dst + g.begin);
-    v = std::min(v, reps[i].head.version());
-  }
-  version_read_[ti] = v;
+  // The one copy: each piece, from the received slices to dst, as it arrives.
+  const std::vector<int64_t> versions = shards_->pull_streams(req, ranges_, dst, cfg_.rpc_timeout);
+  const int64_t v = *std::min_element(versions.begin(), versions.end());
   if (cfg_.mode != "sync") {
     int64_t seen = version_.load();
     while (seen < v && !version_.compare_exchange_weak(seen, v)) {}
   }
-  tower.load_params(dst);
-  ++pulls_;
-  pull_ns_ += ns_since(t0);
   return v;
 }
 
@@ -257,25 +260,24 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
     int64_t c = n_clocks_ == 0 ? 0 : std::numeric_limits<int64_t>::max();
     for (int t = 0; t < n_clocks_; ++t) c = std::min(c, clocks_[t].load() + (t == ti ? 1 : 0));
     r.set_clock(c);
+    // Each shard's range in pieces (one message with no floats for a skip).
     Lender lender;
-    std::vector<grpc::ByteBuffer> out(n), in(n);
+    std::vector<std::vector<grpc::ByteBuffer>> out(n);
     for (int i = 0; i < n; ++i) {
+      const Range& g = ranges_[i];
       if (skip) {
-        out[i] = encode(r);
-      } else {
-        const Range& g = ranges_[i];
-        const grpc::Slice lent = lender.lend(grads + g.begin, sizeof(float) * static_cast<size_t>(g.size()));
-        out[i] = encode(r, PushRequest::kGradsFieldNumber, &lent);
+        out[i].push_back(encode(r));
+        continue;
+      }
+      for (int64_t lo = 0; lo == 0 || lo < g.size(); lo += piece_) {
+        const int64_t hi = std::min(lo + piece_, g.size());
+        r.set_offset(lo);
+        const grpc::Slice lent =
+            lender.lend(grads + g.begin + lo, sizeof(float) * static_cast<size_t>(hi - lo));
+        out[i].push_back(encode(r, PushRequest::kGradsFieldNumber, &lent));
       }
     }
-    shards_->all("Push", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-      shards_->generic(i).UnaryCall(ctx, kPushMethod, grpc::StubOptions(), &out[i], &in[i],
-                                    std::move(done));
-    });
-    for (int i = 0; i < n; ++i) {
-      std::string error;
-      TOWERS_REQUIRE(decode(in[i], reps[i], &error), "ps:{}: a push's reply: {}", i, error);
-    }
+    shards_->push_streams(out, reps, cfg_.rpc_timeout);
   }
   const PushReply& r0 = reps[0];
   int64_t v = r0.version();

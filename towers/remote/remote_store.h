@@ -45,6 +45,9 @@ struct RemoteConfig {
   std::string run_id;               // the chief's run, sent with Init
   std::string model;                // sent with Init, for readers of the live parameters
   std::string config;               // the run's configuration (JSON), likewise
+  // Pushes and pulls travel in pieces of this many floats (the chief's is sent with Init and
+  // every worker takes the shards'); 0: kDefaultPieceFloats.
+  int64_t piece_floats = 0;
 };
 
 class ShardSet;  // the channels and stubs (shard_set.h)
@@ -77,6 +80,12 @@ class RemoteParameterStore final : public ParameterStore {
   // sync push includes the wait at the barrier for the other workers), over all towers.
   nlohmann::json timing() const;
 
+  // What a tower's pull reads (sync: the current round, waited for), into dst (the flat
+  // array), without loading a tower: pull() and the transport benchmark.
+  int64_t pull_into(float* dst) { return fetch(dst, -1); }
+  // The size of the pieces that pushes and pulls travel in, as the shards serve them.
+  int64_t piece_floats() const { return piece_; }
+
   int64_t version() const override { return version_.load(); }
   UpdateAccess access() const override { return access_; }
   void restore_version(int64_t v) override { version_.store(v); }
@@ -93,6 +102,8 @@ class RemoteParameterStore final : public ParameterStore {
 
  private:
   int64_t push_ranges(const float* grads, bool skip, UpdateRecord& rec);
+  // The parameters into dst, for tower ti (ssp: its clock; -1: the slowest tower's).
+  int64_t fetch(float* dst, int ti);
   int tower_index(const Tower& t) const;
 
   RemoteConfig cfg_;
@@ -102,6 +113,7 @@ class RemoteParameterStore final : public ParameterStore {
   UpdateAccess access_;
   uint64_t hash_;
   std::vector<Range> ranges_;
+  int64_t piece_ = 0;  // join(): the shards' RunSpec.piece_floats
   std::unique_ptr<ShardSet> shards_;
   std::atomic<int64_t> version_{0};
   std::vector<Tower*> towers_;

@@ -15,7 +15,6 @@
 #include <sstream>
 #include <map>
 #include <mutex>
-#include <shared_mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -109,8 +108,10 @@ class CallThreads {
   bool stop_ = false;
 };
 
-// Push and Pull are raw (wire.h): their floats are not copied through protobuf messages.
-using ShardBase = Shard::WithRawCallbackMethod_Push<Shard::WithRawCallbackMethod_Pull<Shard::Service>>;
+// Push, Pull and their streams are raw (wire.h): their floats are not copied through protobuf
+// messages.
+using ShardBase = Shard::WithRawCallbackMethod_Push<Shard::WithRawCallbackMethod_Pull<
+    Shard::WithRawCallbackMethod_PushStream<Shard::WithRawCallbackMethod_PullStream<Shard::Service>>>>;
 
 class ShardService final : public ShardBase {
  public:
@@ -185,10 +186,9 @@ class ShardService final : public ShardBase {
       ck = init_;
     }
     const size_t n = static_cast<size_t>(range_.size());
-    {
-      // sync: between rounds (the chief's towers are paused, so no round completes); async:
-      // a copy that races with updates, read as relaxed atomics like every pull.
-      std::shared_lock<std::shared_mutex> a(apply_mu_);
+    // sync: between rounds (the chief's towers are paused, so no round completes); async: a
+    // copy that races with updates, read as relaxed atomics like every pull.
+    read_params(nullptr, [&] {
       ck.set_version(version_.load());
       ck.set_updates(opt_->updates());
       std::string* p = ck.mutable_params();
@@ -200,7 +200,7 @@ class ShardService final : public ShardBase {
         d->resize(sizeof(float) * n);
         load_relaxed(s, reinterpret_cast<float*>(d->data()), static_cast<int64_t>(n));
       }
-    }
+    });
     const std::string path = checkpoint_path();
     try {
       write_atomically(path, ck.SerializeAsString());
@@ -264,6 +264,9 @@ class ShardService final : public ShardBase {
       if (s.size() != bytes)
         return {StatusCode::INVALID_ARGUMENT, fmt::format("{}: an Init slot of {} bytes; the range needs {}",
                                                           name_, s.size(), bytes)};
+    if (run.piece_floats() < 0)
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: pieces of {} floats", name_, run.piece_floats())};
     if (req->updates() < 0 || req->version() < 0 || run.workers() > 4096)
       return {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: version {}, {} updates, {} workers: out of range", name_,
@@ -282,9 +285,15 @@ class ShardService final : public ShardBase {
     run_id_ = req->run_id();
     const int w = run.workers();
     k_ = run.replicas_to_aggregate() == 0 ? w : run.replicas_to_aggregate();
+    piece_ = run.piece_floats() > 0 ? run.piece_floats() : kDefaultPieceFloats;
+    pieces_ = static_cast<int>((range.size() + piece_ - 1) / piece_);
     grads_.clear();
     if (run.mode() == "sync")
       for (int i = 0; i < w; ++i) grads_.emplace_back(range.size());
+    got_.assign(run.mode() == "sync" ? w : 0, std::vector<char>(pieces_, 0));
+    claimed_.assign(pieces_, 0);
+    copied_.assign(pieces_, 0);
+    started_ = finished_ = copying_ = 0;
     arrived_.assign(w, 0);
     worker_stats_.assign(w, {});
     clocks_.assign(w, 0);
@@ -309,17 +318,39 @@ class ShardService final : public ShardBase {
     return Status::OK;
   }
 
+  // One push in progress (a Push, or the messages of a PushStream so far).
+  struct PushCall {
+    ServerContextBase* ctx = nullptr;
+    PushRequest head;      // the first message's small fields
+    bool started = false;
+    bool late = false;     // sync: a gradient of a round applied without it (dropped)
+    int64_t next = 0;      // where the next message's floats must start
+    HostBuffer grads;      // async and ssp: the gradient, as its pieces arrive
+  };
+
+  // ---- Push and Pull: the floats travel as raw slices (wire.h), whole or in pieces ----
+
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
                                  grpc::ByteBuffer* out) override {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
     serve(r, [=, this] {
       PushRequest req;
-      PushReply rep;
       Bulk grads;
       std::string error;
       if (!decode(*in, PushRequest::kGradsFieldNumber, req, grads, &error))
         return Status(StatusCode::INVALID_ARGUMENT, fmt::format("{}: Push: {}", name_, error));
-      Status s = push(ctx, &req, grads, &rep);
+      // Whole, or refused before any of it is taken.
+      const size_t bytes = sizeof(float) * static_cast<size_t>(range_.size());
+      if (initialized() && !req.skip() && grads.size() != bytes)
+        return Status(StatusCode::INVALID_ARGUMENT,
+                      fmt::format("{}: a gradient of {} bytes from worker {}; the range [{}, {}) is "
+                                  "{} bytes: refused, not applied", name_, grads.size(),
+                                  req.worker(), range_.begin, range_.end, bytes));
+      PushCall call;
+      call.ctx = ctx;
+      if (Status s = push_message(call, req, grads); !s.ok()) return s;
+      PushReply rep;
+      Status s = push_end(call, rep);
       if (s.ok()) *out = encode(rep);
       return s;
     });
@@ -334,9 +365,162 @@ class ShardService final : public ShardBase {
       std::string error;
       if (!decode(*in, req, &error))
         return Status(StatusCode::INVALID_ARGUMENT, fmt::format("{}: Pull: {}", name_, error));
-      return pull(ctx, &req, *out);
+      return pull(ctx, req, *out);
     });
     return r;
+  }
+
+  // PushStream: every message is taken as it arrives (push_message: in sync mode each piece is
+  // copied into the worker's round buffer, and applied at once when it completes the piece
+  // across the workers), so the shard's work overlaps the wire; the end of the stream is the
+  // push's end (push_end, on a thread of threads_: it may wait at the barrier).
+  class PushReader final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+   public:
+    PushReader(ShardService* shard, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* reply)
+        : shard_(shard), reply_(reply) {
+      call_.ctx = ctx;
+      StartRead(&in_);
+    }
+    void OnReadDone(bool ok) override {
+      if (!ok) {  // the client has sent everything, or has gone
+        shard_->threads_.run([this] {
+          Status s;
+          try {
+            PushReply rep;
+            s = call_.ctx->IsCancelled()
+                    ? Status(StatusCode::CANCELLED, fmt::format("{}: PushStream cancelled", shard_->name_))
+                    : shard_->push_end(call_, rep);
+            if (s.ok()) *reply_ = encode(rep);
+          } catch (const std::exception& e) {
+            s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
+          }
+          Finish(s);
+        });
+        return;
+      }
+      Status s;
+      try {
+        PushRequest m;
+        Bulk grads;
+        std::string error;
+        s = decode(in_, PushRequest::kGradsFieldNumber, m, grads, &error)
+                ? shard_->push_message(call_, m, grads)
+                : Status(StatusCode::INVALID_ARGUMENT,
+                         fmt::format("{}: PushStream: {}", shard_->name_, error));
+      } catch (const std::exception& e) {
+        s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
+      }
+      in_.Clear();
+      if (!s.ok()) {
+        Finish(s);
+        return;
+      }
+      StartRead(&in_);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    ShardService* shard_;
+    grpc::ByteBuffer* reply_;
+    grpc::ByteBuffer in_;
+    PushCall call_;
+  };
+
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext* ctx,
+                                                        grpc::ByteBuffer* reply) override {
+    return new PushReader(this, ctx, reply);
+  }
+
+  // The messages of a PullStream, written one at a time as gRPC takes them, while a thread of
+  // threads_ copies the next pieces (offer) and then ends the stream (close).
+  class PieceWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+   public:
+    // Queues a message; false once the client has gone (stop offering).
+    bool offer(grpc::ByteBuffer b) {
+      std::unique_lock<std::mutex> l(mu_);
+      if (broken_) return false;
+      queue_.push_back(std::move(b));
+      if (writing_) return true;
+      writing_ = true;
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      l.unlock();
+      StartWrite(&current_);
+      return true;
+    }
+    // No more messages: the stream ends with s once the queued ones are written.
+    void close(Status s) {
+      std::unique_lock<std::mutex> l(mu_);
+      closed_ = true;
+      status_ = broken_ ? Status(StatusCode::CANCELLED, "the client went away") : std::move(s);
+      if (writing_) return;
+      l.unlock();
+      Finish(status_);
+    }
+    void OnWriteDone(bool ok) override {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!ok) {
+        broken_ = true;
+        queue_.clear();
+      }
+      if (!queue_.empty()) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        l.unlock();
+        StartWrite(&current_);
+        return;
+      }
+      writing_ = false;
+      if (!closed_) return;
+      l.unlock();
+      Finish(status_);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    std::mutex mu_;
+    std::deque<grpc::ByteBuffer> queue_;
+    grpc::ByteBuffer current_;
+    bool writing_ = false, closed_ = false, broken_ = false;
+    Status status_;
+  };
+
+  // PullStream: the range in pieces. The pieces are copied at one version (sync: between
+  // rounds), each handed to gRPC as soon as it is copied.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext* ctx,
+                                                         const grpc::ByteBuffer* in) override {
+    auto* w = new PieceWriter;
+    threads_.run([=, this] {
+      Status s;
+      try {
+        PullRequest req;
+        std::string error;
+        if (!decode(*in, req, &error))
+          s = Status(StatusCode::INVALID_ARGUMENT, fmt::format("{}: PullStream: {}", name_, error));
+        else if (req.with_slots())
+          s = Status(StatusCode::INVALID_ARGUMENT,
+                     fmt::format("{}: PullStream carries no optimizer slots (Pull does)", name_));
+        else
+          s = pull_ready(ctx, req);
+        if (s.ok())
+          s = read_params(ctx, [&] {
+            const int64_t n = range_.size(), v = version_.load();
+            for (int64_t lo = 0; lo == 0 || lo < n; lo += piece_) {
+              const int64_t hi = std::min(lo + piece_, n);
+              OwnedSlice piece = owned_slice(sizeof(float) * static_cast<size_t>(hi - lo));
+              copy_params(lo, hi, reinterpret_cast<float*>(piece.data));
+              PullReply head;
+              head.set_version(v);
+              head.set_offset(lo);
+              if (!w->offer(encode(head, PullReply::kParamsFieldNumber, &piece.slice))) break;
+            }
+          });
+      } catch (const std::exception& e) {
+        s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what()));
+      }
+      w->close(s);
+    });
+    return w;
   }
 
   // Runs call() on a thread of threads_ and finishes the reactor with its status; an exception
@@ -354,90 +538,262 @@ class ShardService final : public ShardBase {
     });
   }
 
-  // The gradient arrives in the received slices; it is copied once, into the sync round's
-  // buffer of its worker, or (async, unless it arrived in one piece) into this thread's scratch.
-  Status push(ServerContextBase* ctx, const PushRequest* req, const Bulk& grads, PushReply* rep) {
-    if (Status s = authorize(ctx); !s.ok()) return s;
-    if (Status s = check_worker(req->layout_hash(), req->worker()); !s.ok()) return s;
-    const size_t bytes = sizeof(float) * static_cast<size_t>(range_.size());
-    if (!req->skip() && grads.size() != bytes)
+  bool initialized() {
+    std::lock_guard<std::mutex> l(mu_);
+    return initialized_;
+  }
+
+  // One message of a push. The first is checked as a call (token, layout, worker); the others
+  // must repeat its small fields. Each must carry whole pieces of the range, in order after the
+  // previous message's, and nothing beyond the range: a message that does not is refused
+  // before any of it is taken.
+  Status push_message(PushCall& c, const PushRequest& m, const Bulk& grads) {
+    if (!c.started) {
+      if (Status s = authorize(c.ctx); !s.ok()) return s;
+      if (Status s = check_worker(m.layout_hash(), m.worker()); !s.ok()) return s;
+      c.head = m;
+      c.head.clear_offset();
+      c.started = true;
+      if (run_.mode() != "sync" && !m.skip()) c.grads = HostBuffer(range_.size());
+    } else if (m.worker() != c.head.worker() || m.round() != c.head.round() ||
+               m.skip() != c.head.skip() || m.layout_hash() != c.head.layout_hash()) {
       return {StatusCode::INVALID_ARGUMENT,
-              fmt::format("{}: a gradient of {} bytes from worker {}; the range [{}, {}) is {} "
-                          "bytes: refused, not applied",
-                          name_, grads.size(), req->worker(), range_.begin, range_.end, bytes)};
-    if (run_.mode() == "sync") return push_sync(ctx, *req, grads, *rep);
-    // async and ssp: applied at once, concurrently with pulls and other pushes.
-    if (!req->skip()) {
-      const auto* g = reinterpret_cast<const float*>(grads.contiguous());
-      thread_local std::vector<float> scratch;
-      if (g == nullptr || reinterpret_cast<uintptr_t>(g) % alignof(float) != 0) {
-        scratch.resize(static_cast<size_t>(range_.size()));
-        grads.copy_to(scratch.data());
-        g = scratch.data();
-      }
-      opt_->apply_shared(params_.data(), g, req->lr(), run_.use_locking());
+              fmt::format("{}: a PushStream message of worker {}, round {} inside a push of worker "
+                          "{}, round {}: refused", name_, m.worker(), m.round(), c.head.worker(),
+                          c.head.round())};
     }
+    const int64_t n = range_.size();
+    if (m.skip()) {
+      if (grads.size() > 0)
+        return {StatusCode::INVALID_ARGUMENT,
+                fmt::format("{}: a push of worker {} that skips its round carries a gradient: "
+                            "refused", name_, m.worker())};
+      return Status::OK;
+    }
+    const int64_t floats = static_cast<int64_t>(grads.size() / sizeof(float));
+    const int64_t end = m.offset() + floats;
+    if (grads.size() % sizeof(float) != 0 || m.offset() != c.next || floats > n - c.next ||
+        (end != n && end % piece_ != 0))
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: worker {} sent {} bytes at float {} of round {}'s gradient; the "
+                          "range [{}, {}) is {} floats, sent in pieces of {} from float {}: "
+                          "refused, not applied", name_, m.worker(), grads.size(), m.offset(),
+                          m.round(), range_.begin, range_.end, n, piece_, c.next)};
+    for (int64_t lo = c.next; lo < end; lo += piece_)
+      if (Status s = take_piece(c, grads, sizeof(float) * static_cast<size_t>(lo - c.next), lo,
+                                std::min(lo + piece_, end));
+          !s.ok())
+        return s;
+    c.next = end;
+    return Status::OK;
+  }
+
+  // Floats [lo, hi) of the range, at byte `at` of `grads`. async and ssp: into the call's
+  // buffer. sync: into the worker's round buffer; in plain sync (every worker's gradient in
+  // every round), the worker that completes a piece applies it: the piece's sum over the
+  // workers in rank order, by the fixed tree, then the optimizer on the piece.
+  Status take_piece(PushCall& c, const Bulk& grads, size_t at, int64_t lo, int64_t hi) {
+    const size_t bytes = sizeof(float) * static_cast<size_t>(hi - lo);
+    if (run_.mode() != "sync") {
+      grads.copy_range(c.grads.data() + lo, at, bytes);
+      return Status::OK;
+    }
+    const int w = c.head.worker();
+    const int64_t round = c.head.round();
+    const size_t piece = static_cast<size_t>(lo / piece_);
+    const bool plain = k_ == workers();  // every worker's gradient in every round
+    bool completes = false;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      const int64_t v = version_.load();
+      if (c.late || round < v) {
+        c.late = true;
+        return Status::OK;
+      }
+      if (round > v) return round_ahead(w, round, v);
+      if (arrived_[w] || got_[w][piece]) return Status::OK;  // retried: this piece is here
+      got_[w][piece] = 1;  // claimed, then copied (or applied) without the lock
+      completes = plain && ++claimed_[piece] == k_;
+      if (completes) {
+        // The other workers' copies of the piece are done, and no reader is copying the
+        // parameters.
+        cv_.wait(l, [&] { return copied_[piece] == k_ - 1 && copying_ == 0; });
+        if (started_++ == 0) {
+          round_t_ = opt_->begin_pieces();
+          round_lr_ = c.head.lr();
+        }
+      }
+    }
+    if (!completes) {
+      grads.copy_range(grads_[w].data() + lo, at, bytes);
+      std::lock_guard<std::mutex> l(mu_);
+      if (version_.load() != round) {  // applied without this worker (backup workers)
+        c.late = true;
+        return Status::OK;
+      }
+      if (plain && ++copied_[piece] == k_ - 1) cv_.notify_all();
+      return Status::OK;
+    }
+    // The piece, chunk by chunk while the chunk is in cache: this worker's floats (one copy
+    // out of the received slices), the tree over the workers in rank order, the optimizer.
+    thread_local std::vector<float> scratch;
+    constexpr int64_t kChunk = 1 << 14;
+    std::vector<float*> blocks;
+    for (HostBuffer& g : grads_) blocks.push_back(g.data());
+    for (int64_t a = lo; a < hi; a += kChunk) {
+      const int64_t b = std::min(a + kChunk, hi);
+      const size_t from = at + sizeof(float) * static_cast<size_t>(a - lo);
+      const size_t chunk = sizeof(float) * static_cast<size_t>(b - a);
+      const float* g;
+      if (blocks.size() == 1) {  // one worker: its floats straight into the update
+        scratch.resize(kChunk);
+        grads.copy_range(scratch.data(), from, chunk);
+        g = scratch.data();
+      } else {
+        grads.copy_range(grads_[w].data() + a, from, chunk);
+        kernels::cpu::tree_sum(blocks.data(), static_cast<int64_t>(blocks.size()), a, b);
+        g = blocks[0] + a;
+      }
+      opt_->apply_piece(params_.data(), g, a, b, round_lr_, round_t_);
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    ++finished_;
+    complete_round();
+    return Status::OK;
+  }
+
+  int workers() const { return static_cast<int>(arrived_.size()); }
+
+  Status round_ahead(int w, int64_t round, int64_t v) const {
+    return {StatusCode::FAILED_PRECONDITION,
+            restored_
+                ? fmt::format("{} was restarted and restored round {} from its checkpoint, but "
+                              "worker {} is at round {}: sync cannot go on with the other shards "
+                              "rounds ahead; continue the run from the chief's checkpoint with "
+                              "--resume", name_, v, w, round)
+                : fmt::format("{}: worker {} pushed round {} but the shard is at round {}", name_,
+                              w, round, v)};
+  }
+
+  // After the last message of a push: async and ssp apply it; sync counts the worker's
+  // gradient in and waits for the round (push_sync).
+  Status push_end(PushCall& c, PushReply& rep) {
+    if (!c.started)
+      return {StatusCode::INVALID_ARGUMENT, fmt::format("{}: a PushStream without a message", name_)};
+    const PushRequest& req = c.head;
+    if (!req.skip() && c.next != range_.size())
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: worker {}'s push of round {} ended after {} of the range's {} "
+                          "floats: refused", name_, req.worker(), req.round(), c.next,
+                          range_.size())};
+    if (run_.mode() == "sync") return push_sync(c, rep);
+    // async and ssp: applied at once, concurrently with pulls and other pushes.
+    if (!req.skip()) opt_->apply_shared(params_.data(), c.grads.data(), req.lr(), run_.use_locking());
     const int64_t v = version_.fetch_add(1) + 1;
-    rep->set_version(v);
-    rep->set_applied(!req->skip());
-    rep->set_staleness(std::max<int64_t>(0, v - 1 - req->round()));
+    rep.set_version(v);
+    rep.set_applied(!req.skip());
+    rep.set_staleness(std::max<int64_t>(0, v - 1 - req.round()));
     {
       std::lock_guard<std::mutex> l(mu_);
-      clocks_[req->worker()] = std::max(clocks_[req->worker()], req->clock());
+      clocks_[req.worker()] = std::max(clocks_[req.worker()], req.clock());
     }
     cv_.notify_all();
     return Status::OK;
   }
 
-  // The reply's parameters are copied once, into a slice that the reply owns.
-  Status pull(ServerContextBase* ctx, const PullRequest* req, grpc::ByteBuffer& out) {
-    if (Status s = authorize(ctx, req->worker() >= 0); !s.ok()) return s;
-    if (req->worker() >= 0) {
-      if (Status s = check_worker(req->layout_hash(), req->worker()); !s.ok()) return s;
-    } else if (Status s = check_reader(req->layout_hash()); !s.ok()) {
+  // Token, layout and worker of a pull, and its wait: sync, for the version it asks for; ssp,
+  // while the puller is too far ahead of the slowest live worker.
+  Status pull_ready(ServerContextBase* ctx, const PullRequest& req) {
+    if (Status s = authorize(ctx, req.worker() >= 0); !s.ok()) return s;
+    if (req.worker() >= 0) {
+      if (Status s = check_worker(req.layout_hash(), req.worker()); !s.ok()) return s;
+    } else if (Status s = check_reader(req.layout_hash()); !s.ok()) {
       return s;
     }
-    if (req->min_version() > 0 || (run_.mode() == "ssp" && req->worker() >= 0)) {
-      std::unique_lock<std::mutex> l(mu_);
-      if (req->worker() >= 0)  // a restarted shard learns the workers' clocks from their pulls
-        clocks_[req->worker()] = std::max(clocks_[req->worker()], req->worker_clock());
-      if (restored_ && run_.mode() == "sync" && req->min_version() > version_.load() &&
-          arrived_count_ == 0)
-        return {StatusCode::FAILED_PRECONDITION,
-                fmt::format("{} was restarted and restored round {} from its checkpoint, but "
-                            "worker {} is at round {}: sync cannot go on with the other shards "
-                            "rounds ahead; continue the run from the chief's checkpoint with "
-                            "--resume", name_, version_.load(), req->worker(), req->min_version())};
-      auto ready = [&] {
-        if (version_.load() < req->min_version()) return false;
-        return run_.mode() != "ssp" || req->worker() < 0 ||
-               req->clock() <= min_live_clock(req->worker()) + run_.staleness();
-      };
-      if (Status s = wait(l, ctx, ready, [&] {
-            return version_.load() < req->min_version()
-                       ? fmt::format("version {} (at {})", req->min_version(), version_.load())
-                       : fmt::format("the slowest worker (clock {} is more than {} ahead)",
-                                     req->clock(), run_.staleness());
-          });
-          !s.ok())
-        return s;
-    }
-    const size_t n = static_cast<size_t>(range_.size());
-    // sync: no update runs while the copy is taken (the shared lock), so it is one copy
-    // straight into the message; async: updates race with the copy (Hogwild), read as
-    // relaxed atomics like every reader of the store (the lock is never held exclusively).
+    if (req.min_version() == 0 && (run_.mode() != "ssp" || req.worker() < 0)) return Status::OK;
+    std::unique_lock<std::mutex> l(mu_);
+    if (req.worker() >= 0)  // a restarted shard learns the workers' clocks from their pulls
+      clocks_[req.worker()] = std::max(clocks_[req.worker()], req.worker_clock());
+    if (restored_ && run_.mode() == "sync" && req.min_version() > version_.load() &&
+        arrived_count_ == 0)
+      return {StatusCode::FAILED_PRECONDITION,
+              fmt::format("{} was restarted and restored round {} from its checkpoint, but "
+                          "worker {} is at round {}: sync cannot go on with the other shards "
+                          "rounds ahead; continue the run from the chief's checkpoint with "
+                          "--resume", name_, version_.load(), req.worker(), req.min_version())};
+    auto ready = [&] {
+      if (version_.load() < req.min_version()) return false;
+      return run_.mode() != "ssp" || req.worker() < 0 ||
+             req.clock() <= min_live_clock(req.worker()) + run_.staleness();
+    };
+    return wait(l, ctx, ready, [&] {
+      return version_.load() < req.min_version()
+                 ? fmt::format("version {} (at {})", req.min_version(), version_.load())
+                 : fmt::format("the slowest worker (clock {} is more than {} ahead)", req.clock(),
+                               run_.staleness());
+    });
+  }
+
+  // The reply's parameters are copied once, into a slice that the reply owns.
+  Status pull(ServerContextBase* ctx, const PullRequest& req, grpc::ByteBuffer& out) {
+    if (Status s = pull_ready(ctx, req); !s.ok()) return s;
+    const int64_t n = range_.size();
     PullReply rep;
-    OwnedSlice params = owned_slice(sizeof(float) * n);
-    {
-      std::shared_lock<std::shared_mutex> l(apply_mu_);
-      rep.set_version(version_.load());
-      if (run_.mode() == "sync")
-        std::memcpy(params.data, params_.data(), sizeof(float) * n);
-      else
-        load_relaxed(params_.data(), reinterpret_cast<float*>(params.data), static_cast<int64_t>(n));
-      if (req->with_slots()) copy_slots(rep);
-    }
+    OwnedSlice params = owned_slice(sizeof(float) * static_cast<size_t>(n));
+    if (Status s = read_params(ctx, [&] {
+          rep.set_version(version_.load());
+          copy_params(0, n, reinterpret_cast<float*>(params.data));
+          if (req.with_slots()) copy_slots(rep);
+        });
+        !s.ok())
+      return s;
     out = encode(rep, PullReply::kParamsFieldNumber, &params.slice);
+    return Status::OK;
+  }
+
+  // Floats [lo, hi) of the parameters to dst. sync: read() holds off the rounds, so a plain
+  // copy; async: updates race with the copy (Hogwild), read as relaxed atomics like every
+  // reader of the store.
+  void copy_params(int64_t lo, int64_t hi, float* dst) {
+    if (run_.mode() == "sync")
+      std::memcpy(dst, params_.data() + lo, sizeof(float) * static_cast<size_t>(hi - lo));
+    else
+      load_relaxed(params_.data() + lo, dst, hi - lo);
+  }
+
+  // Runs read() while no sync round is being applied, so that what it copies is one version:
+  // it waits (ctx: up to the call's deadline; null: as long as it takes) while a round is
+  // applied in part, and holds off the next round's first piece until it returns. async and
+  // ssp: at once.
+  template <class Read>
+  Status read_params(ServerContextBase* ctx, Read read) {
+    if (run_.mode() != "sync") {
+      read();
+      return Status::OK;
+    }
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (ctx != nullptr) {
+        if (Status s = wait(l, ctx, [&] { return started_ == 0; },
+                            [] { return std::string("the round being applied"); });
+            !s.ok())
+          return s;
+      } else {
+        cv_.wait(l, [&] { return started_ == 0; });
+      }
+      ++copying_;
+    }
+    struct Done {
+      ShardService* s;
+      ~Done() {
+        {
+          std::lock_guard<std::mutex> l(s->mu_);
+          --s->copying_;
+        }
+        s->cv_.notify_all();
+      }
+    } done{this};
+    read();
     return Status::OK;
   }
 
@@ -483,6 +839,7 @@ class ShardService final : public ShardBase {
     rep->set_total(layout_ ? layout_->total() : 0);
     rep->set_dropped(dropped_);
     rep->set_heartbeat_timeout_ms(timeout_.count());
+    rep->set_piece_floats(piece_);
     if (req->with_layout() && initialized_) {
       *rep->mutable_variables() = init_.variables();
       rep->set_model(init_.model());
@@ -636,39 +993,35 @@ class ShardService final : public ShardBase {
                         version_.load(), why, k_, lost_.size())};
   }
 
-  Status push_sync(ServerContextBase* ctx, const PushRequest& req, const Bulk& grads, PushReply& rep) {
+  // The end of worker w's push of a round: its gradient counts in (all its pieces are here, or
+  // it skips the round), and the call waits until the round is applied.
+  Status push_sync(PushCall& c, PushReply& rep) {
+    const PushRequest& req = c.head;
     std::unique_lock<std::mutex> l(mu_);
     const int w = req.worker();
     const int64_t round = req.round();
     const int64_t v = version_.load();
-    if (round < v) {
+    if (c.late || round < v) {
       // A late gradient of an applied round (backup workers): dropped and counted.
       ++dropped_;
       rep.set_version(v);
       rep.set_dropped(true);
       return Status::OK;
     }
-    if (round > v)
-      return {StatusCode::FAILED_PRECONDITION,
-              restored_
-                  ? fmt::format("{} was restarted and restored round {} from its checkpoint, but "
-                                "worker {} is at round {}: sync cannot go on with the other "
-                                "shards rounds ahead; continue the run from the chief's "
-                                "checkpoint with --resume", name_, v, w, round)
-                  : fmt::format("{}: worker {} pushed round {} but the shard is at round {}",
-                                name_, w, round, v)};
-    if (arrived_[w])
-      return {StatusCode::FAILED_PRECONDITION,
-              fmt::format("{}: worker {} pushed round {} twice", name_, w, round)};
-    if (!req.skip()) grads.copy_to(grads_[w].data());
-    arrived_[w] = 1;
-    worker_stats_[w] = {req.loss_sum(), req.correct(), req.examples(), req.towers(), !req.skip()};
-    lr_ = req.lr();
-    if (++arrived_count_ == k_) apply_round(round);
-    if (Status s = wait(l, ctx, [&] { return version_.load() > round; },
+    if (round > v) return round_ahead(w, round, v);
+    if (!arrived_[w]) {  // (else a push retried after its reply was lost: it waits again)
+      arrived_[w] = 1;
+      worker_stats_[w] = {req.loss_sum(), req.correct(), req.examples(), req.towers(), !req.skip()};
+      lr_ = req.lr();
+      if (++arrived_count_ == k_ && k_ < workers()) apply_round(l);
+      complete_round();
+    }
+    if (Status s = wait(l, ctx_of(c), [&] { return version_.load() > round; },
                         [&] { return fmt::format("the other workers' gradients of round {}", round); });
         !s.ok()) {
-      if (version_.load() <= round && arrived_[w]) {  // withdraw: the round may still complete
+      // Withdraw, so that the round may still complete with a retry of this push (its pieces
+      // stay: they are the same gradient).
+      if (version_.load() <= round && arrived_[w]) {
         arrived_[w] = 0;
         --arrived_count_;
       }
@@ -688,13 +1041,36 @@ class ShardService final : public ShardBase {
     return Status::OK;
   }
 
-  // Under mu_: the K-th gradient of the round has arrived. Sums the arrived workers' gradients
-  // in rank order by the fixed tree and applies the sum, unless a contributor's loss was not
-  // finite (then the round is skipped, as in one process).
-  void apply_round(int64_t round) {
-    RoundTotals t;
-    std::vector<float*> blocks;
+  static ServerContextBase* ctx_of(const PushCall& c) { return c.ctx; }
+
+  // Under mu_ (l): the K-th gradient of a backup-workers round has arrived. Sums the arrived
+  // workers' gradients in rank order by the fixed tree and applies the sum, unless a
+  // contributor's loss was not finite (then the round is skipped, as in one process).
+  void apply_round(std::unique_lock<std::mutex>& l) {
     bool finite = true;
+    std::vector<float*> blocks;
+    for (size_t w = 0; w < arrived_.size(); ++w)
+      if (arrived_[w]) {
+        finite = finite && worker_stats_[w].finite;
+        blocks.push_back(grads_[w].data());
+      }
+    if (!finite) return;
+    cv_.wait(l, [&] { return copying_ == 0; });  // no reader is copying the parameters
+    const int64_t n = range_.size();
+    const int count = static_cast<int>(blocks.size());
+    if (count > 1)
+      for_chunks(n, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
+        kernels::cpu::tree_sum(blocks.data(), count, b, e);
+      });
+    opt_->apply(params_.data(), blocks[0], lr_);  // the last arrived worker's (all send the same)
+  }
+
+  // Under mu_: ends the round once it is done: its K gradients have arrived and, unless one of
+  // them skips it (a loss that was not finite: then nothing is applied), every piece is applied.
+  void complete_round() {
+    if (arrived_count_ < k_) return;
+    bool finite = true;
+    RoundTotals t;
     for (size_t w = 0; w < arrived_.size(); ++w) {
       if (!arrived_[w]) continue;
       const WorkerStats& s = worker_stats_[w];
@@ -703,23 +1079,19 @@ class ShardService final : public ShardBase {
       t.examples += s.examples;
       t.contributors += s.towers;
       finite = finite && s.finite;
-      blocks.push_back(grads_[w].data());
     }
-    if (finite) {
-      std::unique_lock<std::shared_mutex> a(apply_mu_);
-      const int64_t n = range_.size();
-      const int count = static_cast<int>(blocks.size());
-      if (count > 1)
-        for_chunks(n, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
-          kernels::cpu::tree_sum(blocks.data(), count, b, e);
-        });
-      opt_->apply(params_.data(), blocks[0], lr_);
-    }
+    if (finite && k_ == workers() && finished_ < pieces_) return;  // pieces still being applied
+    if (finite && k_ == workers() && pieces_ == 0) opt_->begin_pieces();  // an empty range counts it
     t.applied = finite;
+    const int64_t round = version_.load();
     rounds_[round] = t;
     while (rounds_.size() > 64) rounds_.erase(rounds_.begin());
     std::fill(arrived_.begin(), arrived_.end(), 0);
     arrived_count_ = 0;
+    for (auto& g : got_) std::fill(g.begin(), g.end(), 0);
+    std::fill(claimed_.begin(), claimed_.end(), 0);
+    std::fill(copied_.begin(), copied_.end(), 0);
+    started_ = finished_ = 0;
     version_.store(round + 1);
     cv_.notify_all();
   }
@@ -816,8 +1188,15 @@ class ShardService final : public ShardBase {
   HostBuffer params_;
   std::unique_ptr<Optimizer> opt_;
   std::atomic<int64_t> version_{0};
-  std::shared_mutex apply_mu_;  // sync: pulls copy under it shared, a round applies exclusively
+  int64_t piece_ = kDefaultPieceFloats;  // floats per piece of a push or pull
+  int pieces_ = 0;                        // pieces in the range
   std::vector<HostBuffer> grads_;  // sync: each worker's gradient of the current round
+  std::vector<std::vector<char>> got_;  // sync: [worker][piece], arrived in the current round
+  std::vector<int> claimed_, copied_;   // plain sync: [piece], workers whose piece arrived / is copied
+  int started_ = 0, finished_ = 0;      // plain sync: pieces of the round applied, begun / done
+  int64_t round_t_ = 0;                 // plain sync: the round's update number
+  float round_lr_ = 0.0f;               // plain sync: the round's learning rate
+  int copying_ = 0;                     // sync: readers copying the parameters (read_params)
   std::vector<char> arrived_;
   std::vector<WorkerStats> worker_stats_;
   int arrived_count_ = 0;

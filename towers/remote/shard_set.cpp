@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
+#include <grpcpp/support/client_callback.h>
 
 #include "core/check.h"
 #include "core/clock.h"
@@ -37,6 +39,11 @@ void ShardSet::fail(int i, const char* what, const grpc::Status& s) const {
 }
 
 void ShardSet::all(const char* what, double timeout, const Start& start) {
+  all(what, timeout, [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done,
+                         Post) { start(i, ctx, std::move(done)); });
+}
+
+void ShardSet::all(const char* what, double timeout, const StartPosting& start) {
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(timeout));
   std::vector<int> todo(size());
@@ -49,16 +56,30 @@ void ShardSet::all(const char* what, double timeout, const Start& start) {
     std::mutex mu;
     std::condition_variable cv;
     int pending = n;
+    std::deque<std::function<void()>> work;
+    const Post post = [&](std::function<void()> f) {
+      std::lock_guard<std::mutex> l(mu);
+      work.push_back(std::move(f));
+      cv.notify_all();
+    };
     for (int k = 0; k < n; ++k) ctx.push_back(call_context(token_, left));
     for (int k = 0; k < n; ++k)
       start(todo[k], ctx[k].get(), [&, k](grpc::Status s) {
         std::lock_guard<std::mutex> l(mu);
         status[k] = std::move(s);
         if (--pending == 0) cv.notify_all();
-      });
+      }, post);
     {
       std::unique_lock<std::mutex> l(mu);
-      cv.wait(l, [&] { return pending == 0; });
+      for (;;) {
+        cv.wait(l, [&] { return pending == 0 || !work.empty(); });
+        if (work.empty()) break;
+        std::function<void()> f = std::move(work.front());
+        work.pop_front();
+        l.unlock();
+        f();
+        l.lock();
+      }
     }
     std::vector<int> again;
     for (int k = 0; k < n; ++k) {
@@ -82,6 +103,145 @@ void ShardSet::all(const char* what, double timeout, const Start& start) {
       unreachable_[i] = false;
       fmt::print(stderr, "towers: ps:{} ({}) answers again\n", i, addresses_[i]);
     }
+}
+
+namespace {
+
+// One PushStream: writes its messages in order (the last one half-closes the stream), reads
+// the reply, and calls done with the call's status. It deletes itself when the call is over.
+class PushWriter final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  PushWriter(std::vector<grpc::ByteBuffer> messages, grpc::ByteBuffer* reply,
+             std::function<void(grpc::Status)> done)
+      : messages_(std::move(messages)), reply_(reply), done_(std::move(done)) {}
+  void start(grpc::GenericStub& stub, grpc::ClientContext* ctx) {
+    stub.PrepareBidiStreamingCall(ctx, kPushStreamMethod, grpc::StubOptions(), this);
+    StartRead(reply_);
+    write_next();
+    StartCall();
+  }
+  void OnWriteDone(bool ok) override {
+    if (ok && next_ < messages_.size()) write_next();  // (not ok: the status says why)
+  }
+  void OnReadDone(bool) override {}
+  void OnDone(const grpc::Status& s) override {
+    auto done = std::move(done_);
+    delete this;
+    done(s);
+  }
+
+ private:
+  void write_next() {
+    const size_t i = next_++;
+    if (next_ < messages_.size())
+      StartWrite(&messages_[i]);
+    else
+      StartWriteLast(&messages_[i], grpc::WriteOptions());
+  }
+  std::vector<grpc::ByteBuffer> messages_;
+  size_t next_ = 0;
+  grpc::ByteBuffer* reply_;
+  std::function<void(grpc::Status)> done_;
+};
+
+// One PullStream: sends the request, copies each piece of the reply into dst (the range's n
+// floats) as it arrives, and calls done with the call's status, or with what was wrong with
+// the pieces. It deletes itself when the call is over.
+class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  PullReader(grpc::ByteBuffer request, float* dst, int64_t n, int64_t* version,
+             std::function<void(grpc::Status)> done, ShardSet::Post post)
+      : request_(std::move(request)), dst_(dst), n_(n), version_(version), done_(std::move(done)),
+        post_(std::move(post)) {}
+  void start(grpc::GenericStub& stub, grpc::ClientContext* ctx) {
+    ctx_ = ctx;
+    stub.PrepareBidiStreamingCall(ctx, kPullStreamMethod, grpc::StubOptions(), this);
+    StartWriteLast(&request_, grpc::WriteOptions());
+    StartRead(&in_);
+    StartCall();
+  }
+  void OnWriteDone(bool) override {}
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    PullReply head;
+    Bulk params;
+    std::string error;
+    if (!decode(in_, PullReply::kParamsFieldNumber, head, params, &error)) {
+      refuse(error);
+      return;
+    }
+    const int64_t floats = static_cast<int64_t>(params.size() / sizeof(float));
+    if (params.size() % sizeof(float) != 0 || head.offset() != next_ || floats > n_ - next_ ||
+        (next_ > 0 && head.version() != *version_)) {
+      refuse(fmt::format("a piece of {} bytes at float {}, version {}, where float {} of {} at "
+                         "version {} was due", params.size(), head.offset(), head.version(),
+                         next_, n_, *version_));
+      return;
+    }
+    // Copied by the waiting thread, while this one reads the next piece.
+    post_([params = std::move(params), dst = dst_ + next_] { params.copy_to(dst); });
+    next_ += floats;
+    *version_ = head.version();
+    ++pieces_;
+    in_.Clear();
+    StartRead(&in_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    grpc::Status status = s;
+    if (!error_.empty())
+      status = grpc::Status(grpc::StatusCode::DATA_LOSS, "the pull's reply: " + error_);
+    else if (s.ok() && (next_ != n_ || pieces_ == 0))
+      status = grpc::Status(grpc::StatusCode::DATA_LOSS,
+                            fmt::format("the pull's reply ended after {} of {} floats", next_, n_));
+    auto done = std::move(done_);
+    delete this;
+    done(status);
+  }
+
+ private:
+  void refuse(std::string why) {
+    error_ = std::move(why);
+    ctx_->TryCancel();
+  }
+  grpc::ByteBuffer request_, in_;
+  float* dst_;
+  int64_t n_, next_ = 0;
+  int pieces_ = 0;
+  int64_t* version_;
+  grpc::ClientContext* ctx_ = nullptr;
+  std::string error_;
+  std::function<void(grpc::Status)> done_;
+  ShardSet::Post post_;
+};
+
+}  // namespace
+
+void ShardSet::push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& messages,
+                            std::vector<PushReply>& replies, double timeout) {
+  std::vector<grpc::ByteBuffer> in(size());
+  all("Push", timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
+    (new PushWriter(messages[i], &in[i], std::move(done)))->start(generic(i), ctx);
+  });
+  replies.assign(size(), PushReply());
+  for (int i = 0; i < size(); ++i) {
+    std::string error;
+    TOWERS_REQUIRE(decode(in[i], replies[i], &error), "ps:{} ({}): a push's reply: {}", i,
+                   addresses_[i], error);
+  }
+}
+
+std::vector<int64_t> ShardSet::pull_streams(const PullRequest& request,
+                                            const std::vector<Range>& ranges, float* dst,
+                                            double timeout) {
+  const grpc::ByteBuffer out = encode(request);
+  std::vector<int64_t> versions(size(), 0);
+  all("Pull", timeout, [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done,
+                          Post post) {
+    (new PullReader(out, dst + ranges[i].begin, ranges[i].size(), &versions[i], std::move(done),
+                    std::move(post)))
+        ->start(generic(i), ctx);
+  });
+  return versions;
 }
 
 std::vector<ShardSet::Pulled> ShardSet::pull_all(PullRequest request, bool one_round, double timeout) {

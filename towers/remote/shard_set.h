@@ -11,6 +11,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 
+#include "towers/remote/cluster.h"
 #include "towers/remote/rpc.h"
 #include "towers/remote/towers.grpc.pb.h"
 #include "towers/remote/wire.h"
@@ -35,6 +36,13 @@ class ShardSet {
   // called again every 200 ms until the deadline: a restarted shard is reconnected to.
   using Start = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
   void all(const char* what, double timeout, const Start& start);
+  // The same, where a call may also post work (post(f)) for the waiting thread to run before
+  // all() returns: copies out of replies, so that gRPC's threads only move bytes while the
+  // caller, which would otherwise sleep, copies. A call posts its work before it is done.
+  using Post = std::function<void(std::function<void()>)>;
+  using StartPosting =
+      std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>, Post)>;
+  void all(const char* what, double timeout, const StartPosting& start);
 
   // Pulls every shard's range at once, as `request` asks (a reader's pull: worker -1). With
   // one_round (sync mode), every shard is read at the same version: a round may complete
@@ -45,6 +53,16 @@ class ShardSet {
     Bulk params;
   };
   std::vector<Pulled> pull_all(PullRequest request, bool one_round, double timeout);
+
+  // PushStream to every shard at once: messages[i] are shard i's (its pieces, in order); each
+  // reply is decoded into replies[i]. The messages' slices may be lent: they stay in use until
+  // gRPC lets go of them.
+  void push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& messages,
+                    std::vector<PushReply>& replies, double timeout);
+  // PullStream from every shard at once: shard i's range, ranges[i], is copied into dst (the
+  // flat array) piece by piece as the pieces arrive. Returns each shard's version.
+  std::vector<int64_t> pull_streams(const PullRequest& request, const std::vector<Range>& ranges,
+                                    float* dst, double timeout);
 
  private:
   std::vector<std::string> addresses_;

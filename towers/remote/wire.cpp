@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "core/check.h"
+
 namespace towers::remote {
 
 grpc::Slice Lender::lend(const void* data, size_t bytes) {
@@ -103,9 +105,14 @@ grpc::ByteBuffer encode(const google::protobuf::MessageLite& head, int field,
   return grpc::ByteBuffer(parts, bulk->size() > 0 ? 2 : 1);
 }
 
-void Bulk::copy_to(void* dst) const {
+void Bulk::copy_to(void* dst) const { copy_range(dst, 0, size_); }
+
+void Bulk::copy_range(void* dst, size_t from, size_t bytes) const {
+  TOWERS_CHECK(from <= size_ && bytes <= size_ - from, "bytes [{}, {}) of a bulk field of {}", from,
+               from + bytes, size_);
   auto* out = static_cast<std::byte*>(dst);
-  size_t n = size_, s = slice_, off = offset_;
+  size_t n = bytes, s = slice_, off = offset_ + from;
+  while (n > 0 && off >= slices_[s].size()) off -= slices_[s].size(), ++s;
   while (n > 0) {
     const grpc::Slice& sl = slices_[s];
     const size_t k = std::min(n, sl.size() - off);

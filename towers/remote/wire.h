@@ -30,6 +30,10 @@ namespace towers::remote {
 // The full names of the raw methods, as gRPC routes them.
 inline constexpr const char* kPushMethod = "/towers.remote.Shard/Push";
 inline constexpr const char* kPullMethod = "/towers.remote.Shard/Pull";
+inline constexpr const char* kPushStreamMethod = "/towers.remote.Shard/PushStream";
+inline constexpr const char* kPullStreamMethod = "/towers.remote.Shard/PullStream";
+// RunSpec.piece_floats when the chief gives none: 1 MiB pieces.
+inline constexpr int64_t kDefaultPieceFloats = 1 << 18;
 
 // Memory of the caller lent to gRPC as slices. A slice's memory must stay unchanged until gRPC
 // lets go of it, which may be after the call's completion: wait_returned() (and the
@@ -73,6 +77,8 @@ class Bulk {
   size_t size() const { return size_; }
   // Copies the field's bytes to dst (size() of them).
   void copy_to(void* dst) const;
+  // Copies bytes [from, from + bytes) of the field to dst.
+  void copy_range(void* dst, size_t from, size_t bytes) const;
   // The field's bytes if they arrived in one slice, else nullptr.
   const std::byte* contiguous() const;
 
