@@ -455,6 +455,7 @@ int main(int argc, char** argv) {
       TOWERS_REQUIRE(shard.read_token != shard.token,
                      "--read-token-file: the read-only token must differ from the run's token");
       towers::remote::check_tls(shard.tls);
+      shard.exit_process_when_done = true;
       return towers::remote::run_shard(shard);
     }
     auto read_cluster = [&] {

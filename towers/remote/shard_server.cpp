@@ -8,6 +8,8 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -485,8 +487,10 @@ class ShardService final : public ShardBase {
     Status status_;
   };
 
-  // PullStream: the range in pieces. The pieces are copied at one version (sync: between
-  // rounds), each handed to gRPC as soon as it is copied.
+  // PullStream: the range in pieces, at one version. sync: the parameters themselves, lent to
+  // gRPC without a copy, held between rounds until gRPC lets go of them; async and ssp: each
+  // piece copied (racing with the updates, as Hogwild reads) and handed to gRPC at once, while
+  // the next is copied.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext* ctx,
                                                          const grpc::ByteBuffer* in) override {
     auto* w = new PieceWriter;
@@ -502,19 +506,27 @@ class ShardService final : public ShardBase {
                      fmt::format("{}: PullStream carries no optimizer slots (Pull does)", name_));
         else
           s = pull_ready(ctx, req);
-        if (s.ok())
-          s = read_params(ctx, [&] {
-            const int64_t n = range_.size(), v = version_.load();
-            for (int64_t lo = 0; lo == 0 || lo < n; lo += piece_) {
-              const int64_t hi = std::min(lo + piece_, n);
-              OwnedSlice piece = owned_slice(sizeof(float) * static_cast<size_t>(hi - lo));
-              copy_params(lo, hi, reinterpret_cast<float*>(piece.data));
-              PullReply head;
-              head.set_version(v);
-              head.set_offset(lo);
-              if (!w->offer(encode(head, PullReply::kParamsFieldNumber, &piece.slice))) break;
-            }
+        if (s.ok() && run_.mode() == "sync") {
+          // The parameters themselves, lent to gRPC: held (no round applies) until it has let
+          // go of every piece.
+          int64_t v = 0;
+          s = hold_params(ctx, &v);
+          if (s.ok()) {
+            auto* lease = new Lease{this};
+            send_pieces(w, v, [&](int64_t lo, int64_t hi) {
+              lease->out.fetch_add(1);
+              return grpc::Slice(params_.data() + lo, sizeof(float) * static_cast<size_t>(hi - lo),
+                                 &Lease::returned, lease);
+            });
+            Lease::returned(lease);  // the hold of this loop
+          }
+        } else if (s.ok()) {
+          send_pieces(w, version_.load(), [&](int64_t lo, int64_t hi) {
+            OwnedSlice piece = owned_slice(sizeof(float) * static_cast<size_t>(hi - lo));
+            copy_params(lo, hi, reinterpret_cast<float*>(piece.data));
+            return std::move(piece.slice);
           });
+        }
       } catch (const std::exception& e) {
         s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what()));
       }
@@ -522,6 +534,34 @@ class ShardService final : public ShardBase {
     });
     return w;
   }
+
+  // The range in pieces on w, each the slice slice_of(lo, hi) of floats [lo, hi), at version v;
+  // stops early once the client has gone.
+  template <class SliceOf>
+  void send_pieces(PieceWriter* w, int64_t v, SliceOf slice_of) {
+    const int64_t n = range_.size();
+    for (int64_t lo = 0; lo == 0 || lo < n; lo += piece_) {
+      const int64_t hi = std::min(lo + piece_, n);
+      const grpc::Slice piece = slice_of(lo, hi);
+      PullReply head;
+      head.set_version(v);
+      head.set_offset(lo);
+      if (!w->offer(encode(head, PullReply::kParamsFieldNumber, &piece))) return;
+    }
+  }
+
+  // A hold on the parameters (hold_params) shared by the slices of them lent to gRPC, and
+  // released when the last one is let go.
+  struct Lease {
+    ShardService* shard;
+    std::atomic<int> out{1};
+    static void returned(void* self) {
+      auto* l = static_cast<Lease*>(self);
+      if (l->out.fetch_sub(1) != 1) return;
+      l->shard->release_params();
+      delete l;
+    }
+  };
 
   // Runs call() on a thread of threads_ and finishes the reactor with its status; an exception
   // is the call's error, not the shard's end.
@@ -615,13 +655,24 @@ class ShardService final : public ShardBase {
       got_[w][piece] = 1;  // claimed, then copied (or applied) without the lock
       completes = plain && ++claimed_[piece] == k_;
       if (completes) {
-        // The other workers' copies of the piece are done, and no reader is copying the
-        // parameters.
-        cv_.wait(l, [&] { return copied_[piece] == k_ - 1 && copying_ == 0; });
-        if (started_++ == 0) {
-          round_t_ = opt_->begin_pieces();
-          round_lr_ = c.head.lr();
+        // The other workers' copies of the piece are done (they are under way, so this wait
+        // is short).
+        cv_.wait(l, [&] { return copied_[piece] == k_ - 1; });
+        if (copying_ > 0) {
+          // A reader holds the parameters (a PullStream lends them to gRPC until it has sent
+          // them): the piece is applied on a thread of threads_ once it lets go, never by
+          // holding up gRPC's thread, which may be the one that sends them.
+          threads_.run([this, w, grads, at, lo, hi, lr = c.head.lr()] {
+            {
+              std::unique_lock<std::mutex> l(mu_);
+              cv_.wait(l, [&] { return copying_ == 0; });
+              begin_piece(lr);
+            }
+            apply_completed(w, grads, at, lo, hi);
+          });
+          return Status::OK;
         }
+        begin_piece(c.head.lr());
       }
     }
     if (!completes) {
@@ -634,8 +685,23 @@ class ShardService final : public ShardBase {
       if (plain && ++copied_[piece] == k_ - 1) cv_.notify_all();
       return Status::OK;
     }
-    // The piece, chunk by chunk while the chunk is in cache: this worker's floats (one copy
-    // out of the received slices), the tree over the workers in rank order, the optimizer.
+    apply_completed(w, grads, at, lo, hi);
+    return Status::OK;
+  }
+
+  // Under mu_, with no reader holding the parameters: a piece of the round is applied from
+  // now on (readers wait until the round is done).
+  void begin_piece(float lr) {
+    if (started_++ == 0) {
+      round_t_ = opt_->begin_pieces();
+      round_lr_ = lr;
+    }
+  }
+
+  // Worker w completed floats [lo, hi) of the round (at byte `at` of `grads`): applies them,
+  // chunk by chunk while the chunk is in cache: this worker's floats (one copy out of the
+  // received slices), the tree over the workers in rank order, the optimizer.
+  void apply_completed(int w, const Bulk& grads, size_t at, int64_t lo, int64_t hi) {
     thread_local std::vector<float> scratch;
     constexpr int64_t kChunk = 1 << 14;
     std::vector<float*> blocks;
@@ -659,7 +725,6 @@ class ShardService final : public ShardBase {
     std::lock_guard<std::mutex> l(mu_);
     ++finished_;
     complete_round();
-    return Status::OK;
   }
 
   int workers() const { return static_cast<int>(arrived_.size()); }
@@ -771,30 +836,38 @@ class ShardService final : public ShardBase {
       read();
       return Status::OK;
     }
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      if (ctx != nullptr) {
-        if (Status s = wait(l, ctx, [&] { return started_ == 0; },
-                            [] { return std::string("the round being applied"); });
-            !s.ok())
-          return s;
-      } else {
-        cv_.wait(l, [&] { return started_ == 0; });
-      }
-      ++copying_;
-    }
+    if (Status s = hold_params(ctx, nullptr); !s.ok()) return s;
     struct Done {
       ShardService* s;
-      ~Done() {
-        {
-          std::lock_guard<std::mutex> l(s->mu_);
-          --s->copying_;
-        }
-        s->cv_.notify_all();
-      }
+      ~Done() { s->release_params(); }
     } done{this};
     read();
     return Status::OK;
+  }
+
+  // sync: waits (ctx: up to the call's deadline; null: as long as it takes) until no round is
+  // applied in part, then holds the parameters: no round begins until release_params(). *v:
+  // the version held.
+  Status hold_params(ServerContextBase* ctx, int64_t* v) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (ctx != nullptr) {
+      if (Status s = wait(l, ctx, [&] { return started_ == 0; },
+                          [] { return std::string("the round being applied"); });
+          !s.ok())
+        return s;
+    } else {
+      cv_.wait(l, [&] { return started_ == 0; });
+    }
+    ++copying_;
+    if (v != nullptr) *v = version_.load();
+    return Status::OK;
+  }
+  void release_params() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      --copying_;
+    }
+    cv_.notify_all();
   }
 
   Status Heartbeat(ServerContext* ctx, const HeartbeatRequest* req, HeartbeatReply* rep) override {
@@ -1196,7 +1269,7 @@ class ShardService final : public ShardBase {
   int started_ = 0, finished_ = 0;      // plain sync: pieces of the round applied, begun / done
   int64_t round_t_ = 0;                 // plain sync: the round's update number
   float round_lr_ = 0.0f;               // plain sync: the round's learning rate
-  int copying_ = 0;                     // sync: readers copying the parameters (read_params)
+  int copying_ = 0;                     // sync: readers holding the parameters (hold_params)
   std::vector<char> arrived_;
   std::vector<WorkerStats> worker_stats_;
   int arrived_count_ = 0;
@@ -1245,6 +1318,10 @@ int run_shard(const ShardOptions& o) {
   service.say(fmt::format("listening on {}{}", address, o.tls.enabled() ? " (TLS)" : ""));
   service.wait_for_exit();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (o.exit_process_when_done) {
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
   return 0;
 }
 

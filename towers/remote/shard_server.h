@@ -43,6 +43,11 @@ struct ShardOptions {
   // it: it then serves again from that version without the chief's Init. Empty: no
   // checkpoints.
   std::string checkpoint_dir;
+  // `towers ps`: once the shard has finished (every worker done, its checkpoint written), the
+  // process exits at once, without gRPC's library teardown, whose backup poller may sleep for
+  // up to 10 s before it lets the process go. Shards run as threads of a benchmark or a test
+  // leave it off.
+  bool exit_process_when_done = false;
 };
 
 // Serves until the run is over; returns the process's exit code.
