@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Remote tower groups on this machine (README, "Remote tower groups"):
 #   1. remote_bench: push and pull to 1, 2, 4 shards over message sizes of 64 KiB .. 64 MiB,
-#      next to raw TCP loopback, gRPC's floor (a unary call that is not read) and memcpy
-#      measured in the same run; then the 4 MiB cases again, REPS (default 5) repetitions
-#      randomly interleaved, whose medians give the push and pull rates as shares of raw TCP;
+#      next to raw TCP loopback, gRPC's floors (a unary call, a push stream and a pull stream
+#      of 1 MiB pieces, none of them read or copied) and memcpy measured in the same run; then
+#      the 4 MiB cases again, REPS (default 5) repetitions randomly interleaved, whose medians
+#      give the push and pull rates as shares of raw TCP;
 #   2. the same training job (fashion net, Fashion-MNIST, sync, batch 128 per tower, one
 #      thread per tower) as 1 process x 2 towers and as 2 worker processes x 1 tower with 1
 #      shard, alternated ROUNDS times: images/s, and each worker's time per step split into

@@ -7,6 +7,9 @@
 //   sync     a round (a version) is applied once K workers' gradients for it have arrived
 //            (K = --replicas-to-aggregate, or every worker), summed over the workers in rank
 //            order by the fixed tree of kernels/reduce.h; pulls of the next round wait for it.
+//            Gradients arrive in pieces (PushStream); with every worker counted, each piece is
+//            applied as soon as every worker's copy of it is here, while later pieces are
+//            still on the wire (README, decision 54).
 //            Later gradients of an applied round are dropped and counted. A worker that is
 //            lost while a round needs it fails the round's waiting calls with its name.
 //   async    every push is applied at once (Hogwild: relaxed atomics; use_locking serialises
