@@ -126,6 +126,10 @@ class ShardService final : public ShardBase {
     }
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
+    // Pulls' slices of the parameters that gRPC still holds come back as it lets go of them;
+    // wait (a little) so that none comes back to a shard that is gone.
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, std::chrono::seconds(5), [&] { return copying_ == 0; });
   }
 
   // Blocks until the shard should exit: Shutdown, or every worker done or lost.
@@ -190,19 +194,21 @@ class ShardService final : public ShardBase {
     const size_t n = static_cast<size_t>(range_.size());
     // sync: between rounds (the chief's towers are paused, so no round completes); async: a
     // copy that races with updates, read as relaxed atomics like every pull.
-    read_params(nullptr, [&] {
-      ck.set_version(version_.load());
-      ck.set_updates(opt_->updates());
-      std::string* p = ck.mutable_params();
-      p->resize(sizeof(float) * n);
-      load_relaxed(params_.data(), reinterpret_cast<float*>(p->data()), static_cast<int64_t>(n));
-      ck.clear_slots();
-      for (const auto& [name, s] : opt_->slots()) {
-        std::string* d = ck.add_slots();
-        d->resize(sizeof(float) * n);
-        load_relaxed(s, reinterpret_cast<float*>(d->data()), static_cast<int64_t>(n));
-      }
-    });
+    if (Status s = read_params(ctx, [&] {
+          ck.set_version(version_.load());
+          ck.set_updates(opt_->updates());
+          std::string* p = ck.mutable_params();
+          p->resize(sizeof(float) * n);
+          load_relaxed(params_.data(), reinterpret_cast<float*>(p->data()), static_cast<int64_t>(n));
+          ck.clear_slots();
+          for (const auto& [name, slot] : opt_->slots()) {
+            std::string* d = ck.add_slots();
+            d->resize(sizeof(float) * n);
+            load_relaxed(slot, reinterpret_cast<float*>(d->data()), static_cast<int64_t>(n));
+          }
+        });
+        !s.ok())
+      return s;
     const std::string path = checkpoint_path();
     try {
       write_atomically(path, ck.SerializeAsString());
@@ -266,9 +272,14 @@ class ShardService final : public ShardBase {
       if (s.size() != bytes)
         return {StatusCode::INVALID_ARGUMENT, fmt::format("{}: an Init slot of {} bytes; the range needs {}",
                                                           name_, s.size(), bytes)};
-    if (run.piece_floats() < 0)
+    // Pieces: at most a quarter of the message limit each, and at most 2^20 of them.
+    const int64_t piece = run.piece_floats() > 0 ? run.piece_floats() : kDefaultPieceFloats;
+    if (run.piece_floats() < 0 || piece > kMaxMessageBytes / 16 ||
+        (range.size() + piece - 1) / piece > (1 << 20))
       return {StatusCode::INVALID_ARGUMENT,
-              fmt::format("{}: pieces of {} floats", name_, run.piece_floats())};
+              fmt::format("{}: pieces of {} floats for a range of {} (at most {} floats a piece, "
+                          "and 2^20 pieces)", name_, run.piece_floats(), range.size(),
+                          kMaxMessageBytes / 16)};
     if (req->updates() < 0 || req->version() < 0 || run.workers() > 4096)
       return {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: version {}, {} updates, {} workers: out of range", name_,
@@ -287,7 +298,7 @@ class ShardService final : public ShardBase {
     run_id_ = req->run_id();
     const int w = run.workers();
     k_ = run.replicas_to_aggregate() == 0 ? w : run.replicas_to_aggregate();
-    piece_ = run.piece_floats() > 0 ? run.piece_floats() : kDefaultPieceFloats;
+    piece_ = piece;
     pieces_ = static_cast<int>((range.size() + piece_ - 1) / piece_);
     grads_.clear();
     if (run.mode() == "sync")
@@ -297,6 +308,9 @@ class ShardService final : public ShardBase {
     copied_.assign(pieces_, 0);
     started_ = finished_ = copying_ = 0;
     arrived_.assign(w, 0);
+    waiting_.assign(w, 0);
+    inflight_.assign(w, 0);
+    deferred_.clear();
     worker_stats_.assign(w, {});
     clocks_.assign(w, 0);
     done_.assign(w, 0);
@@ -473,6 +487,7 @@ class ShardService final : public ShardBase {
         return;
       }
       writing_ = false;
+      current_.Clear();  // let go of the last piece (a lent one ends a hold)
       if (!closed_) return;
       l.unlock();
       Finish(status_);
@@ -487,10 +502,11 @@ class ShardService final : public ShardBase {
     Status status_;
   };
 
-  // PullStream: the range in pieces, at one version. sync: the parameters themselves, lent to
-  // gRPC without a copy, held between rounds until gRPC lets go of them; async and ssp: each
-  // piece copied (racing with the updates, as Hogwild reads) and handed to gRPC at once, while
-  // the next is copied.
+  // PullStream: the range in pieces, at one version. A worker's pull in plain sync: the
+  // parameters themselves, lent to gRPC without a copy, held between rounds until gRPC lets go
+  // of them. Other sync pulls: copies taken between rounds. async and ssp: each piece copied
+  // (racing with the updates, as Hogwild reads) and handed to gRPC at once, while the next is
+  // copied.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext* ctx,
                                                          const grpc::ByteBuffer* in) override {
     auto* w = new PieceWriter;
@@ -506,19 +522,40 @@ class ShardService final : public ShardBase {
                      fmt::format("{}: PullStream carries no optimizer slots (Pull does)", name_));
         else
           s = pull_ready(ctx, req);
-        if (s.ok() && run_.mode() == "sync") {
-          // The parameters themselves, lent to gRPC: held (no round applies) until it has let
-          // go of every piece.
+        if (s.ok() && run_.mode() == "sync" && k_ == workers() && req.worker() >= 0) {
+          // A worker's pull in plain sync: the parameters themselves, lent to gRPC, held (no
+          // round applies) until it has let go of every piece. (Readers get copies, so that a
+          // reader cannot hold up the run; so do backup-worker runs, whose rounds apply whole.)
           int64_t v = 0;
           s = hold_params(ctx, &v);
           if (s.ok()) {
-            auto* lease = new Lease{this};
+            struct Hold {  // this loop's own share of the lease, however the loop ends
+              Lease* lease;
+              ~Hold() { Lease::returned(lease); }
+            } hold{new Lease{this}};
             send_pieces(w, v, [&](int64_t lo, int64_t hi) {
-              lease->out.fetch_add(1);
+              hold.lease->out.fetch_add(1);
               return grpc::Slice(params_.data() + lo, sizeof(float) * static_cast<size_t>(hi - lo),
-                                 &Lease::returned, lease);
+                                 &Lease::returned, hold.lease);
             });
-            Lease::returned(lease);  // the hold of this loop
+          }
+        } else if (s.ok() && run_.mode() == "sync") {
+          // Copies, taken at one version between rounds, then sent.
+          std::vector<grpc::Slice> pieces;
+          int64_t v = 0;
+          s = read_params(ctx, [&] {
+            v = version_.load();
+            const int64_t n = range_.size();
+            for (int64_t lo = 0; lo == 0 || lo < n; lo += piece_) {
+              const int64_t hi = std::min(lo + piece_, n);
+              OwnedSlice piece = owned_slice(sizeof(float) * static_cast<size_t>(hi - lo));
+              copy_params(lo, hi, reinterpret_cast<float*>(piece.data));
+              pieces.push_back(std::move(piece.slice));
+            }
+          });
+          if (s.ok()) {
+            size_t i = 0;
+            send_pieces(w, v, [&](int64_t, int64_t) { return pieces[i++]; });
           }
         } else if (s.ok()) {
           send_pieces(w, version_.load(), [&](int64_t lo, int64_t hi) {
@@ -611,9 +648,10 @@ class ShardService final : public ShardBase {
       return Status::OK;
     }
     const int64_t floats = static_cast<int64_t>(grads.size() / sizeof(float));
-    const int64_t end = m.offset() + floats;
-    if (grads.size() % sizeof(float) != 0 || m.offset() != c.next || floats > n - c.next ||
-        (end != n && end % piece_ != 0))
+    const bool fits = m.offset() == c.next && grads.size() % sizeof(float) == 0 &&
+                      floats <= n - c.next;
+    const int64_t end = fits ? c.next + floats : 0;
+    if (!fits || (end != n && end % piece_ != 0))
       return {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: worker {} sent {} bytes at float {} of round {}'s gradient; the "
                           "range [{}, {}) is {} floats, sent in pieces of {} from float {}: "
@@ -654,35 +692,31 @@ class ShardService final : public ShardBase {
       if (arrived_[w] || got_[w][piece]) return Status::OK;  // retried: this piece is here
       got_[w][piece] = 1;  // claimed, then copied (or applied) without the lock
       completes = plain && ++claimed_[piece] == k_;
+      if (!completes) ++inflight_[w];
       if (completes) {
         // The other workers' copies of the piece are done (they are under way, so this wait
         // is short).
         cv_.wait(l, [&] { return copied_[piece] == k_ - 1; });
+        begin_piece(c.head.lr());  // from here, readers wait for the round
         if (copying_ > 0) {
-          // A reader holds the parameters (a PullStream lends them to gRPC until it has sent
-          // them): the piece is applied on a thread of threads_ once it lets go, never by
-          // holding up gRPC's thread, which may be the one that sends them.
-          threads_.run([this, w, grads, at, lo, hi, lr = c.head.lr()] {
-            {
-              std::unique_lock<std::mutex> l(mu_);
-              cv_.wait(l, [&] { return copying_ == 0; });
-              begin_piece(lr);
-            }
-            apply_completed(w, grads, at, lo, hi);
-          });
+          // A worker's pull still holds the parameters (gRPC has not sent all it was lent):
+          // the piece is applied once the hold ends (release_params), never by holding up
+          // gRPC's thread, which may be the one that sends them.
+          deferred_.push_back({w, grads, at, lo, hi});
           return Status::OK;
         }
-        begin_piece(c.head.lr());
       }
     }
     if (!completes) {
       grads.copy_range(grads_[w].data() + lo, at, bytes);
       std::lock_guard<std::mutex> l(mu_);
+      --inflight_[w];
+      cv_.notify_all();
       if (version_.load() != round) {  // applied without this worker (backup workers)
         c.late = true;
         return Status::OK;
       }
-      if (plain && ++copied_[piece] == k_ - 1) cv_.notify_all();
+      if (plain) ++copied_[piece];
       return Status::OK;
     }
     apply_completed(w, grads, at, lo, hi);
@@ -836,6 +870,11 @@ class ShardService final : public ShardBase {
       read();
       return Status::OK;
     }
+    if (k_ < workers()) {  // backup workers: rounds apply whole, under mu_
+      std::lock_guard<std::mutex> l(mu_);
+      read();
+      return Status::OK;
+    }
     if (Status s = hold_params(ctx, nullptr); !s.ok()) return s;
     struct Done {
       ShardService* s;
@@ -862,13 +901,27 @@ class ShardService final : public ShardBase {
     if (v != nullptr) *v = version_.load();
     return Status::OK;
   }
+  // Ends a hold; the last one hands the pieces deferred by it to a thread of threads_.
   void release_params() {
+    std::vector<Deferred> due;
     {
       std::lock_guard<std::mutex> l(mu_);
-      --copying_;
+      if (--copying_ == 0) due.swap(deferred_);
     }
     cv_.notify_all();
+    if (!due.empty())
+      threads_.run([this, due = std::move(due)] {
+        for (const Deferred& d : due) apply_completed(d.worker, d.grads, d.at, d.lo, d.hi);
+      });
   }
+
+  // A completed piece waiting for a reader's hold to end (take_piece).
+  struct Deferred {
+    int worker;
+    Bulk grads;
+    size_t at;
+    int64_t lo, hi;
+  };
 
   Status Heartbeat(ServerContext* ctx, const HeartbeatRequest* req, HeartbeatReply* rep) override {
     if (Status s = authorize(ctx); !s.ok()) return s;
@@ -1082,19 +1135,30 @@ class ShardService final : public ShardBase {
       return Status::OK;
     }
     if (round > v) return round_ahead(w, round, v);
+    // A stale call of this worker (its stream broken, then retried) may still be copying a
+    // piece that this push skipped as already here: its gradient is whole once that is done.
+    cv_.wait(l, [&] { return inflight_[w] == 0; });
+    if (version_.load() != round) {  // applied without it meanwhile (backup workers)
+      ++dropped_;
+      rep.set_version(version_.load());
+      rep.set_dropped(true);
+      return Status::OK;
+    }
     if (!arrived_[w]) {  // (else a push retried after its reply was lost: it waits again)
       arrived_[w] = 1;
       worker_stats_[w] = {req.loss_sum(), req.correct(), req.examples(), req.towers(), !req.skip()};
       lr_ = req.lr();
-      if (++arrived_count_ == k_ && k_ < workers()) apply_round(l);
+      if (++arrived_count_ == k_ && k_ < workers()) apply_round();
       complete_round();
     }
-    if (Status s = wait(l, ctx_of(c), [&] { return version_.load() > round; },
-                        [&] { return fmt::format("the other workers' gradients of round {}", round); });
-        !s.ok()) {
+    ++waiting_[w];
+    const Status s = wait(l, ctx_of(c), [&] { return version_.load() > round; },
+                          [&] { return fmt::format("the other workers' gradients of round {}", round); });
+    --waiting_[w];
+    if (!s.ok()) {
       // Withdraw, so that the round may still complete with a retry of this push (its pieces
-      // stay: they are the same gradient).
-      if (version_.load() <= round && arrived_[w]) {
+      // stay: they are the same gradient), unless another call of the worker still waits.
+      if (version_.load() <= round && arrived_[w] && waiting_[w] == 0) {
         arrived_[w] = 0;
         --arrived_count_;
       }
@@ -1119,7 +1183,7 @@ class ShardService final : public ShardBase {
   // Under mu_ (l): the K-th gradient of a backup-workers round has arrived. Sums the arrived
   // workers' gradients in rank order by the fixed tree and applies the sum, unless a
   // contributor's loss was not finite (then the round is skipped, as in one process).
-  void apply_round(std::unique_lock<std::mutex>& l) {
+  void apply_round() {
     bool finite = true;
     std::vector<float*> blocks;
     for (size_t w = 0; w < arrived_.size(); ++w)
@@ -1128,7 +1192,7 @@ class ShardService final : public ShardBase {
         blocks.push_back(grads_[w].data());
       }
     if (!finite) return;
-    cv_.wait(l, [&] { return copying_ == 0; });  // no reader is copying the parameters
+    // (No reader holds the parameters: in a backup-workers run they read under mu_.)
     const int64_t n = range_.size();
     const int count = static_cast<int>(blocks.size());
     if (count > 1)
@@ -1271,6 +1335,9 @@ class ShardService final : public ShardBase {
   float round_lr_ = 0.0f;               // plain sync: the round's learning rate
   int copying_ = 0;                     // sync: readers holding the parameters (hold_params)
   std::vector<char> arrived_;
+  std::vector<int> waiting_;   // sync: [worker], its calls waiting at the barrier
+  std::vector<int> inflight_;  // sync: [worker], its pieces being copied without the lock
+  std::vector<Deferred> deferred_;  // plain sync: completed pieces waiting for a hold to end
   std::vector<WorkerStats> worker_stats_;
   int arrived_count_ = 0;
   float lr_ = 0.0f;
