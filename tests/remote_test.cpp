@@ -568,6 +568,8 @@ TEST(RemoteCli, BadFlagsAreNamed) {
            " --clip-grad-norm 1", "--clip-grad-norm"},
       {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " + token +
            " --tls-cert " + token, "--tls-key"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " + token +
+           " --rpc-piece-kib 0", "--rpc-piece-kib 0: pieces of 1 KiB to 256 MiB"},
       {"ps --cluster " + cluster + " --task worker:0 --token-file " + token, "the task must be ps:I"},
       {"launch --workers 2 -- train --model mlp --towers 2", "--towers is set by the launcher"},
       {"launch --workers 0 -- train --model mlp", "--workers must be in 1..64"},

@@ -281,8 +281,8 @@ void validate(const TrainConfig& c) {
                    c.replicas_to_aggregate, ct.cluster.origin, ct.cluster.workers());
     TOWERS_REQUIRE(c.rpc_timeout > 0.0 && c.heartbeat_timeout > 0.0,
                    "--rpc-timeout and --heartbeat-timeout must be > 0 seconds");
-    TOWERS_REQUIRE(c.rpc_piece_kib >= 1 && c.rpc_piece_kib <= (1 << 20),
-                   "--rpc-piece-kib {}: pieces of 1 KiB to 1 GiB", c.rpc_piece_kib);
+    TOWERS_REQUIRE(c.rpc_piece_kib >= 1 && c.rpc_piece_kib <= (1 << 18),
+                   "--rpc-piece-kib {}: pieces of 1 KiB to 256 MiB", c.rpc_piece_kib);
     remote::check_tls({c.tls_cert, c.tls_key, c.tls_ca});
     remote::read_token(c.token_file);
   } else {

@@ -70,7 +70,8 @@ struct TrainConfig {
   std::string tls_cert, tls_key, tls_ca;
   double rpc_timeout = 300.0;       // seconds: every call's deadline, barrier waits included
   double heartbeat_timeout = 10.0;  // seconds without a call before a shard counts us lost
-  int64_t rpc_piece_kib = 1024;     // pushes and pulls travel in pieces of this size (the chief's)
+  int64_t rpc_piece_kib = 1024;     // pushes and pulls travel in pieces of this size (the chief's;
+                                    // 1 KiB .. 256 MiB, a quarter of the message limit)
 };
 
 void validate(const TrainConfig& c);  // throws naming the bad flag
