@@ -169,22 +169,7 @@ void Optimizer::begin_update(const float* params, int64_t t, bool shared, int64_
 
 void Optimizer::apply(float* params, const float* grads, float lr) {
   const int64_t t = ++updates_;
-  const int64_t n = end_ - begin_;
-  begin_update(params, t, false, 0, n);
-  kernels::RuleArgs r = def_->args(cfg_, lr, t);
-  float* s0 = def_->slots.size() > 0 ? slot_buffers_[0].data() : nullptr;
-  float* s1 = def_->slots.size() > 1 ? slot_buffers_[1].data() : nullptr;
-  for_each_part([&](size_t, const Variable& v, int64_t at, int64_t size) {
-    // Element-wise, so any split is exact; chunks keep every core busy on big variables.
-    r.wd = v.spec.weight_decay;
-    for_chunks(size, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
-      const int64_t o = at + b;
-      kernels::cpu::optimizer_update(e - b, params + o, s0 ? s0 + o : nullptr,
-                                     s1 ? s1 + o : nullptr, grads + o, r);
-    });
-  });
-  apply_state(params, grads, false, 0, n);
-  apply_wrappers(params, t, false, false, 0, n);
+  apply_range(params, grads, 0, end_ - begin_, lr, t);
 }
 
 void Optimizer::apply_piece(float* params, const float* grads, int64_t lo, int64_t hi, float lr,
@@ -192,6 +177,11 @@ void Optimizer::apply_piece(float* params, const float* grads, int64_t lo, int64
   TOWERS_CHECK(0 <= lo && lo <= hi && hi <= end_ - begin_ && 1 <= t && t <= updates_.load(),
                "apply_piece [{}, {}) of update {}: the range has {} floats and {} updates begun",
                lo, hi, t, end_ - begin_, updates_.load());
+  apply_range(params, grads, lo, hi, lr, t);
+}
+
+void Optimizer::apply_range(float* params, const float* grads, int64_t lo, int64_t hi, float lr,
+                            int64_t t) {
   begin_update(params, t, false, lo, hi);
   kernels::RuleArgs r = def_->args(cfg_, lr, t);
   float* s0 = def_->slots.size() > 0 ? slot_buffers_[0].data() : nullptr;
@@ -199,9 +189,13 @@ void Optimizer::apply_piece(float* params, const float* grads, int64_t lo, int64
   for_each_part([&](size_t, const Variable& v, int64_t at, int64_t size) {
     const int64_t from = std::max(at, lo), to = std::min(at + size, hi);
     if (from >= to) return;
+    // Element-wise, so any split is exact; chunks keep every core busy on big variables.
     r.wd = v.spec.weight_decay;
-    kernels::cpu::optimizer_update(to - from, params + from, s0 ? s0 + from : nullptr,
-                                   s1 ? s1 + from : nullptr, grads + (from - lo), r);
+    for_chunks(to - from, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
+      const int64_t o = from + b;
+      kernels::cpu::optimizer_update(e - b, params + o, s0 ? s0 + o : nullptr,
+                                     s1 ? s1 + o : nullptr, grads + (o - lo), r);
+    });
   });
   apply_state(params, grads, false, lo, hi);
   apply_wrappers(params, t, false, false, lo, hi);

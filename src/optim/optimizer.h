@@ -116,6 +116,9 @@ class Optimizer {
                       int64_t hi);
   // Before the rule of update t: update 1 copies the parameters into the wrappers' slots.
   void begin_update(const float* params, int64_t t, bool shared, int64_t lo, int64_t hi);
+  // Update t over the range-relative elements [lo, hi) (grads: element lo first), with the
+  // caller holding the arrays: apply and apply_piece.
+  void apply_range(float* params, const float* grads, int64_t lo, int64_t hi, float lr, int64_t t);
 
   // Calls f(variable index, variable, range-relative offset, first element, elements) for the
   // part of every trainable variable inside [begin_, end_).

@@ -269,13 +269,13 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
         out[i].push_back(encode(r));
         continue;
       }
-      for (int64_t lo = 0; lo == 0 || lo < g.size(); lo += piece_) {
-        const int64_t hi = std::min(lo + piece_, g.size());
+      for_each_piece(g.size(), piece_, [&](int64_t lo, int64_t hi) {
         r.set_offset(lo);
         const grpc::Slice lent =
             lender.lend(grads + g.begin + lo, sizeof(float) * static_cast<size_t>(hi - lo));
         out[i].push_back(encode(r, PushRequest::kGradsFieldNumber, &lent));
-      }
+        return true;
+      });
     }
     shards_->push_streams(out, reps, cfg_.rpc_timeout);
   }

@@ -545,24 +545,17 @@ class ShardService final : public ShardBase {
           int64_t v = 0;
           s = read_params(ctx, [&] {
             v = version_.load();
-            const int64_t n = range_.size();
-            for (int64_t lo = 0; lo == 0 || lo < n; lo += piece_) {
-              const int64_t hi = std::min(lo + piece_, n);
-              OwnedSlice piece = owned_slice(sizeof(float) * static_cast<size_t>(hi - lo));
-              copy_params(lo, hi, reinterpret_cast<float*>(piece.data));
-              pieces.push_back(std::move(piece.slice));
-            }
+            for_each_piece(range_.size(), piece_, [&](int64_t lo, int64_t hi) {
+              pieces.push_back(copied_piece(lo, hi));
+              return true;
+            });
           });
           if (s.ok()) {
             size_t i = 0;
             send_pieces(w, v, [&](int64_t, int64_t) { return pieces[i++]; });
           }
         } else if (s.ok()) {
-          send_pieces(w, version_.load(), [&](int64_t lo, int64_t hi) {
-            OwnedSlice piece = owned_slice(sizeof(float) * static_cast<size_t>(hi - lo));
-            copy_params(lo, hi, reinterpret_cast<float*>(piece.data));
-            return std::move(piece.slice);
-          });
+          send_pieces(w, version_.load(), [&](int64_t lo, int64_t hi) { return copied_piece(lo, hi); });
         }
       } catch (const std::exception& e) {
         s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what()));
@@ -576,15 +569,20 @@ class ShardService final : public ShardBase {
   // stops early once the client has gone.
   template <class SliceOf>
   void send_pieces(PieceWriter* w, int64_t v, SliceOf slice_of) {
-    const int64_t n = range_.size();
-    for (int64_t lo = 0; lo == 0 || lo < n; lo += piece_) {
-      const int64_t hi = std::min(lo + piece_, n);
+    for_each_piece(range_.size(), piece_, [&](int64_t lo, int64_t hi) {
       const grpc::Slice piece = slice_of(lo, hi);
       PullReply head;
       head.set_version(v);
       head.set_offset(lo);
-      if (!w->offer(encode(head, PullReply::kParamsFieldNumber, &piece))) return;
-    }
+      return w->offer(encode(head, PullReply::kParamsFieldNumber, &piece));
+    });
+  }
+
+  // Floats [lo, hi) of the parameters, copied (copy_params) into a slice of their own.
+  grpc::Slice copied_piece(int64_t lo, int64_t hi) {
+    OwnedSlice piece = owned_slice(sizeof(float) * static_cast<size_t>(hi - lo));
+    copy_params(lo, hi, reinterpret_cast<float*>(piece.data));
+    return std::move(piece.slice);
   }
 
   // A hold on the parameters (hold_params) shared by the slices of them lent to gRPC, and
@@ -692,8 +690,9 @@ class ShardService final : public ShardBase {
       if (arrived_[w] || got_[w][piece]) return Status::OK;  // retried: this piece is here
       got_[w][piece] = 1;  // claimed, then copied (or applied) without the lock
       completes = plain && ++claimed_[piece] == k_;
-      if (!completes) ++inflight_[w];
-      if (completes) {
+      if (!completes) {
+        ++inflight_[w];
+      } else {
         // The other workers' copies of the piece are done (they are under way, so this wait
         // is short).
         cv_.wait(l, [&] { return copied_[piece] == k_ - 1; });
@@ -723,8 +722,8 @@ class ShardService final : public ShardBase {
     return Status::OK;
   }
 
-  // Under mu_, with no reader holding the parameters: a piece of the round is applied from
-  // now on (readers wait until the round is done).
+  // Under mu_: a piece of the round is being applied from now on (new readers wait until the
+  // round is done; a piece whose apply waits for a reader's hold to end counts too).
   void begin_piece(float lr) {
     if (started_++ == 0) {
       round_t_ = opt_->begin_pieces();
@@ -1152,7 +1151,7 @@ class ShardService final : public ShardBase {
       complete_round();
     }
     ++waiting_[w];
-    const Status s = wait(l, ctx_of(c), [&] { return version_.load() > round; },
+    const Status s = wait(l, c.ctx, [&] { return version_.load() > round; },
                           [&] { return fmt::format("the other workers' gradients of round {}", round); });
     --waiting_[w];
     if (!s.ok()) {
@@ -1177,8 +1176,6 @@ class ShardService final : public ShardBase {
     rep.set_contributors(t.contributors);
     return Status::OK;
   }
-
-  static ServerContextBase* ctx_of(const PushCall& c) { return c.ctx; }
 
   // Under mu_ (l): the K-th gradient of a backup-workers round has arrived. Sums the arrived
   // workers' gradients in rank order by the fixed tree and applies the sum, unless a

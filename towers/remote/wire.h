@@ -35,6 +35,15 @@ inline constexpr const char* kPullStreamMethod = "/towers.remote.Shard/PullStrea
 // RunSpec.piece_floats when the chief gives none: 1 MiB pieces.
 inline constexpr int64_t kDefaultPieceFloats = 1 << 18;
 
+// Calls f(lo, hi) for the pieces [lo, hi) of a range of n floats in order, pieces of `piece`
+// floats and a shorter last one; an empty range is one empty piece (its message still carries
+// the small fields). Stops early when f returns false.
+template <class F>
+void for_each_piece(int64_t n, int64_t piece, F f) {
+  for (int64_t lo = 0; lo == 0 || lo < n; lo += piece)
+    if (!f(lo, lo + piece < n ? lo + piece : n)) return;
+}
+
 // Memory of the caller lent to gRPC as slices. A slice's memory must stay unchanged until gRPC
 // lets go of it, which may be after the call's completion: wait_returned() (and the
 // destructor) block until gRPC holds none of the slices lent. Declare the Lender before the
