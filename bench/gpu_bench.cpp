@@ -5,7 +5,11 @@
 //                        FP32 vs TF32.
 //   BM_GpuModelStep      the same step for the airbench and resnet-small-cifar nets, batch 512.
 //   BM_GpuMirroredStep   the same step with --params mirrored (parameters, momentum and the
-//                        update on the GPU, inside the step's graph), batch 128 and 512.
+//                        update on the GPU, inside the step's graph), batch 128 and 512; with
+//                        input 1 and 2, each step's batch comes from the training pipeline
+//                        (the tutorial's transform of 32x32 images, cropped to 24): augmented
+//                        by the host and copied in (--input host), or drawn by the host and
+//                        made on the GPU (--input device).
 //   BM_GpuComputeOnly    forward+backward alone (no host apply), graph vs plain launches: the
 //                        launch overhead a graph removes.
 //   BM_HostMomentumApply the momentum apply on the host parameters alone (the host's share).
@@ -29,6 +33,9 @@
 #include "core/gpu.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "data/augment.h"
+#include "data/pipeline.h"
+#include "data/synthetic.h"
 #include "kernels/reduce.h"
 #include "models/model_file.h"
 #include "models/models.h"
@@ -146,10 +153,12 @@ BENCHMARK_CAPTURE(BM_GpuModelStep, resnet_small_cifar, std::string("resnet-small
 
 // --params mirrored: the same step with the parameters and momentum on the GPU, the update the
 // last kernels of the step's graph; nothing crosses PCIe but the batch and the losses.
-// Args: batch, tf32 (0/1), cudnn (1: cuDNN convolutions, 0: im2col + cuBLAS).
+// Args: batch, tf32 (0/1), cudnn (1: cuDNN convolutions, 0: im2col + cuBLAS), input (0: one
+// fixed batch of floats; 1: the host pipeline's batches; 2: the device-input pipeline's plans).
 void BM_GpuMirroredStep(benchmark::State& state) {
   if (skip_without_gpus(state)) return;
   const int64_t batch = state.range(0);
+  const int64_t input = state.range(3);
   auto g = model_conv("cifar10", state.range(2) != 0);
   const int64_t total = g->layout().total();
   CudaTower tower(*g, batch, placement(true, state.range(1) != 0));
@@ -160,9 +169,24 @@ void BM_GpuMirroredStep(benchmark::State& state) {
   MirroredParameterStore store(params.data(), opt, Reduce::Host, [](int64_t) { return 0.01f; });
   store.attach({&tower});
   Inputs in = random_inputs(*g, batch);
+  // A CIFAR-10-sized synthetic training set (32x32, cropped to the net's 24x24).
+  const data::DataSplit d = data::make_synthetic(3, 32, 32, 10, 50000, 10, 3);
+  const data::AugmentConfig aug = data::tutorial_train_config(24);
+  std::unique_ptr<data::BatchPipeline> pipe;
+  if (input > 0)
+    pipe = std::make_unique<data::BatchPipeline>(d.train, aug, batch, 1, 0, 2, 1, input == 2);
+  if (input == 2) tower.hold_train_data(d.train, aug);
   auto step = [&] {
     store.pull(tower);
-    StepStats s = tower.compute_gradients(in.x.data(), in.y.data(), batch, 1.0f / batch);
+    StepStats s;
+    if (input == 0) {
+      s = tower.compute_gradients(in.x.data(), in.y.data(), batch, 1.0f / batch);
+    } else {
+      const data::Batch b = pipe->next();
+      s = input == 1 ? tower.compute_gradients(b.images.data(), b.labels.data(), batch, 1.0f / batch)
+                     : tower.compute_gradients_planned(b.plans.data(), b.labels.data(), batch,
+                                                       1.0f / batch);
+    }
     UpdateRecord rec;
     rec.lr = 0.01f;
     store.push(nullptr, rec, tower.host());
@@ -185,8 +209,10 @@ void BM_GpuMirroredStep(benchmark::State& state) {
   state.counters["GFLOP_per_sec"] = benchmark::Counter(
       batch * 3.0 * g->flops_per_example() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn"})->Args({128, 0, 1})
-    ->Args({128, 1, 1})->Args({512, 0, 1})->Args({512, 1, 1})->Args({128, 0, 0})->Args({512, 0, 0})
+BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn", "input"})
+    ->Args({128, 0, 1, 0})->Args({128, 1, 1, 0})->Args({512, 0, 1, 0})->Args({512, 1, 1, 0})
+    ->Args({128, 0, 0, 0})->Args({512, 0, 0, 0})
+    ->Args({128, 0, 1, 1})->Args({128, 0, 1, 2})->Args({512, 0, 1, 1})->Args({512, 0, 1, 2})
     ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
 
 // Forward + backward on the device only: the same step without the host's share.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the GPU binaries into build-gpu/ (Hopper, sm_90 by default) and packs them, with the
 # non-CUDA shared libraries they need, into build-gpu/pack/ (towers, tests/towers_tests,
-# bench/gpu_bench, devlibs/, COMMIT): a few tens of MB that can be carried to a GPU machine
+# bench/gpu_bench, bench/remote_bench, devlibs/, COMMIT): a few tens of MB that can be carried to a GPU machine
 # that lacks the Debian packages, and run there with `bench/run-gpu.sh build-gpu/pack`.
 #   bench/pack-gpu.sh [CUDA_ARCH]   (default 90)
 set -euo pipefail
@@ -9,13 +9,13 @@ cd "$(dirname "$0")/.."
 arch=${1:-90}
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTOWERS_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DTOWERS_NATIVE=OFF >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target towers towers_tests gpu_bench
+cmake --build build-gpu -j"$(nproc)" --target towers towers_tests gpu_bench remote_bench
 pack=build-gpu/pack
 rm -rf "$pack"
 mkdir -p "$pack/tests" "$pack/bench" "$pack/devlibs"
 cp build-gpu/towers "$pack/"
 cp build-gpu/tests/towers_tests "$pack/tests/"
-cp build-gpu/bench/gpu_bench "$pack/bench/"
+cp build-gpu/bench/gpu_bench build-gpu/bench/remote_bench "$pack/bench/"
 git rev-parse --short HEAD > "$pack/COMMIT" 2>/dev/null || echo unknown > "$pack/COMMIT"
 if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
   sed -i 's/$/+uncommitted changes/' "$pack/COMMIT"
@@ -23,7 +23,7 @@ fi
 # Every shared library the binaries load, except the C/C++ runtime and the CUDA/NVIDIA
 # libraries (driver, cudart, cuBLAS, cuDNN, NCCL), which a GPU machine brings itself.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libgcc_s\.|libstdc\+\+\.|libcuda|libcudart|libcublas|libcudnn|libnccl|libnvidia)'
-for bin in "$pack/towers" "$pack/tests/towers_tests" "$pack/bench/gpu_bench"; do
+for bin in "$pack/towers" "$pack/tests/towers_tests" "$pack/bench/gpu_bench" "$pack/bench/remote_bench"; do
   ldd "$bin" | awk '/=>/ {print $1, $3}' | while read -r name path; do
     [[ "$name" =~ $skip ]] && continue
     [ -f "$path" ] || { echo "missing: $name (needed by $bin)" >&2; continue; }

@@ -8,17 +8,19 @@
 #             CUDA graphs; FP32 and TF32), then one kernel-time profile of a step (ncu)
 #   fashion   Fashion-MNIST to 90% with the main job's recipe on one GPU tower, then the
 #             PyTorch run of the same net and recipe
-#   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]      PHASES="tests sanitize bench fashion" (default)
+#   remote    bench/run-remote.sh on this machine's cores (the remote transport next to raw
+#             TCP loopback, and a 2-worker training job), into OUT_DIR/remote
+#   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]      PHASES="tests sanitize bench fashion remote" (default)
 # BUILD_DIR (default build-gpu) holds towers, tests/towers_tests and bench/gpu_bench, built with
 # -DCMAKE_CUDA_ARCHITECTURES matching the GPU (90 for H100/H200); where the machine lacks the
 # Debian libraries, carry them in BUILD_DIR/devlibs (bench/pack-gpu.sh makes such a folder).
-# Each phase has a time limit (TESTS_S, SANITIZE_S, BENCH_S, FASHION_S seconds), so the script
-# ends inside a lease and says which phase ran out.
+# Each phase has a time limit (TESTS_S, SANITIZE_S, BENCH_S, FASHION_S, REMOTE_S seconds), so
+# the script ends inside a lease and says which phase ran out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 out=${2:-bench/results/$(date +%Y-%m-%d)-gpu}
-phases=${PHASES:-tests sanitize bench fashion}
+phases=${PHASES:-tests sanitize bench fashion remote}
 mkdir -p "$out"
 build=$(cd "$build" && pwd)
 if [ -d "$build/devlibs" ]; then export LD_LIBRARY_PATH="$build/devlibs:${LD_LIBRARY_PATH:-}"; fi
@@ -175,15 +177,33 @@ if [[ " $phases " == *" fashion "* ]]; then
     --optimizer momentum --lr 0.01 --lr-schedule cosine --eval-every 1 --quiet --metrics "$m" \
     > "$out/fashion_towers.txt" 2>&1
   note "towers fashion: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'wall', round(r['wall_seconds'],1), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
-  # The same recipe with the parameters and optimizer on the GPU (--params mirrored).
-  m="$out/fashion_towers_mirrored.jsonl"
-  rm -f "$m"
-  timeout "${FASHION_S:-200}" "$build/towers" train --device cuda --params mirrored \
-    --model fashion --dataset fashion-mnist --data "$fashion" --epochs 5 --batch 128 \
-    --optimizer momentum --lr 0.01 --lr-schedule cosine --eval-every 1 --quiet --metrics "$m" \
-    > "$out/fashion_towers_mirrored.txt" 2>&1
-  note "towers fashion mirrored: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'wall', round(r['wall_seconds'],1), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
+  # The same recipe with the parameters and optimizer on the GPU (--params mirrored), then
+  # with the batches made on the GPU as well (--input device).
+  for variant in mirrored mirrored_device_input; do
+    m="$out/fashion_towers_$variant.jsonl"
+    rm -f "$m"
+    extra=(--params mirrored)
+    [ "$variant" = mirrored_device_input ] && extra+=(--input device)
+    timeout "${FASHION_S:-200}" "$build/towers" train --device cuda "${extra[@]}" \
+      --model fashion --dataset fashion-mnist --data "$fashion" --epochs 5 --batch 128 \
+      --optimizer momentum --lr 0.01 --lr-schedule cosine --eval-every 1 --quiet --metrics "$m" \
+      > "$out/fashion_towers_$variant.txt" 2>&1
+    note "towers fashion $variant: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'wall', round(r['wall_seconds'],1), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
+  done
   timeout "${FASHION_S:-200}" python3 bench/peers/torch_fashion.py --data "$fashion" \
     --device cuda --precision fp32 > "$out/fashion_pytorch.jsonl" 2> "$out/fashion_pytorch.err"
   note "pytorch fashion: $(tail -1 "$out/fashion_pytorch.jsonl" 2>/dev/null || echo failed)"
+fi
+
+# 5. The remote transport on this machine's cores (the 2-core build machines share two cores
+# between client, gRPC's threads and the shard).
+if [[ " $phases " == *" remote "* ]]; then
+  if [ -x "$build/bench/remote_bench" ]; then
+    STEPS=${STEPS:-30} ROUNDS=${ROUNDS:-2} REPS=${REPS:-7} timeout "${REMOTE_S:-240}" \
+      bench/run-remote.sh "$build" "$out/remote" > "$out/remote.txt" 2>&1
+    note "remote exit $?"
+    sed 's/^/  /' "$out/remote/summary.txt" 2>/dev/null | tee -a "$summary"
+  else
+    note "remote: no remote_bench in $build"
+  fi
 fi

@@ -279,6 +279,8 @@ TEST(CliBadInput, NonsenseFlags) {
   expect_error(run_towers(kQuick + "--steps 5 --use-locking" + m), {"--use-locking"});
   expect_error(run_towers(kQuick + "--steps 5 --params gpu" + m), {"--params", "gpu"});
   expect_error(run_towers(kQuick + "--steps 5 --params mirrored" + m), {"--params mirrored", "--device cuda"});
+  expect_error(run_towers(kQuick + "--steps 5 --input gpu" + m), {"--input", "gpu"});
+  expect_error(run_towers(kQuick + "--steps 5 --input device" + m), {"--input device", "--device cuda"});
   const std::string gpu = kQuick + "--device cuda --params mirrored --steps 5 ";
   expect_error(run_towers(gpu + "--towers 2 --mode async" + m), {"--params mirrored", "--mode async"});
   expect_error(run_towers(gpu + "--towers 3 --replicas-to-aggregate 2" + m), {"--params mirrored", "--replicas-to-aggregate"});

@@ -42,6 +42,13 @@ class CudaTower final : public Tower {
                               float grad_scale) override;
   StepStats evaluate(const float* images, const int32_t* labels, int64_t n) override;
   void copy_logits(float* out, int64_t n) override;
+  // --input device: the training set's bytes on this GPU; a step copies in its plans and
+  // labels (a few KB) and makes the batch with kernels::cuda::augment on the compute stream,
+  // before the step's graph.
+  bool makes_batches() const override { return true; }
+  void hold_train_data(const data::Dataset& train, const data::AugmentConfig& config) override;
+  StepStats compute_gradients_planned(const kernels::ExamplePlan* plans, const int32_t* labels,
+                                      int64_t n, float grad_scale) override;
 
   // For an all-reduce among GPUs: with grads_to_host off, compute_gradients leaves the
   // gradients on the device only.
@@ -66,6 +73,9 @@ class CudaTower final : public Tower {
 
  private:
   void stage_inputs(const float* images, const int32_t* labels, int64_t n);
+  void stage_plans(const kernels::ExamplePlan* plans, const int32_t* labels, int64_t n);
+  void stage_labels_and_noise(const int32_t* labels, int64_t n);  // then inputs_ready_
+  StepStats run_step(int64_t n, float grad_scale);  // after staging: eager, captured or replayed
   LossArgs loss_args(int64_t n, float grad_scale, float* dlogits);  // on the device buffers
   void enqueue_forward(int64_t n, bool training);
   void enqueue_step(int64_t n, float grad_scale);  // forward, loss, backward, grads out
@@ -78,6 +88,12 @@ class CudaTower final : public Tower {
   CpuDevice host_;
   DeviceBuffer params_d_, grads_d_, images_d_, labels_d_, row_loss_d_, row_correct_d_, scratch_;
   DeviceBuffer noise_d_;  // the step's noise (Tower::set_noise), copied in with its batch
+  // --input device: the training set (bytes), which set and transform, and the step's plans.
+  DeviceBuffer train_d_, plans_d_;
+  PinnedBuffer plans_pin_;
+  const data::Dataset* train_held_ = nullptr;
+  int64_t train_held_size_ = 0;
+  kernels::AugmentShape shape_;
   PinnedBuffer grads_host_, images_pin_, labels_pin_, row_loss_h_, row_correct_h_, noise_pin_;
   GpuPlans plans_;  // the layers' per-batch-size plans (cuDNN), before exec_ which points here
   GpuExec exec_;

@@ -5,6 +5,8 @@
 
 #include "core/check.h"
 #include "core/cuda_check.h"
+#include "data/augment.h"
+#include "kernels/augment.h"
 #include "kernels/debug.h"
 #include "kernels/softmax_xent.h"
 
@@ -73,9 +75,29 @@ void CudaTower::stage_inputs(const float* images, const int32_t* labels, int64_t
   // Through pinned staging, so that the H2D is a true asynchronous DMA. The previous step's
   // copies out of the staging have finished: every step waits for its stream before returning.
   std::memcpy(images_pin_.as<float>(), images, sizeof(float) * n * in);
-  std::memcpy(labels_pin_.as<int32_t>(), labels, sizeof(int32_t) * n);
   CUDA_CHECK(cudaMemcpyAsync(images_d_.data(), images_pin_.as<float>(), sizeof(float) * n * in,
                              cudaMemcpyHostToDevice, dev_.copy()));
+  stage_labels_and_noise(labels, n);
+}
+
+void CudaTower::stage_plans(const kernels::ExamplePlan* plans, const int32_t* labels, int64_t n) {
+  // Validated here, where the plans meet the set they index: a kernel would read out of bounds.
+  for (int64_t i = 0; i < n; ++i)
+    TOWERS_CHECK(plans[i].index >= 0 && plans[i].index < train_held_size_,
+                 "--input device: example {} of the batch plans index {} of a training set of {}",
+                 i, plans[i].index, train_held_size_);
+  std::memcpy(plans_pin_.as<kernels::ExamplePlan>(), plans, sizeof(kernels::ExamplePlan) * n);
+  CUDA_CHECK(cudaMemcpyAsync(plans_d_.data(), plans_pin_.as<kernels::ExamplePlan>(),
+                             sizeof(kernels::ExamplePlan) * n, cudaMemcpyHostToDevice, dev_.copy()));
+  stage_labels_and_noise(labels, n);
+  // The batch, made on the compute stream once the plans are in (inputs_ready_).
+  kernels::cuda::augment(dev_.compute(), reinterpret_cast<const uint8_t*>(train_d_.data()), shape_,
+                         reinterpret_cast<const kernels::ExamplePlan*>(plans_d_.data()), n,
+                         images_d_.data());
+}
+
+void CudaTower::stage_labels_and_noise(const int32_t* labels, int64_t n) {
+  std::memcpy(labels_pin_.as<int32_t>(), labels, sizeof(int32_t) * n);
   CUDA_CHECK(cudaMemcpyAsync(labels_d_.data(), labels_pin_.as<int32_t>(), sizeof(int32_t) * n,
                              cudaMemcpyHostToDevice, dev_.copy()));
   // The step's noise goes in with its batch, outside any captured graph, which reads it.
@@ -155,6 +177,56 @@ StepStats CudaTower::compute_gradients(const float* images, const int32_t* label
   if (before_step_) before_step_();
   dev_.activate();
   stage_inputs(images, labels, n);
+  return run_step(n, grad_scale);
+}
+
+void CudaTower::hold_train_data(const data::Dataset& train, const data::AugmentConfig& config) {
+  const kernels::AugmentShape shape = data::augment_shape(config, train);
+  const bool same_shape = shape.channels == shape_.channels && shape.height == shape_.height &&
+                          shape.width == shape_.width && shape.out_h == shape_.out_h &&
+                          shape.out_w == shape_.out_w && shape.brightness == shape_.brightness &&
+                          shape.contrast == shape_.contrast && shape.standardize == shape_.standardize;
+  if (train_held_ == &train && train_held_size_ == train.size() && same_shape) return;
+  train.validate();
+  data::validate(config, train);
+  TOWERS_REQUIRE(data::example_shape(config, train) == graph().input_shape(),
+                 "--input device: the examples of '{}' are {} after the transform, but the "
+                 "model's input is {}", train.name, to_string(data::example_shape(config, train)),
+                 to_string(graph().input_shape()));
+  dev_.activate();
+  const size_t bytes = train.images.size();
+  train_held_ = nullptr;
+  train_d_ = DeviceBuffer();
+  try {
+    train_d_ = DeviceBuffer(dev_, static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
+  } catch (const std::exception& e) {
+    TOWERS_BAD_INPUT("--input device: the training set '{}' ({:.0f} MB) does not fit on GPU {}: "
+                     "{}; use --input host", train.name, bytes / 1e6, dev_.ordinal(), e.what());
+  }
+  CUDA_CHECK(cudaMemcpyAsync(train_d_.data(), train.images.data(), bytes, cudaMemcpyHostToDevice,
+                             dev_.copy()));
+  CUDA_CHECK(cudaStreamSynchronize(dev_.copy()));
+  if (plans_d_.data() == nullptr) {
+    static_assert(sizeof(kernels::ExamplePlan) % sizeof(float) == 0);
+    plans_d_ = DeviceBuffer(dev_, max_batch() * static_cast<int64_t>(sizeof(kernels::ExamplePlan) / sizeof(float)));
+    plans_pin_ = PinnedBuffer(sizeof(kernels::ExamplePlan) * max_batch());
+  }
+  train_held_ = &train;
+  train_held_size_ = train.size();
+  shape_ = shape;
+}
+
+StepStats CudaTower::compute_gradients_planned(const kernels::ExamplePlan* plans,
+                                               const int32_t* labels, int64_t n, float grad_scale) {
+  check_batch(n);
+  TOWERS_CHECK(train_held_ != nullptr, "compute_gradients_planned before hold_train_data");
+  if (before_step_) before_step_();
+  dev_.activate();
+  stage_plans(plans, labels, n);
+  return run_step(n, grad_scale);
+}
+
+StepStats CudaTower::run_step(int64_t n, float grad_scale) {
   if (!placement_.cuda_graphs) {
     enqueue_step(n, grad_scale);
     return finish(n);

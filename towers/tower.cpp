@@ -95,6 +95,17 @@ BackwardArgs Tower::backward_args(size_t i, int64_t n, const float* images, int 
   return a;
 }
 
+void Tower::hold_train_data(const data::Dataset&, const data::AugmentConfig&) {
+  TOWERS_BAD_INPUT("--input device: a tower on {} cannot make its batches on the device; it "
+                   "needs a GPU tower (--device cuda)", device().name());
+}
+
+StepStats Tower::compute_gradients_planned(const kernels::ExamplePlan*, const int32_t*, int64_t,
+                                           float) {
+  TOWERS_BAD_INPUT("--input device: a tower on {} cannot make its batches on the device; it "
+                   "needs a GPU tower (--device cuda)", device().name());
+}
+
 void Tower::check_batch(int64_t n) const {
   TOWERS_CHECK(n > 0 && n <= max_batch_, "batch of {} for a tower built for {}", n, max_batch_);
 }

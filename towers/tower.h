@@ -12,7 +12,13 @@
 #include "core/device.h"
 #include "graph/graph.h"
 #include "layers/layer.h"
+#include "kernels/augment.h"
 #include "kernels/softmax_xent.h"
+
+namespace towers::data {
+struct Dataset;
+struct AugmentConfig;
+}  // namespace towers::data
 
 namespace towers {
 
@@ -69,6 +75,16 @@ class Tower {
   // --sync-bn: the exchange through which this tower's training steps meet the other towers'
   // (layers/layer.h); null (the default): the tower's batch is the whole batch. CPU towers.
   void set_exchange(TowerExchange* exchange) { exchange_ = exchange; }
+  // --input device: the tower holds the training set on its device and makes each training
+  // batch there from its examples' plans (data::plan_train: the example and its draws, drawn
+  // by the host exactly as for a batch of pixels). Towers that cannot answer false here and
+  // throw from the other two. hold_train_data copies the set in once (again only for another
+  // set or transform); train must outlive the tower's planned steps.
+  virtual bool makes_batches() const { return false; }
+  virtual void hold_train_data(const data::Dataset& train, const data::AugmentConfig& config);
+  // As compute_gradients, for the batch of n examples planned by plans (host memory).
+  virtual StepStats compute_gradients_planned(const kernels::ExamplePlan* plans,
+                                              const int32_t* labels, int64_t n, float grad_scale);
   // Forward only.
   virtual StepStats evaluate(const float* images, const int32_t* labels, int64_t n) = 0;
   // The logits (n x classes, host memory) of the last evaluate or compute_gradients of n

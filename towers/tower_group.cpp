@@ -181,14 +181,18 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
   const int64_t per = numel(graph_.input_shape());
   // Over every process of a remote group: tower i here is global tower first + i of all.
   const int first = cfg_.first_tower, all = cfg_.total_towers();
+  // --input device: the batches are plans, and each tower makes its pixels on its GPU.
+  const bool planned = cfg_.device_input;
+  if (planned)
+    for (auto& t : towers_) t->hold_train_data(train, augment);
   std::vector<std::unique_ptr<data::BatchPipeline>> pipes;
   if (lockstep)
     pipes.push_back(std::make_unique<data::BatchPipeline>(train, augment, batch_ * all, seed,
-                                                          store_.version(), 2));
+                                                          store_.version(), 2, 1, planned));
   else
     for (int i = 0; i < n; ++i)
-      pipes.push_back(std::make_unique<data::BatchPipeline>(train, augment, batch_, seed,
-                                                            first_batch + first + i, 2, all));
+      pipes.push_back(std::make_unique<data::BatchPipeline>(
+          train, augment, batch_, seed, first_batch + first + i, 2, all, planned));
   data::Batch global;               // lockstep: the batch of version global_version
   int64_t global_version = -1;
   const int64_t pipe_first = store_.version();  // the version of the pipeline's first batch
@@ -249,16 +253,22 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
         }
       }
       const float* images = nullptr;
+      const kernels::ExamplePlan* plans = nullptr;
       const int32_t* labels = nullptr;
       data::Batch own;
       kernels::StepNoise noise;  // what dropout draws from: see Tower::set_noise
       if (lockstep) {
-        images = global.images.data() + (first + i) * batch_ * per;
-        labels = global.labels.data() + (first + i) * batch_;
-        noise = {step_key(seed, global.step), (first + i) * batch_};
+        const int64_t at = (first + i) * batch_;
+        if (planned)
+          plans = global.plans.data() + at;
+        else
+          images = global.images.data() + at * per;
+        labels = global.labels.data() + at;
+        noise = {step_key(seed, global.step), at};
       } else {
         own = pipes[i]->next();
         images = own.images.data();
+        plans = own.plans.data();
         labels = own.labels.data();
         noise = {step_key(seed, own.step), 0};
       }
@@ -269,7 +279,8 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
       s.tower = i;
       s.version_read = store_.pull(t);
       t.set_noise(noise);
-      s.stats = t.compute_gradients(images, labels, batch_, grad_scale);
+      s.stats = planned ? t.compute_gradients_planned(plans, labels, batch_, grad_scale)
+                        : t.compute_gradients(images, labels, batch_, grad_scale);
       straggle(i);
       s.seconds = seconds_since(t0);
       out = policy.submit(s, ctx);

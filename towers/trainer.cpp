@@ -175,6 +175,11 @@ void validate(const TrainConfig& c) {
                      (mode == Mode::Sync &&
                       (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate == c.towers)),
                  "--reduce nccl is for --mode sync without backup towers (--replicas-to-aggregate below --towers)");
+  TOWERS_REQUIRE(c.input == "host" || c.input == "device",
+                 "--input: unknown place '{}' (known: host, device)", c.input);
+  TOWERS_REQUIRE(c.input == "host" || c.device == "cuda",
+                 "--input device makes the training batches on the GPU from a copy of the "
+                 "training set there: it needs --device cuda");
   TOWERS_REQUIRE(c.params == "host" || c.params == "mirrored",
                  "--params: unknown home '{}' (known: host, mirrored)", c.params);
   if (c.params == "mirrored") {
@@ -310,6 +315,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"params", c.params},
           {"tf32", c.tf32},
           {"cuda_graphs", c.cuda_graphs},
+          {"input", c.input},
           {"mode", c.mode},
           {"replicas_to_aggregate", c.replicas_to_aggregate},
           {"staleness", c.staleness},
@@ -372,6 +378,7 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   ec.reduce = *reduce_named(c.reduce);
   ec.tf32 = c.tf32;
   ec.cuda_graphs = c.cuda_graphs;
+  ec.device_input = c.input == "device";
   TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,
                  "--reduce nccl: {} towers on {} GPU(s); NCCL needs one tower per GPU (use "
                  "--reduce host to share GPUs)", c.towers, ec.gpus);

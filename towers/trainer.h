@@ -37,6 +37,7 @@ struct TrainConfig {
   std::string params = "host";      // where the parameters live: host | mirrored (on each GPU)
   bool tf32 = false;                // cuda: TF32 tensor-core GEMMs
   bool cuda_graphs = true;          // cuda: replay each step as a CUDA graph
+  std::string input = "host";       // where training batches are made: host | device (cuda)
   std::string mode = "sync";        // sync | async | ssp
   int replicas_to_aggregate = 0;    // sync: update after the first K towers (0: all)
   int64_t staleness = -1;           // ssp: the bound (required)

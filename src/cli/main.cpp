@@ -127,6 +127,11 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                  "where the parameters live: host (one copy in host memory, the optimizer on the "
                  "host) or mirrored (cuda, sync: a copy and the optimizer on each GPU)")
       ->capture_default_str();
+  app.add_option("--input", c.input,
+                 "where training batches are made: host (augmented by the CPU, copied in) or "
+                 "device (cuda: the training set on each GPU, augmented there from the host's "
+                 "draws)")
+      ->capture_default_str();
   app.add_flag("--tf32", c.tf32, "cuda: TF32 tensor-core GEMMs (faster, about 1e-3 relative error)");
   app.add_flag("!--no-cuda-graphs", c.cuda_graphs,
                "cuda: launch each kernel of a step instead of replaying a captured CUDA graph");

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "kernels/cuda/augment_rules.h"
 #include "kernels/standardize.h"
 
 namespace towers::data {
@@ -76,7 +77,7 @@ int64_t example_floats(const AugmentConfig& c, const Dataset& d) {
   return d.channels * c.out_h * c.out_w;
 }
 
-void augment_train(const AugmentConfig& c, const Dataset& d, int64_t index, Rng& rng, float* out) {
+ExamplePlan plan_train(const AugmentConfig& c, const Dataset& d, int64_t index, Rng& rng) {
   // All five draws always happen, so turning one distortion off leaves the others unchanged.
   // TF's random_crop: offsets uniform in [0, padded - out] (ranges clamp when not cropping).
   auto offsets = [](int64_t size, int64_t out) {
@@ -87,27 +88,54 @@ void augment_train(const AugmentConfig& c, const Dataset& d, int64_t index, Rng&
   const bool flip = rng.uniform() < 0.5f;
   const float delta = rng.uniform(-c.max_brightness_delta, c.max_brightness_delta);
   const float factor = rng.uniform(c.contrast_lower, c.contrast_upper);
+  ExamplePlan p;
+  p.index = index;
+  p.top = static_cast<int32_t>(c.random_crop ? static_cast<int64_t>(top_draw) - c.pad
+                                             : center_offset(d.height, c.out_h));
+  p.left = static_cast<int32_t>(c.random_crop ? static_cast<int64_t>(left_draw) - c.pad
+                                              : center_offset(d.width, c.out_w));
+  p.flip = c.flip && flip ? 1 : 0;
+  p.delta = delta;
+  p.factor = factor;
+  return p;
+}
 
-  const int64_t top =
-      c.random_crop ? static_cast<int64_t>(top_draw) - c.pad : center_offset(d.height, c.out_h);
-  const int64_t left =
-      c.random_crop ? static_cast<int64_t>(left_draw) - c.pad : center_offset(d.width, c.out_w);
-  crop(d, index, top, left, c.flip && flip, c.out_h, c.out_w, out);
+kernels::AugmentShape augment_shape(const AugmentConfig& c, const Dataset& d) {
+  kernels::AugmentShape s;
+  s.channels = d.channels;
+  s.height = d.height;
+  s.width = d.width;
+  s.out_h = c.out_h;
+  s.out_w = c.out_w;
+  s.brightness = c.brightness;
+  s.contrast = c.contrast;
+  s.standardize = c.standardize;
+  return s;
+}
 
+// The device's rules (kernels/cuda/augment_rules.h), element by element; the contrast's mean
+// sums in order here, in a block tree there, both in double.
+void apply_plan(const AugmentConfig& c, const Dataset& d, const ExamplePlan& p, float* out) {
+  const kernels::AugmentShape s = augment_shape(c, d);
   const int64_t plane = c.out_h * c.out_w;
   const int64_t m = d.channels * plane;
-  if (c.brightness)
-    for (int64_t i = 0; i < m; ++i) out[i] += delta;
+  for (int64_t ch = 0; ch < d.channels; ++ch)
+    for (int64_t y = 0; y < c.out_h; ++y)
+      for (int64_t x = 0; x < c.out_w; ++x)
+        out[(ch * c.out_h + y) * c.out_w + x] =
+            kernels::cuda::augment_pixel(d.images.data(), s, p, ch, y, x);
   if (c.contrast) {
     for (int64_t ch = 0; ch < d.channels; ++ch) {
-      float* p = out + ch * plane;
-      double sum = 0.0;
-      for (int64_t i = 0; i < plane; ++i) sum += p[i];
-      const float mean = static_cast<float>(sum / plane);
-      for (int64_t i = 0; i < plane; ++i) p[i] = (p[i] - mean) * factor + mean;
+      float* q = out + ch * plane;
+      const float mean = kernels::cuda::contrast_mean(kernels::cuda::contrast_partial(plane, q, 0, 1), plane);
+      for (int64_t i = 0; i < plane; ++i) q[i] = kernels::cuda::contrast_at(q[i], mean, p.factor);
     }
   }
   if (c.standardize) kernels::cpu::standardize(1, m, out, out);
+}
+
+void augment_train(const AugmentConfig& c, const Dataset& d, int64_t index, Rng& rng, float* out) {
+  apply_plan(c, d, plan_train(c, d, index, rng), out);
 }
 
 void transform_eval(const AugmentConfig& c, const Dataset& d, int64_t index, float* out) {

@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "data/dataset.h"
+#include "kernels/augment.h"
 
 namespace towers::data {
 
@@ -37,9 +38,18 @@ int64_t example_floats(const AugmentConfig& config, const Dataset& data);
 
 // Random training transform of example `index`. Every draw comes from rng, in a fixed order
 // whatever the flags, so a caller that seeds rng from (seed, epoch, position) gets the same
-// output on any thread. out: (C, out_h, out_w).
+// output on any thread. out: (C, out_h, out_w). It is apply_plan(plan_train(...)).
 void augment_train(const AugmentConfig& config, const Dataset& data, int64_t index, Rng& rng,
                    float* out);
+
+// The two halves of augment_train: the draws (the plan, which --input device hands to the GPU,
+// kernels::cuda::augment), and the pixels made from them.
+using ExamplePlan = kernels::ExamplePlan;
+ExamplePlan plan_train(const AugmentConfig& config, const Dataset& data, int64_t index, Rng& rng);
+void apply_plan(const AugmentConfig& config, const Dataset& data, const ExamplePlan& plan,
+                float* out);
+// What kernels::cuda::augment needs to apply plans of this config to this data.
+kernels::AugmentShape augment_shape(const AugmentConfig& config, const Dataset& data);
 
 // Deterministic eval transform: center crop (padding with zeros where out is larger than the
 // image, as tf.image.resize_image_with_crop_or_pad does), then standardize if asked.

@@ -36,9 +36,9 @@ struct BatchPipeline::Slot {
 
 BatchPipeline::BatchPipeline(const Dataset& train, AugmentConfig config, int64_t batch,
                              uint64_t seed, int64_t start_step, int prefetch_depth,
-                             int64_t stride)
+                             int64_t stride, bool planned)
     : train_(train), config_(config), batch_(batch), seed_(seed), next_step_(start_step),
-      stride_(stride) {
+      planned_(planned), stride_(stride) {
   train.validate();
   validate(config_, train);
   TOWERS_REQUIRE(batch > 0, "batch size {} must be positive", batch);
@@ -92,7 +92,10 @@ std::vector<int64_t> BatchPipeline::indices_of(int64_t step) {
 void BatchPipeline::prepare(Batch& out, const std::vector<int64_t>& indices) const {
   const int64_t n = train_.size();
   const int64_t m = example_floats(config_, train_);
-  out.images.resize(batch_ * m);
+  if (planned_)
+    out.plans.resize(static_cast<size_t>(batch_));
+  else
+    out.images.resize(batch_ * m);
   out.labels.resize(static_cast<size_t>(batch_));
   out.epoch_end = static_cast<double>((out.step + 1) * batch_) / static_cast<double>(n);
   const uint64_t augment_seed = hash_combine(seed_, kAugmentStream);
@@ -100,7 +103,10 @@ void BatchPipeline::prepare(Batch& out, const std::vector<int64_t>& indices) con
     for (int64_t i = begin; i < end; ++i) {
       const int64_t pos = out.step * batch_ + i;
       Rng rng(augment_seed, static_cast<uint64_t>(pos / n), static_cast<uint64_t>(pos % n));
-      augment_train(config_, train_, indices[i], rng, out.images.data() + i * m);
+      if (planned_)
+        out.plans[i] = plan_train(config_, train_, indices[i], rng);
+      else
+        augment_train(config_, train_, indices[i], rng, out.images.data() + i * m);
       out.labels[i] = train_.labels[indices[i]];
     }
   });

@@ -25,7 +25,8 @@ std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
 
 struct Batch {
   int64_t step = 0;
-  HostBuffer images;            // (B, C, out_h, out_w) float
+  HostBuffer images;            // (B, C, out_h, out_w) float; empty when the batch is planned
+  std::vector<ExamplePlan> plans;  // planned batches only (B): each example's draws
   std::vector<int32_t> labels;  // (B)
   double epoch_end = 0.0;       // stream position after this batch / train size
 };
@@ -34,9 +35,11 @@ class BatchPipeline {
  public:
   // `train` must outlive the pipeline. Steps start_step+1 .. start_step+prefetch_depth are
   // prepared by oneTBB tasks while the caller works on the current one; depth 0 prepares
-  // each batch inside next().
+  // each batch inside next(). planned: each batch is its examples' plans and labels, no
+  // pixels (--input device: a GPU tower makes the pixels, kernels::cuda::augment).
   BatchPipeline(const Dataset& train, AugmentConfig config, int64_t batch, uint64_t seed,
-                int64_t start_step, int prefetch_depth = 2, int64_t stride = 1);
+                int64_t start_step, int prefetch_depth = 2, int64_t stride = 1,
+                bool planned = false);
   ~BatchPipeline();  // waits for the batches in flight
   BatchPipeline(const BatchPipeline&) = delete;
   BatchPipeline& operator=(const BatchPipeline&) = delete;
@@ -59,6 +62,7 @@ class BatchPipeline {
   int64_t batch_;
   uint64_t seed_;
   int64_t next_step_;
+  bool planned_;
   int64_t stride_;  // next() walks start_step, start_step + stride, ... (a tower's shard)
   bool failed_ = false;
   // Touched only by the caller's thread (in schedule), never by the tasks.

@@ -29,6 +29,7 @@
 #include "kernels/debug.h"
 #include "kernels/cuda/bias_rules.h"
 #include "kernels/cuda/launch.cuh"  // kBlock, launch_host_loop
+#include "kernels/cuda/augment_rules.h"
 #include "kernels/cuda/standardize_rules.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
@@ -152,6 +153,26 @@ void standardize(CUstream_st* s, int64_t n, int64_t m, const float* x, float* y)
       float mean, inv;
       standardize_stats(block_sum(sum), block_sum(sumsq), m, mean, inv);
       for (int64_t i = 0; i < m; ++i) yi[i] = standardize_at(xi[i], mean, inv);
+    }
+  });
+}
+
+// ---- augment.cu ----------------------------------------------------------------------------
+
+// Plane p (an example's channel) as block p computes it: kBlock thread partials of its sum
+// (contrast_partial) joined by block_sum, its mean, then the element rule, in place.
+void contrast(CUstream_st* s, int64_t n, int64_t channels, int64_t plane,
+              const ExamplePlan* plans, float* x) {
+  const int64_t planes = n * channels;
+  if (planes == 0 || plane == 0) return;
+  submit(s, [=] {
+    std::array<double, kBlock> part;
+    for (int64_t p = 0; p < planes; ++p) {
+      float* xp = x + p * plane;
+      for (int t = 0; t < kBlock; ++t) part[t] = contrast_partial(plane, xp, t, kBlock);
+      const float mean = contrast_mean(block_sum(part), plane);
+      const float factor = plans[p / channels].factor;
+      for (int64_t i = 0; i < plane; ++i) xp[i] = contrast_at(xp[i], mean, factor);
     }
   });
 }

@@ -5,6 +5,7 @@
 // one thread per element is under __CUDACC__, and emu_kernels.cpp has its own version of it.
 // Built without FMA contraction, as optimizer.cu and batchnorm.cu are (tests/CMakeLists.txt).
 #include "kernels/cuda/activation.cu"
+#include "kernels/cuda/augment.cu"
 #include "kernels/cuda/batchnorm.cu"
 #include "kernels/cuda/bias.cu"
 #include "kernels/cuda/conv.cu"

@@ -1,0 +1,43 @@
+// augment_rules.h — the rules of cuda::augment (kernels/cuda/augment.cu), shared with the host's
+// transform (data/augment.cpp) where they are the same arithmetic: one output float of the crop
+// window, a thread's partial sum of a channel for the contrast, and the contrast of one float.
+// Plain C++17 with TOWERS_HD: compiled by g++ without CUDA headers as well as by nvcc.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/augment.h"
+#include "kernels/hd.h"
+
+namespace towers::kernels::cuda {
+
+// Float (ch, y, x) of the example planned by p: its stored byte, or 0 outside the image, plus
+// the brightness delta where asked.
+TOWERS_HD float augment_pixel(const uint8_t* images, const AugmentShape& s, const ExamplePlan& p,
+                              int64_t ch, int64_t y, int64_t x) {
+  const int64_t sy = p.top + y;
+  const int64_t sx = p.left + (p.flip ? s.out_w - 1 - x : x);
+  float v = 0.0f;
+  if (sy >= 0 && sy < s.height && sx >= 0 && sx < s.width)
+    v = static_cast<float>(images[((p.index * s.channels + ch) * s.height + sy) * s.width + sx]);
+  if (s.brightness) v += p.delta;
+  return v;
+}
+
+// Thread t of `threads`: the sum, in double, of the plane's floats i = t, t + threads, ...
+TOWERS_HD double contrast_partial(int64_t plane, const float* x, int64_t t, int64_t threads) {
+  double s = 0.0;
+  for (int64_t i = t; i < plane; i += threads) s += x[i];
+  return s;
+}
+
+// The plane's mean, from its sum, as the host forms it.
+TOWERS_HD float contrast_mean(double sum, int64_t plane) {
+  return static_cast<float>(sum / static_cast<double>(plane));
+}
+
+// One float: (x - mean) * factor + mean. The .cu file is built without FMA contraction, so the
+// multiply and the add round apart, as on the host.
+TOWERS_HD float contrast_at(float x, float mean, float factor) { return (x - mean) * factor + mean; }
+
+}  // namespace towers::kernels::cuda
