@@ -21,6 +21,7 @@ struct ExamplePlan {
   float factor = 1.0f;        // contrast: (x - channel mean) * factor + channel mean
   int32_t unused = 0;
 };
+static_assert(sizeof(ExamplePlan) == 32, "a step copies 32 bytes per example");
 
 // The stored images, the crop, and which of the draws apply.
 struct AugmentShape {

@@ -45,7 +45,6 @@ class CudaTower final : public Tower {
   // --input device: the training set's bytes on this GPU; a step copies in its plans and
   // labels (a few KB) and makes the batch with kernels::cuda::augment on the compute stream,
   // before the step's graph.
-  bool makes_batches() const override { return true; }
   void hold_train_data(const data::Dataset& train, const data::AugmentConfig& config) override;
   StepStats compute_gradients_planned(const kernels::ExamplePlan* plans, const int32_t* labels,
                                       int64_t n, float grad_scale) override;
@@ -67,6 +66,7 @@ class CudaTower final : public Tower {
   float* device_grads() { return grads_d_.data(); }
   float* device_params() { return params_d_.data(); }
   int64_t graph_captures() const { return captures_; }
+  int64_t planned_steps() const { return planned_steps_; }  // compute_gradients_planned calls
   int64_t graph_replays() const { return replays_; }
   // Plans the layers made on this tower (one per cuDNN convolution and batch size).
   int64_t gpu_plans() const { return static_cast<int64_t>(plans_.size()); }
@@ -92,7 +92,9 @@ class CudaTower final : public Tower {
   DeviceBuffer train_d_, plans_d_;
   PinnedBuffer plans_pin_;
   const data::Dataset* train_held_ = nullptr;
+  const uint8_t* train_held_bytes_ = nullptr;  // the set's buffer when it was copied in
   int64_t train_held_size_ = 0;
+  int64_t planned_steps_ = 0;
   kernels::AugmentShape shape_;
   PinnedBuffer grads_host_, images_pin_, labels_pin_, row_loss_h_, row_correct_h_, noise_pin_;
   GpuPlans plans_;  // the layers' per-batch-size plans (cuDNN), before exec_ which points here

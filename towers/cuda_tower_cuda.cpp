@@ -186,7 +186,11 @@ void CudaTower::hold_train_data(const data::Dataset& train, const data::AugmentC
                           shape.width == shape_.width && shape.out_h == shape_.out_h &&
                           shape.out_w == shape_.out_w && shape.brightness == shape_.brightness &&
                           shape.contrast == shape_.contrast && shape.standardize == shape_.standardize;
-  if (train_held_ == &train && train_held_size_ == train.size() && same_shape) return;
+  // Held already: the same set (object, buffer and size) and the same transform. A set
+  // changed in place under the same buffer is not seen: the set must not change while held.
+  if (train_held_ == &train && train_held_bytes_ == train.images.data() &&
+      train_held_size_ == train.size() && same_shape)
+    return;
   train.validate();
   data::validate(config, train);
   TOWERS_REQUIRE(data::example_shape(config, train) == graph().input_shape(),
@@ -212,6 +216,7 @@ void CudaTower::hold_train_data(const data::Dataset& train, const data::AugmentC
     plans_pin_ = PinnedBuffer(sizeof(kernels::ExamplePlan) * max_batch());
   }
   train_held_ = &train;
+  train_held_bytes_ = train.images.data();
   train_held_size_ = train.size();
   shape_ = shape;
 }
@@ -223,6 +228,7 @@ StepStats CudaTower::compute_gradients_planned(const kernels::ExamplePlan* plans
   if (before_step_) before_step_();
   dev_.activate();
   stage_plans(plans, labels, n);
+  ++planned_steps_;
   return run_step(n, grad_scale);
 }
 

@@ -77,10 +77,10 @@ class Tower {
   void set_exchange(TowerExchange* exchange) { exchange_ = exchange; }
   // --input device: the tower holds the training set on its device and makes each training
   // batch there from its examples' plans (data::plan_train: the example and its draws, drawn
-  // by the host exactly as for a batch of pixels). Towers that cannot answer false here and
-  // throw from the other two. hold_train_data copies the set in once (again only for another
-  // set or transform); train must outlive the tower's planned steps.
-  virtual bool makes_batches() const { return false; }
+  // by the host exactly as for a batch of pixels). Towers that cannot throw a user error that
+  // names the flag (the CPU tower). hold_train_data copies the set in once (again only for
+  // another set or transform); train must outlive the tower's planned steps and not change
+  // meanwhile.
   virtual void hold_train_data(const data::Dataset& train, const data::AugmentConfig& config);
   // As compute_gradients, for the batch of n examples planned by plans (host memory).
   virtual StepStats compute_gradients_planned(const kernels::ExamplePlan* plans,

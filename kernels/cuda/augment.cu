@@ -1,7 +1,6 @@
 // augment.cu — the training transform on the device (--input device): crop, flip and
 // brightness one thread per output float, the contrast one block per channel of an example,
-// then per-image standardization (standardize.cu). Rules in kernels/cuda/augment_rules.h. Built
-// without FMA contraction (CMakeLists.txt), as the host's transform rounds.
+// then per-image standardization (standardize.cu). Rules in kernels/cuda/augment_rules.h.
 #include "kernels/augment.h"
 #include "kernels/cuda/augment_rules.h"
 #include "kernels/cuda/launch.cuh"

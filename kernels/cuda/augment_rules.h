@@ -4,6 +4,7 @@
 // Plain C++17 with TOWERS_HD: compiled by g++ without CUDA headers as well as by nvcc.
 #pragma once
 
+#include <cmath>  // fmaf (host); nvcc provides the device fmaf
 #include <cstdint>
 
 #include "kernels/augment.h"
@@ -36,8 +37,12 @@ TOWERS_HD float contrast_mean(double sum, int64_t plane) {
   return static_cast<float>(sum / static_cast<double>(plane));
 }
 
-// One float: (x - mean) * factor + mean. The .cu file is built without FMA contraction, so the
-// multiply and the add round apart, as on the host.
-TOWERS_HD float contrast_at(float x, float mean, float factor) { return (x - mean) * factor + mean; }
+// One float: (x - mean) * factor + mean, as one fused multiply-add on both sides. Built for the
+// machine (-march=native, the default), the host's transform fused this expression anyway
+// before the device twin existed; the explicit fmaf keeps that rounding and makes every build
+// (with or without FMA contraction, nvcc's --fmad included) and the device round alike.
+TOWERS_HD float contrast_at(float x, float mean, float factor) {
+  return fmaf(x - mean, factor, mean);
+}
 
 }  // namespace towers::kernels::cuda

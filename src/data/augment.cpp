@@ -1,6 +1,7 @@
 #include "data/augment.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/check.h"
 #include "kernels/cuda/augment_rules.h"
@@ -56,6 +57,10 @@ void validate(const AugmentConfig& c, const Dataset& d) {
   TOWERS_REQUIRE(c.out_h > 0 && c.out_w > 0, "augmentation: crop size {}x{} must be positive",
                  c.out_h, c.out_w);
   TOWERS_REQUIRE(c.pad >= 0, "augmentation: padding {} must not be negative", c.pad);
+  // A plan holds the crop window's corner in 32 bits.
+  TOWERS_REQUIRE(c.pad <= (1 << 20) && c.out_h <= (1 << 20) && c.out_w <= (1 << 20),
+                 "augmentation: padding {} or crop size {}x{} is too large (at most 2^20)", c.pad,
+                 c.out_h, c.out_w);
   TOWERS_REQUIRE(
       !c.random_crop || (c.out_h <= d.height + 2 * c.pad && c.out_w <= d.width + 2 * c.pad),
       "augmentation: random crop {}x{} is larger than the images of '{}' ({}x{}) "
@@ -86,8 +91,12 @@ ExamplePlan plan_train(const AugmentConfig& c, const Dataset& d, int64_t index, 
   const uint64_t top_draw = rng.below(offsets(d.height + 2 * c.pad, c.out_h));
   const uint64_t left_draw = rng.below(offsets(d.width + 2 * c.pad, c.out_w));
   const bool flip = rng.uniform() < 0.5f;
-  const float delta = rng.uniform(-c.max_brightness_delta, c.max_brightness_delta);
-  const float factor = rng.uniform(c.contrast_lower, c.contrast_upper);
+  // Rng::uniform(lo, hi) as one fused multiply-add, as the compiler formed it here in the
+  // default build (-march=native) before the draws were split from the pixels. Explicit, since
+  // GCC now vectorizes the two draws together and would round the product apart.
+  auto draw = [&rng](float lo, float hi) { return std::fma(hi - lo, rng.uniform(), lo); };
+  const float delta = draw(-c.max_brightness_delta, c.max_brightness_delta);
+  const float factor = draw(c.contrast_lower, c.contrast_upper);
   ExamplePlan p;
   p.index = index;
   p.top = static_cast<int32_t>(c.random_crop ? static_cast<int64_t>(top_draw) - c.pad
@@ -116,6 +125,8 @@ kernels::AugmentShape augment_shape(const AugmentConfig& c, const Dataset& d) {
 // The device's rules (kernels/cuda/augment_rules.h), element by element; the contrast's mean
 // sums in order here, in a block tree there, both in double.
 void apply_plan(const AugmentConfig& c, const Dataset& d, const ExamplePlan& p, float* out) {
+  TOWERS_CHECK(p.index >= 0 && p.index < d.size(), "example {} of dataset '{}' of {}", p.index,
+               d.name, d.size());
   const kernels::AugmentShape s = augment_shape(c, d);
   const int64_t plane = c.out_h * c.out_w;
   const int64_t m = d.channels * plane;

@@ -54,6 +54,8 @@ std::vector<Case> cases() {
   data::AugmentConfig pad = data::tutorial_eval_config(30);  // a center window past the edges
   pad.flip = true;
   v.push_back({"center pad 28->30, flip", 1, 28, 28, pad, false});
+  // Channels of 64 floats: fewer than a block's threads in the contrast's reduction.
+  v.push_back({"tutorial 12->8", 3, 12, 12, data::tutorial_train_config(8), false});
   return v;
 }
 
@@ -95,9 +97,15 @@ TEST(DeviceInputGpu, BatchesAreTheHostPipelines) {
   }
 }
 
-// A sync run of two GPU towers on the host store, its batches made on the host or on the
-// device. Returns the parameters after `steps` updates.
-std::vector<float> train(const data::AugmentConfig& config, bool device_input, int64_t steps) {
+// A run of GPU towers on the host store (sync: two towers, lockstep batches; async: one tower,
+// its own stream of batches), its batches made on the host or on the device. The parameters
+// after `steps` updates, and how many steps the towers made from plans.
+struct Trained {
+  std::vector<float> params;
+  int64_t planned_steps = 0;
+};
+Trained train(const data::AugmentConfig& config, bool device_input, int64_t steps,
+              Mode mode = Mode::Sync) {
   auto g = build_model("mlp");
   const Shape& in = g->input_shape();
   const data::DataSplit d = data::make_synthetic(in[0], in[1] + 4, in[2] + 4, 10, 400, 10, 3);
@@ -105,11 +113,12 @@ std::vector<float> train(const data::AugmentConfig& config, bool device_input, i
   g->layout().initialize(params.data(), 1);
   Optimizer opt(g->layout(), {"momentum"});
   EngineConfig ec;
-  ec.mode = Mode::Sync;
-  ec.towers = 2;
+  ec.mode = mode;
+  ec.towers = mode == Mode::Sync ? 2 : 1;
   ec.device = DeviceKind::Cuda;
   ec.device_input = device_input;
-  LocalParameterStore store(params.data(), opt, UpdateAccess::Exclusive, false, true);
+  LocalParameterStore store(params.data(), opt, store_access(ec), false, true);
+  Trained r;
   {
     TowerGroup group(*g, ec, 32, store);
     RunHooks hooks;
@@ -118,8 +127,15 @@ std::vector<float> train(const data::AugmentConfig& config, bool device_input, i
     hooks.side_work = [](int64_t) {};
     hooks.stop_requested = [] { return false; };
     group.run(d.train, config, 9, 0, steps, 0, hooks);
+    for (int i = 0; i < ec.towers; ++i)
+      r.planned_steps += dynamic_cast<CudaTower&>(group.tower(i)).planned_steps();
   }
-  return params;
+  r.params = params;
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
 }
 
 TEST(DeviceInputGpu, TrainingMatchesHostInput) {
@@ -129,19 +145,24 @@ TEST(DeviceInputGpu, TrainingMatchesHostInput) {
   data::AugmentConfig raw = data::tutorial_train_config(28);
   raw.contrast = raw.standardize = false;
   raw.max_brightness_delta = 8;
-  const std::vector<float> host = train(raw, false, 6), device = train(raw, true, 6);
-  ASSERT_EQ(host.size(), device.size());
-  EXPECT_EQ(std::memcmp(host.data(), device.data(), sizeof(float) * host.size()), 0);
+  const Trained host = train(raw, false, 6), device = train(raw, true, 6);
+  EXPECT_EQ(host.planned_steps, 0);
+  EXPECT_EQ(device.planned_steps, 2 * 6);  // every step of both towers made its own batch
+  EXPECT_TRUE(same_bits(host.params, device.params));
+  // One async tower reads its own stream of batches (the free-running path).
+  const Trained host1 = train(raw, false, 5, Mode::Async), device1 = train(raw, true, 5, Mode::Async);
+  EXPECT_EQ(device1.planned_steps, 5);
+  EXPECT_TRUE(same_bits(host1.params, device1.params));
   // The whole tutorial transform: parameters agree to float rounding.
   const data::AugmentConfig full = data::tutorial_train_config(28);
-  const std::vector<float> a = train(full, false, 6), b = train(full, true, 6);
+  const Trained a = train(full, false, 6), b = train(full, true, 6);
   double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(a.params[i]) - b.params[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(a.params[i])));
   }
   EXPECT_LE(worst, 1e-4 * scale);
-  EXPECT_FALSE(std::memcmp(a.data(), host.data(), sizeof(float) * a.size()) == 0);  // it trained on other pixels
+  EXPECT_FALSE(same_bits(a.params, host.params));  // it trained on other pixels
 }
 
 TEST(DeviceInputGpu, APlanOutsideTheTrainingSetIsRefused) {
