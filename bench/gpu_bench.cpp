@@ -169,12 +169,14 @@ void BM_GpuMirroredStep(benchmark::State& state) {
   MirroredParameterStore store(params.data(), opt, Reduce::Host, [](int64_t) { return 0.01f; });
   store.attach({&tower});
   Inputs in = random_inputs(*g, batch);
-  // A CIFAR-10-sized synthetic training set (32x32, cropped to the net's 24x24).
-  const data::DataSplit d = data::make_synthetic(3, 32, 32, 10, 50000, 10, 3);
+  // Input 1 and 2: a CIFAR-10-sized synthetic training set (32x32, cropped to the net's 24x24).
+  data::DataSplit d;
   const data::AugmentConfig aug = data::tutorial_train_config(24);
   std::unique_ptr<data::BatchPipeline> pipe;
-  if (input > 0)
+  if (input > 0) {
+    d = data::make_synthetic(3, 32, 32, 10, 50000, 10, 3);
     pipe = std::make_unique<data::BatchPipeline>(d.train, aug, batch, 1, 0, 2, 1, input == 2);
+  }
   if (input == 2) tower.hold_train_data(d.train, aug);
   auto step = [&] {
     store.pull(tower);

@@ -95,15 +95,20 @@ BackwardArgs Tower::backward_args(size_t i, int64_t n, const float* images, int 
   return a;
 }
 
-void Tower::hold_train_data(const data::Dataset&, const data::AugmentConfig&) {
+namespace {
+[[noreturn]] void no_device_input(Device& d) {
   TOWERS_BAD_INPUT("--input device: a tower on {} cannot make its batches on the device; it "
-                   "needs a GPU tower (--device cuda)", device().name());
+                   "needs a GPU tower (--device cuda)", d.name());
+}
+}  // namespace
+
+void Tower::hold_train_data(const data::Dataset&, const data::AugmentConfig&) {
+  no_device_input(device());
 }
 
 StepStats Tower::compute_gradients_planned(const kernels::ExamplePlan*, const int32_t*, int64_t,
                                            float) {
-  TOWERS_BAD_INPUT("--input device: a tower on {} cannot make its batches on the device; it "
-                   "needs a GPU tower (--device cuda)", device().name());
+  no_device_input(device());
 }
 
 void Tower::check_batch(int64_t n) const {

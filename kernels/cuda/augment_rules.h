@@ -1,6 +1,7 @@
-// augment_rules.h — the rules of cuda::augment (kernels/cuda/augment.cu), shared with the host's
-// transform (data/augment.cpp) where they are the same arithmetic: one output float of the crop
-// window, a thread's partial sum of a channel for the contrast, and the contrast of one float.
+// augment_rules.h — the rules of cuda::augment (kernels/cuda/augment.cu): one output float of the
+// crop window (the host makes its crop row by row, data/augment.cpp), and the contrast's rules,
+// which the host's transform shares: a thread's partial sum of a channel, the mean, the contrast
+// of one float.
 // Plain C++17 with TOWERS_HD: compiled by g++ without CUDA headers as well as by nvcc.
 #pragma once
 

@@ -122,19 +122,15 @@ kernels::AugmentShape augment_shape(const AugmentConfig& c, const Dataset& d) {
   return s;
 }
 
-// The device's rules (kernels/cuda/augment_rules.h), element by element; the contrast's mean
-// sums in order here, in a block tree there, both in double.
+// Row by row here; the device makes each float alone (kernels::cuda::augment_pixel). The
+// contrast shares the device's rules; its mean sums in order here, in a block tree there, both
+// in double.
 void apply_plan(const AugmentConfig& c, const Dataset& d, const ExamplePlan& p, float* out) {
-  TOWERS_CHECK(p.index >= 0 && p.index < d.size(), "example {} of dataset '{}' of {}", p.index,
-               d.name, d.size());
-  const kernels::AugmentShape s = augment_shape(c, d);
+  crop(d, p.index, p.top, p.left, p.flip != 0, c.out_h, c.out_w, out);  // checks the index
   const int64_t plane = c.out_h * c.out_w;
   const int64_t m = d.channels * plane;
-  for (int64_t ch = 0; ch < d.channels; ++ch)
-    for (int64_t y = 0; y < c.out_h; ++y)
-      for (int64_t x = 0; x < c.out_w; ++x)
-        out[(ch * c.out_h + y) * c.out_w + x] =
-            kernels::cuda::augment_pixel(d.images.data(), s, p, ch, y, x);
+  if (c.brightness)
+    for (int64_t i = 0; i < m; ++i) out[i] += p.delta;
   if (c.contrast) {
     for (int64_t ch = 0; ch < d.channels; ++ch) {
       float* q = out + ch * plane;

@@ -71,7 +71,7 @@ struct EngineConfig {
   // CPU towers of one process, without backup towers.
   bool sync_bn = false;
   // --input device: every tower holds the training set on its GPU and makes its batches there
-  // from the host's plans (Tower::makes_batches). GPU towers.
+  // from the host's plans (Tower::compute_gradients_planned). GPU towers.
   bool device_input = false;
   int total_towers() const { return all_towers > 0 ? all_towers : towers; }
 };
