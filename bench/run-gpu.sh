@@ -178,12 +178,14 @@ if [[ " $phases " == *" fashion "* ]]; then
     > "$out/fashion_towers.txt" 2>&1
   note "towers fashion: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'wall', round(r['wall_seconds'],1), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
   # The same recipe with the parameters and optimizer on the GPU (--params mirrored), then
-  # with the batches made on the GPU as well (--input device).
-  for variant in mirrored mirrored_device_input; do
+  # with the batches made on the GPU as well (--input device), then two async towers sharing
+  # the GPU, each folding its steps into the host copy every 8 (local SGD).
+  for variant in mirrored mirrored_device_input mirrored_async2; do
     m="$out/fashion_towers_$variant.jsonl"
     rm -f "$m"
     extra=(--params mirrored)
     [ "$variant" = mirrored_device_input ] && extra+=(--input device)
+    [ "$variant" = mirrored_async2 ] && extra+=(--input device --mode async --towers 2 --sync-every 8)
     timeout "${FASHION_S:-200}" "$build/towers" train --device cuda "${extra[@]}" \
       --model fashion --dataset fashion-mnist --data "$fashion" --epochs 5 --batch 128 \
       --optimizer momentum --lr 0.01 --lr-schedule cosine --eval-every 1 --quiet --metrics "$m" \

@@ -282,7 +282,12 @@ TEST(CliBadInput, NonsenseFlags) {
   expect_error(run_towers(kQuick + "--steps 5 --input gpu" + m), {"--input", "gpu"});
   expect_error(run_towers(kQuick + "--steps 5 --input device" + m), {"--input device", "--device cuda"});
   const std::string gpu = kQuick + "--device cuda --params mirrored --steps 5 ";
-  expect_error(run_towers(gpu + "--towers 2 --mode async" + m), {"--params mirrored", "--mode async"});
+  expect_error(run_towers(gpu + "--towers 2 --mode async --staleness-aware-lr" + m),
+               {"--params mirrored", "--staleness-aware-lr"});
+  expect_error(run_towers(gpu + "--towers 2 --sync-every 4" + m), {"--sync-every", "sync mode"});
+  expect_error(run_towers(gpu + "--mode async --sync-every -1" + m), {"--sync-every", "-1"});
+  expect_error(run_towers(kQuick + "--steps 5 --mode async --sync-every 4" + m),
+               {"--sync-every", "--params host"});
   expect_error(run_towers(gpu + "--towers 3 --replicas-to-aggregate 2" + m), {"--params mirrored", "--replicas-to-aggregate"});
   expect_error(run_towers(gpu + "--clip-grad-norm 1" + m), {"--params mirrored", "--clip-grad-norm"});
   expect_error(run_towers(gpu + "--ema 0.99" + m), {"--params mirrored", "--ema"});

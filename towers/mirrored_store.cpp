@@ -5,6 +5,7 @@
 #if TOWERS_HAVE_CUDA
 #include <algorithm>
 #include <exception>
+#include <mutex>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -13,6 +14,8 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_device.h"
+#include "core/parallel.h"
+#include "core/tensor.h"
 #include "kernels/optimizer.h"
 #include "kernels/reduce.h"
 #include "towers/cuda_tower.h"
@@ -27,45 +30,66 @@ struct MirroredParameterStore::Impl {
   struct Replica {
     CudaTower* tower = nullptr;
     DeviceBuffer slots[2];  // the optimizer's slots on the tower's GPU (as many as it has)
+    // The update inside the step (one tower in sync, every tower in async and SSP): pull
+    // writes the scalars of the next update (one RuleArgs per trainable variable) to args_h;
+    // the step copies them to args_d, checks its losses into flag_d and copies the flag back
+    // to flag_h (1: not applied).
+    PinnedBuffer args_h, flag_h;
+    DeviceBuffer args_d, flag_d;
+    // The order a step must keep: pull (prepared), the step (stepped), push or skip. A step
+    // outside it would apply an update the host never counts.
+    bool prepared = false;  // args_h holds the scalars of the next update
+    bool stepped = false;   // the step that applies them has run
+    float prepared_lr = 0.0f;
+    // Async and SSP (local SGD).
+    int64_t t = 0;      // updates its slots hold (Adam's step)
+    int64_t local = 0;  // steps since its last exchange
+    int64_t view = 0;   // updates (since the run began) in the host copy it last took
+    PinnedBuffer stage; // its parameters on their way through the exchange
+    HostBuffer base;    // the host copy it took at its last exchange
   };
 
   float* params;
   Optimizer& opt;
   Reduce reduce;
   std::function<float(int64_t)> lr_at;
+  int64_t sync_every;  // 0: sync
   std::vector<const Variable*> trainable;  // the variables an update touches, layout order
   kernels::OptRule rule;
   int nslots = 0;
   std::vector<Replica> reps;
+  bool in_step = false;  // the updates run inside the towers' steps
 
-  // One tower: the update runs inside its step. pull writes the scalars of the next update
-  // (one RuleArgs per trainable variable) to args_h; the step copies them to args_d, checks its
-  // losses into flag_d and copies the flag back to flag_h (1: not applied).
-  bool in_step = false;
-  PinnedBuffer args_h, flag_h;
-  DeviceBuffer args_d, flag_d;
-  // The order a one-tower step must keep: pull (prepared), the step (stepped), push or skip.
-  // A step outside it would apply an update the host never counts.
-  bool prepared = false;  // args_h holds the scalars of the version's update
-  bool stepped = false;   // the step that applies them has run
-  float prepared_lr = 0.0f;
-
-  // Several towers: an NCCL all-reduce (one per GPU), or the tree on their one GPU.
+  // Several sync towers: an NCCL all-reduce (one per GPU), or the tree on their one GPU.
   std::unique_ptr<NcclReducer> nccl;
   cudaEvent_t summed = nullptr;
 
-  Impl(float* p, Optimizer& o, Reduce r, std::function<float(int64_t)> lr)
-      : params(p), opt(o), reduce(r), lr_at(std::move(lr)) {
+  // Async and SSP: the host copy's lock, and the updates folded into it since the run began.
+  std::mutex host_mu;
+  int64_t folded = 0;
+  int64_t start = 0;  // the run's first version
+
+  Impl(float* p, Optimizer& o, Reduce r, std::function<float(int64_t)> lr, int64_t k)
+      : params(p), opt(o), reduce(r), lr_at(std::move(lr)), sync_every(k) {
     for (const Variable& v : opt.layout().variables())
       if (v.spec.trainable) trainable.push_back(&v);
     rule = opt.next_rule_args(0.0f).rule;
     nslots = static_cast<int>(opt.slot_names().size());
     TOWERS_CHECK(nslots <= 2, "optimizer {} has {} slots; a rule reads at most 2", opt.config().name,
                  nslots);
+    TOWERS_CHECK(sync_every >= 0, "sync_every {} < 0", sync_every);
   }
+
+  bool local() const { return sync_every > 0; }
 
   float* slot(Replica& r, int k, int64_t offset) {
     return k < nslots ? r.slots[k].data() + offset : nullptr;
+  }
+
+  Replica& replica_of(const Tower& t) {
+    for (Replica& r : reps)
+      if (r.tower == &t) return r;
+    TOWERS_FAIL("a tower the mirrored store was not attached to");
   }
 
   // The update of replica r from gradient g (on r's GPU), queued on r's compute stream.
@@ -80,12 +104,11 @@ struct MirroredParameterStore::Impl {
     }
   }
 
-  // The end of a one-tower step (captured with it): the update, unless a loss is not finite.
-  void enqueue_update(cudaStream_t s, const double* row_loss, int64_t n) {
-    Replica& r = reps[0];
-    auto* args = reinterpret_cast<const kernels::RuleArgs*>(args_d.data());
-    auto* flag = reinterpret_cast<int32_t*>(flag_d.data());
-    CUDA_CHECK(cudaMemcpyAsync(args_d.data(), args_h.as<void>(),
+  // The end of replica r's step (captured with it): the update, unless a loss is not finite.
+  void enqueue_update(Replica& r, cudaStream_t s, const double* row_loss, int64_t n) {
+    auto* args = reinterpret_cast<const kernels::RuleArgs*>(r.args_d.data());
+    auto* flag = reinterpret_cast<int32_t*>(r.flag_d.data());
+    CUDA_CHECK(cudaMemcpyAsync(r.args_d.data(), r.args_h.as<void>(),
                                sizeof(kernels::RuleArgs) * trainable.size(),
                                cudaMemcpyHostToDevice, s));
     kernels::cuda::any_nonfinite(s, n, row_loss, flag);
@@ -97,42 +120,124 @@ struct MirroredParameterStore::Impl {
                                          slot(r, 1, v->offset), g + v->offset, rule, args + k,
                                          flag);
     }
-    CUDA_CHECK(cudaMemcpyAsync(flag_h.as<void>(), flag, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(r.flag_h.as<void>(), flag, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                               s));
   }
 
-  // The first replica's parameters and slots into the host copies.
+  // Makes replica r's update part of its tower's step.
+  void update_in_step(Replica& r) {
+    CudaDevice& d = r.tower->device();
+    const size_t bytes = sizeof(kernels::RuleArgs) * std::max<size_t>(trainable.size(), 1);
+    r.args_h = PinnedBuffer(bytes);
+    r.args_d = DeviceBuffer(d, static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
+    r.flag_h = PinnedBuffer(sizeof(int32_t));
+    r.flag_d = DeviceBuffer(d, 1);
+    r.tower->set_step_epilogue(
+        [this, &r](cudaStream_t s, const double* row_loss, int64_t rows) {
+          enqueue_update(r, s, row_loss, rows);
+        },
+        [&r] {
+          TOWERS_CHECK(r.prepared && !r.stepped,
+                       "a step with mirrored parameters runs between a pull and a push");
+          r.stepped = true;
+        });
+  }
+
+  // pull's half of an update inside the step: the scalars of update number t at the
+  // schedule's lr for version v.
+  void prepare(Replica& r, int64_t v, int64_t t) {
+    TOWERS_CHECK(!r.stepped, "a pull before the last step's update was pushed");
+    if (r.prepared) return;
+    const float lr = lr_at(v);
+    kernels::RuleArgs a = opt.rule_args(lr, t);
+    auto* out = r.args_h.as<kernels::RuleArgs>();
+    for (size_t k = 0; k < trainable.size(); ++k) {
+      a.wd = trainable[k]->spec.weight_decay;
+      out[k] = a;
+    }
+    r.prepared = true;
+    r.prepared_lr = lr;
+  }
+
+  // push's and skip's half: the step ran, and applied its update exactly when applied.
+  void stepped(Replica& r, bool applied) {
+    TOWERS_CHECK(r.prepared && r.stepped, "an update without the step that applies it");
+    const int32_t skipped = *r.flag_h.as<int32_t>();
+    TOWERS_CHECK(applied == (skipped == 0), "the device {} an update the host {}",
+                 applied ? "skipped" : "applied", applied ? "found finite" : "skipped");
+    r.prepared = r.stepped = false;
+  }
+
+  // Async and SSP: replica r's steps join the host copy, and r takes the host copy.
+  void exchange(Replica& r) {
+    CudaDevice& d = r.tower->device();
+    const int64_t total = opt.layout().total();
+    float* w = r.stage.as<float>();
+    d.copy_out(w, r.tower->device_params(), total);
+    {
+      std::lock_guard<std::mutex> l(host_mu);
+      float* base = r.base.data();
+      for_chunks(total, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) {
+          const float h = params[j];
+          const float s = h == base[j] ? w[j] : w[j] + (h - base[j]);
+          params[j] = base[j] = w[j] = s;
+        }
+      });
+      folded += r.local;
+      r.view = folded;
+    }
+    r.local = 0;
+    d.copy_in(r.tower->device_params(), w, total);
+  }
+
+  // The host's copies: the parameters (every replica's steps folded in, in async and SSP;
+  // else the first replica's) and the first replica's slots.
   void to_host() {
     if (reps.empty()) return;
     Replica& r = reps[0];
     CudaDevice& d = r.tower->device();
     const int64_t total = opt.layout().total();
-    d.copy_out(params, r.tower->device_params(), total);
+    if (local()) {
+      for (Replica& x : reps)
+        if (x.local > 0) exchange(x);
+    } else {
+      d.copy_out(params, r.tower->device_params(), total);
+    }
     for (int k = 0; k < nslots; ++k) d.copy_out(opt.slot(opt.slot_names()[k]), r.slots[k].data(), total);
   }
 
   void release() {
-    if (in_step && !reps.empty()) reps[0].tower->set_step_epilogue(nullptr);
-    for (Replica& r : reps) r.tower->set_grads_to_host(true);
+    for (Replica& r : reps) {
+      if (in_step) r.tower->set_step_epilogue(nullptr);
+      r.tower->set_grads_to_host(true);
+    }
     nccl.reset();
     if (summed) cudaEventDestroy(summed);
     summed = nullptr;
-    args_d = DeviceBuffer();
-    flag_d = DeviceBuffer();
-    args_h = PinnedBuffer();
-    flag_h = PinnedBuffer();
     reps.clear();
-    in_step = prepared = stepped = false;
+    in_step = false;
   }
 };
 
 MirroredParameterStore::MirroredParameterStore(float* params, Optimizer& opt, Reduce reduce,
-                                               std::function<float(int64_t)> lr_at)
-    : impl_(std::make_unique<Impl>(params, opt, reduce, std::move(lr_at))) {}
+                                               std::function<float(int64_t)> lr_at,
+                                               int64_t sync_every)
+    : impl_(std::make_unique<Impl>(params, opt, reduce, std::move(lr_at), sync_every)) {}
 
 // A TowerGroup detaches before its towers (and their devices) go, so replicas remain here only
 // where the store goes first (a benchmark that attached towers itself): give them back.
 MirroredParameterStore::~MirroredParameterStore() {
   if (impl_ && !impl_->reps.empty()) impl_->release();
+}
+
+UpdateAccess MirroredParameterStore::access() const {
+  return impl_->local() ? UpdateAccess::Concurrent : UpdateAccess::Exclusive;
+}
+
+void MirroredParameterStore::restore_version(int64_t v) {
+  InProcessStore::restore_version(v);
+  impl_->start = v;
 }
 
 void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
@@ -142,16 +247,18 @@ void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
   const int n = static_cast<int>(towers.size());
   try {
     bool one_gpu = true;
+    m.reps.reserve(towers.size());  // the steps' epilogues hold their replica by reference
     for (Tower* t : towers) {
       auto* ct = dynamic_cast<CudaTower*>(t);
       TOWERS_CHECK(ct != nullptr, "mirrored parameters need GPU towers");
       one_gpu = one_gpu && ct->device().ordinal() ==
                                static_cast<CudaTower*>(towers[0])->device().ordinal();
-      m.reps.push_back(Impl::Replica{ct, {}});
+      m.reps.emplace_back();
+      m.reps.back().tower = ct;
     }
-    TOWERS_CHECK(n == 1 || one_gpu || m.reduce == Reduce::Nccl,
+    TOWERS_CHECK(m.local() || n == 1 || one_gpu || m.reduce == Reduce::Nccl,
                  "mirrored towers on several GPUs average with NCCL");
-    TOWERS_REQUIRE(!one_gpu || n <= kernels::cuda::kMaxTreeBlocks,
+    TOWERS_REQUIRE(m.local() || !one_gpu || n <= kernels::cuda::kMaxTreeBlocks,
                    "{} towers share one GPU; with mirrored parameters at most {} can", n,
                    kernels::cuda::kMaxTreeBlocks);
     for (const Variable& v : m.opt.layout().variables())
@@ -169,27 +276,21 @@ void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
       d.copy_in(r.tower->device_params(), m.params, total);
       r.tower->set_grads_to_host(false);
     }
-    CudaDevice& d0 = m.reps[0].tower->device();
-    if (n == 1) {
-      const size_t bytes = sizeof(kernels::RuleArgs) * std::max<size_t>(m.trainable.size(), 1);
-      m.args_h = PinnedBuffer(bytes);
-      m.args_d = DeviceBuffer(d0, static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
-      m.flag_h = PinnedBuffer(sizeof(int32_t));
-      m.flag_d = DeviceBuffer(d0, 1);
-      m.in_step = true;
-      m.reps[0].tower->set_step_epilogue(
-          [&m](cudaStream_t s, const double* row_loss, int64_t rows) {
-            m.enqueue_update(s, row_loss, rows);
-          },
-          [&m] {
-            TOWERS_CHECK(m.prepared && !m.stepped,
-                         "a step with mirrored parameters runs between a pull and a push");
-            m.stepped = true;
-          });
-    } else if (!one_gpu) {
+    m.in_step = m.local() || n == 1;
+    if (m.in_step)
+      for (Impl::Replica& r : m.reps) m.update_in_step(r);
+    if (m.local()) {
+      m.folded = 0;
+      for (Impl::Replica& r : m.reps) {
+        r.t = m.opt.updates();
+        r.stage = PinnedBuffer(sizeof(float) * total);
+        r.base = HostBuffer(total);
+        std::copy(m.params, m.params + total, r.base.data());
+      }
+    } else if (n > 1 && !one_gpu) {
       m.nccl = std::make_unique<NcclReducer>(towers);
-    } else {
-      d0.activate();
+    } else if (n > 1) {
+      m.reps[0].tower->device().activate();
       CUDA_CHECK(cudaEventCreateWithFlags(&m.summed, cudaEventDisableTiming));
     }
   } catch (...) {
@@ -213,39 +314,41 @@ void MirroredParameterStore::detach() {
   impl_->release();
 }
 
-int64_t MirroredParameterStore::pull(Tower&) {
+int64_t MirroredParameterStore::pull(Tower& tower) {
   Impl& m = *impl_;
-  TOWERS_CHECK(!m.stepped, "a pull before the last step's update was pushed");
-  if (m.in_step && !m.prepared) {
-    // The scalars of the update this version's step will apply, read by the step itself.
-    const float lr = m.lr_at(version());
-    kernels::RuleArgs a = m.opt.next_rule_args(lr);
-    auto* out = m.args_h.as<kernels::RuleArgs>();
-    for (size_t k = 0; k < m.trainable.size(); ++k) {
-      a.wd = m.trainable[k]->spec.weight_decay;
-      out[k] = a;
-    }
-    m.prepared = true;
-    m.prepared_lr = lr;
+  if (m.local()) {
+    Impl::Replica& r = m.replica_of(tower);
+    m.prepare(r, version(), r.t + 1);
+    return m.start + r.view + r.local;
   }
+  if (m.in_step) m.prepare(m.reps[0], version(), m.opt.updates() + 1);
   return version();
 }
 
 int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuDevice&) {
-  const float lr = rec.lr;
   Impl& m = *impl_;
   TOWERS_CHECK(grads == nullptr, "a mirrored store averages the towers' own gradients");
   TOWERS_CHECK(!m.reps.empty(), "a mirrored store pushed to before attach");
+  if (m.local()) {
+    TOWERS_CHECK(rec.tower >= 0 && rec.tower < static_cast<int>(m.reps.size()),
+                 "a push from tower {} of {}", rec.tower, m.reps.size());
+    Impl::Replica& r = m.reps[rec.tower];
+    m.stepped(r, true);
+    rec.lr = r.prepared_lr;  // the step has applied its update at the lr of its pull
+    ++r.t;
+    m.opt.count_update();
+    const int64_t v = advance();
+    if (++r.local >= m.sync_every) m.exchange(r);
+    return v;
+  }
   if (m.in_step) {
     // The step has applied it already; here the host's view and the device's must agree.
-    TOWERS_CHECK(m.prepared && m.stepped, "an update without the step that applies it");
-    TOWERS_CHECK(lr == m.prepared_lr, "the step applied learning rate {} but the update is at {}",
-                 m.prepared_lr, lr);
-    TOWERS_CHECK(*m.flag_h.as<int32_t>() == 0,
-                 "the device skipped an update whose loss the host found finite");
-    m.prepared = m.stepped = false;
+    m.stepped(m.reps[0], true);
+    TOWERS_CHECK(rec.lr == m.reps[0].prepared_lr,
+                 "the step applied learning rate {} but the update is at {}",
+                 m.reps[0].prepared_lr, rec.lr);
   } else {
-    const kernels::RuleArgs a = m.opt.next_rule_args(lr);
+    const kernels::RuleArgs a = m.opt.next_rule_args(rec.lr);
     if (m.nccl) {
       m.nccl->all_reduce();  // in place; each replica applies its own copy of the sum
       for (Impl::Replica& r : m.reps) m.apply(r, r.tower->device_grads(), a);
@@ -274,13 +377,18 @@ int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuD
   return advance();
 }
 
-int64_t MirroredParameterStore::skip(UpdateRecord&) {
+int64_t MirroredParameterStore::skip(UpdateRecord& rec) {
   Impl& m = *impl_;
-  if (m.in_step) {
-    TOWERS_CHECK(m.prepared && m.stepped && *m.flag_h.as<int32_t>() != 0,
-                 "the device applied an update the host skipped");
-    m.prepared = m.stepped = false;
+  if (m.local()) {
+    TOWERS_CHECK(rec.tower >= 0 && rec.tower < static_cast<int>(m.reps.size()),
+                 "a skip from tower {} of {}", rec.tower, m.reps.size());
+    Impl::Replica& r = m.reps[rec.tower];
+    m.stepped(r, false);
+    const int64_t v = advance();
+    if (++r.local >= m.sync_every) m.exchange(r);
+    return v;
   }
+  if (m.in_step) m.stepped(m.reps[0], false);
   return advance();
 }
 
@@ -298,10 +406,12 @@ namespace towers {
 struct MirroredParameterStore::Impl {};
 
 MirroredParameterStore::MirroredParameterStore(float*, Optimizer&, Reduce,
-                                               std::function<float(int64_t)>) {
+                                               std::function<float(int64_t)>, int64_t) {
   TOWERS_BAD_INPUT("--params mirrored: this towers was built without CUDA");
 }
 MirroredParameterStore::~MirroredParameterStore() = default;
+UpdateAccess MirroredParameterStore::access() const { return UpdateAccess::Exclusive; }
+void MirroredParameterStore::restore_version(int64_t v) { InProcessStore::restore_version(v); }
 void MirroredParameterStore::attach(const std::vector<Tower*>&) {}
 void MirroredParameterStore::detach() {}
 int64_t MirroredParameterStore::pull(Tower&) { return version(); }

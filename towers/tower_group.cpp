@@ -66,10 +66,13 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
   std::vector<Tower*> ts;
   for (auto& t : towers_) ts.push_back(t.get());
   if (store_.gradients_on_towers()) {
-    // The store averages on the towers' devices and applies there: no host sum, no guard
-    // that reads the gradient.
-    TOWERS_CHECK(cfg_.mode == Mode::Sync && cfg_.replicas_to_aggregate == cfg_.towers,
-                 "a store that averages on the towers is for sync mode without backup towers");
+    // The store averages on the towers' devices and applies there (sync), or applies each
+    // tower's gradient to the tower's own replica (async, SSP): no host sum, no guard that
+    // reads the gradient.
+    TOWERS_CHECK(cfg_.mode != Mode::Sync || cfg_.replicas_to_aggregate == cfg_.towers,
+                 "a store that keeps the gradients on the towers has no backup towers");
+    TOWERS_CHECK(!cfg_.staleness_aware_lr,
+                 "a store that applies inside the step sets the learning rate at the pull");
     TOWERS_CHECK(cfg_.clip_grad_norm == 0.0 && !cfg_.check_grad_norm,
                  "a store that averages on the towers has no host gradient to clip or check");
     store_.attach(ts);

@@ -186,15 +186,23 @@ void validate(const TrainConfig& c) {
     TOWERS_REQUIRE(c.device == "cuda",
                    "--params mirrored keeps a copy of the parameters on each GPU: it needs "
                    "--device cuda");
-    TOWERS_REQUIRE(mode == Mode::Sync &&
-                       (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate == c.towers),
-                   "--params mirrored is built for --mode sync with every tower's gradient in "
-                   "each update; for {} use --params host",
-                   c.replicas_to_aggregate > 0 ? "--replicas-to-aggregate" : "--mode " + c.mode);
+    TOWERS_REQUIRE(mode != Mode::Sync || c.replicas_to_aggregate == 0 ||
+                       c.replicas_to_aggregate == c.towers,
+                   "--params mirrored averages every tower's gradient in each sync update; for "
+                   "--replicas-to-aggregate (backup towers) use --params host");
+    TOWERS_REQUIRE(!c.staleness_aware_lr,
+                   "--params mirrored applies each async step's update inside the step, at the "
+                   "learning rate of its start: --staleness-aware-lr needs --params host");
     TOWERS_REQUIRE(c.clip_grad_norm == 0.0 && c.on_divergence == "stop",
                    "--params mirrored checks each step's loss on the GPU but not its gradient "
                    "norm: --clip-grad-norm and --on-divergence skip-step need --params host");
   }
+  TOWERS_REQUIRE(c.sync_every >= 0, "--sync-every must be at least 1 step, got {}", c.sync_every);
+  TOWERS_REQUIRE(c.sync_every == 0 || (c.params == "mirrored" && mode != Mode::Sync),
+                 "--sync-every sets how often async and ssp towers with --params mirrored fold "
+                 "their steps into the host copy; {}",
+                 c.params == "mirrored" ? "sync mode averages every step"
+                                        : "with --params host every step updates the host copy");
   check_tta(c.tta, "--tta");
   TOWERS_REQUIRE(c.on_divergence == "stop" || c.on_divergence == "skip-step",
                  "--on-divergence: unknown policy '{}' (known: stop, skip-step)", c.on_divergence);
@@ -313,6 +321,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"gpus", c.gpus},
           {"reduce", c.reduce},
           {"params", c.params},
+          {"sync_every", c.sync_every},
           {"tf32", c.tf32},
           {"cuda_graphs", c.cuda_graphs},
           {"input", c.input},
@@ -382,7 +391,7 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,
                  "--reduce nccl: {} towers on {} GPU(s); NCCL needs one tower per GPU (use "
                  "--reduce host to share GPUs)", c.towers, ec.gpus);
-  TOWERS_REQUIRE(c.params != "mirrored" || c.towers == 1 || ec.gpus == 1 ||
+  TOWERS_REQUIRE(c.params != "mirrored" || ec.mode != Mode::Sync || c.towers == 1 || ec.gpus == 1 ||
                      ec.reduce == Reduce::Nccl,
                  "--params mirrored with {} towers on {} GPUs averages with NCCL: add --reduce "
                  "nccl (one tower per GPU), or use --gpus 1", c.towers, ec.gpus);
@@ -571,8 +580,9 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
     remote_ = store.get();
     store_ = std::move(store);
   } else if (c_.params == "mirrored")
-    store_ = std::make_unique<MirroredParameterStore>(params_.data(), *opt_, ec_.reduce,
-                                                      [this](int64_t v) { return lr_at(v); });
+    store_ = std::make_unique<MirroredParameterStore>(
+        params_.data(), *opt_, ec_.reduce, [this](int64_t v) { return lr_at(v); },
+        ec_.mode == Mode::Sync ? 0 : std::max<int64_t>(c_.sync_every, 1));
   else
     store_ = std::make_unique<LocalParameterStore>(params_.data(), *opt_, store_access(ec_),
                                                    store_locking(ec_),

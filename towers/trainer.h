@@ -35,6 +35,8 @@ struct TrainConfig {
   int gpus = 0;                     // cuda: GPUs to use (0: all); tower i on GPU i % gpus
   std::string reduce = "host";      // sync on GPUs: host | nccl
   std::string params = "host";      // where the parameters live: host | mirrored (on each GPU)
+  int64_t sync_every = 0;           // mirrored, async/ssp: steps between a tower's exchanges
+                                    // with the host copy (0: unset, which is 1)
   bool tf32 = false;                // cuda: TF32 tensor-core GEMMs
   bool cuda_graphs = true;          // cuda: replay each step as a CUDA graph
   std::string input = "host";       // where training batches are made: host | device (cuda)

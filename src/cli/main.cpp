@@ -125,8 +125,12 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
       ->capture_default_str();
   app.add_option("--params", c.params,
                  "where the parameters live: host (one copy in host memory, the optimizer on the "
-                 "host) or mirrored (cuda, sync: a copy and the optimizer on each GPU)")
+                 "host) or mirrored (cuda: a copy and the optimizer on each GPU)")
       ->capture_default_str();
+  app.add_option("--sync-every", c.sync_every,
+                 "--params mirrored with --mode async or ssp: each tower applies its own steps "
+                 "to its GPU's copy and folds them into the host copy every K steps (local SGD; "
+                 "default 1)");
   app.add_option("--input", c.input,
                  "where training batches are made: host (augmented by the CPU, copied in) or "
                  "device (cuda: the training set on each GPU, augmented there from the host's "

@@ -90,9 +90,9 @@ class Optimizer {
   // has no wrappers, OptimizerConfig::ema and lookahead_k are 0): the scalars of the next
   // update (number updates() + 1) at lr, with weight decay 0 (the caller sets each
   // variable's), and, once that update is applied, its count.
-  kernels::RuleArgs next_rule_args(float lr) const {
-    return def_->args(cfg_, lr, updates_.load() + 1);
-  }
+  kernels::RuleArgs next_rule_args(float lr) const { return rule_args(lr, updates_.load() + 1); }
+  // The same for update number t (a device replica that counts its own updates).
+  kernels::RuleArgs rule_args(float lr, int64_t t) const { return def_->args(cfg_, lr, t); }
   void count_update() { ++updates_; }
 
   int64_t begin() const { return begin_; }

@@ -5,6 +5,7 @@
 // slots and the losses are bitwise equal, step after step, with the update inside the captured
 // step (one tower) or after it (several).
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -50,10 +51,13 @@ struct Recipe {
   Reduce reduce = Reduce::Host;
   int64_t batch = 32, steps = 6;
   float lr = 0.05f;
+  Mode mode = Mode::Sync;
+  int64_t staleness = 0;   // ssp
+  int64_t sync_every = 0;  // mirrored, async and ssp
 };
 
-// A sync run of s.steps updates on synthetic data, with a learning rate that changes every
-// step (so a captured update that kept its first scalars would be caught).
+// A run of s.steps updates on synthetic data, with a learning rate that changes every step
+// (so a captured update that kept its first scalars would be caught).
 Trained train(const Recipe& s) {
   auto g = build_model(s.model);
   const Shape& in = g->input_shape();
@@ -63,7 +67,8 @@ Trained train(const Recipe& s) {
   g->layout().initialize(params.data(), 1);
   Optimizer opt(g->layout(), {s.optimizer});
   EngineConfig ec;
-  ec.mode = Mode::Sync;
+  ec.mode = s.mode;
+  ec.staleness = s.staleness;
   ec.towers = s.towers;
   ec.device = DeviceKind::Cuda;
   ec.gpus = s.gpus;
@@ -71,10 +76,11 @@ Trained train(const Recipe& s) {
   auto lr_at = [lr = s.lr](int64_t v) { return lr / static_cast<float>(1 + v); };
   std::unique_ptr<ParameterStore> store;
   if (s.mirrored)
-    store = std::make_unique<MirroredParameterStore>(params.data(), opt, s.reduce, lr_at);
+    store = std::make_unique<MirroredParameterStore>(params.data(), opt, s.reduce, lr_at,
+                                                     s.sync_every);
   else
-    store = std::make_unique<LocalParameterStore>(params.data(), opt, UpdateAccess::Exclusive,
-                                                  false, true);
+    store = std::make_unique<LocalParameterStore>(params.data(), opt, store_access(ec), false,
+                                                  true);
   Trained r;
   {
     TowerGroup group(*g, ec, s.batch, *store);
@@ -115,6 +121,8 @@ void expect_bitwise_equal(const Trained& host, const Trained& mirrored) {
     const double a = host.updates[u].loss, b = mirrored.updates[u].loss;
     EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << "update " << u << ": " << a << " vs " << b;
     EXPECT_EQ(host.updates[u].skipped, mirrored.updates[u].skipped) << "update " << u;
+    EXPECT_EQ(host.updates[u].lr, mirrored.updates[u].lr) << "update " << u;
+    EXPECT_EQ(host.updates[u].staleness, mirrored.updates[u].staleness) << "update " << u;
   }
   EXPECT_EQ(host.optimizer_updates, mirrored.optimizer_updates);
   // Every replica, read from its GPU before the store copied anything back, holds the host
@@ -256,6 +264,153 @@ TEST(MirroredStore, AStepOutsidePullAndPushIsRefused) {
   EXPECT_FALSE(same_bits(init, params));
 }
 
+// ---- async and SSP: every tower steps its own replica, folding into the host copy every K ----
+
+// One tower has no one to be stale against: whatever K, its replica is the host store's
+// async run, bit for bit, and the folds (K = 3 leaves one step pending at the end, folded in
+// when the group detaches) change nothing.
+class MirroredLocalOneTower : public ::testing::TestWithParam<std::pair<const char*, int>> {};
+
+TEST_P(MirroredLocalOneTower, IsBitwiseTheHostStoresAsyncRun) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Recipe s;
+  s.optimizer = GetParam().first;
+  s.mode = Mode::Async;
+  s.sync_every = GetParam().second;
+  s.steps = 7;
+  expect_mirrored_is_host(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, MirroredLocalOneTower,
+    ::testing::Values(std::make_pair("momentum", 1), std::make_pair("momentum", 3),
+                      std::make_pair("adam", 3)),
+    [](const auto& info) {
+      return std::string(info.param.first) + "_every" + std::to_string(info.param.second);
+    });
+
+// Two towers on one GPU, driven by hand in a fixed order with K = 2, against the rule
+// (mirrored_store.h): host <- w + (host - base), exactly w where host == base. Each replica's
+// own steps are those of a one-tower store on the same batches (Adam counts its own steps).
+TEST(MirroredLocal, TowersFoldTheirStepsIntoTheHostCopyByTheRule) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  auto g = build_model("mlp");
+  const int64_t b = 16, total = g->layout().total();
+  TowerPlacement p;
+  p.kind = DeviceKind::Cuda;
+  std::vector<float> init(total);
+  g->layout().initialize(init.data(), 1);
+  // Four batches: tower 0 steps on 0 and 2, tower 1 on 1 and 3.
+  std::vector<std::vector<float>> x(4, std::vector<float>(b * 28 * 28));
+  std::vector<std::vector<int32_t>> y(4, std::vector<int32_t>(b));
+  for (int k = 0; k < 4; ++k) {
+    for (size_t j = 0; j < x[k].size(); ++j) x[k][j] = std::sin(0.37f * j + k);
+    for (int64_t j = 0; j < b; ++j) y[k][j] = static_cast<int32_t>((j * 7 + k) % 10);
+  }
+  auto lr = [](int64_t) { return 0.05f; };
+  auto read = [total](CudaTower& t) {
+    std::vector<float> w(total);
+    t.device().copy_out(w.data(), t.device_params(), total);
+    return w;
+  };
+  // Each tower's replica on its own: a one-tower sync store, two steps.
+  auto alone = [&](int first) {
+    std::vector<float> params = init;
+    Optimizer opt(g->layout(), {"adam"});
+    CudaTower t(*g, b, p);
+    MirroredParameterStore store(params.data(), opt, Reduce::Host, lr);
+    store.attach({&t});
+    for (int k = first; k < 4; k += 2) {
+      store.pull(t);
+      t.compute_gradients(x[k].data(), y[k].data(), b, 1.0f / b);
+      UpdateRecord rec;
+      rec.lr = lr(0);
+      store.push(nullptr, rec, t.host());
+    }
+    store.detach();
+    return params;
+  };
+  const std::vector<float> w0 = alone(0), w1 = alone(1);
+
+  std::vector<float> params = init;
+  Optimizer opt(g->layout(), {"adam"});
+  CudaTower t0(*g, b, p), t1(*g, b, p);
+  MirroredParameterStore store(params.data(), opt, Reduce::Host, lr, 2);
+  ASSERT_EQ(store.access(), UpdateAccess::Concurrent);
+  store.attach({&t0, &t1});
+  store.restore_version(0);
+  CudaTower* towers[2] = {&t0, &t1};
+  std::vector<int64_t> read_at;
+  auto step = [&](int i, int k) {
+    read_at.push_back(store.pull(*towers[i]));
+    towers[i]->compute_gradients(x[k].data(), y[k].data(), b, 1.0f / b);
+    UpdateRecord rec;
+    rec.tower = i;
+    rec.lr = 99.0f;  // the store reports the lr the step applied
+    const int64_t v = store.push(nullptr, rec, towers[i]->host());
+    EXPECT_EQ(rec.lr, 0.05f);
+    return v;
+  };
+  EXPECT_EQ(step(0, 0), 1);
+  EXPECT_EQ(step(1, 1), 2);
+  EXPECT_TRUE(same_bits(params, init)) << "the host copy changed before any tower's K-th step";
+  EXPECT_EQ(step(0, 2), 3);
+  // Nothing else was folded in: the host copy is tower 0's replica, exactly.
+  EXPECT_TRUE(same_bits(params, w0));
+  EXPECT_EQ(step(1, 3), 4);
+  std::vector<float> want(total);
+  for (int64_t j = 0; j < total; ++j)
+    want[j] = w0[j] == init[j] ? w1[j] : w1[j] + (w0[j] - init[j]);
+  EXPECT_TRUE(same_bits(params, want));
+  EXPECT_TRUE(same_bits(read(t1), want)) << "tower 1 took the host copy";
+  EXPECT_TRUE(same_bits(read(t0), w0)) << "tower 0 keeps its replica until its next fold";
+  // What each step's replica held: tower 1's first step saw none of tower 0's, and tower 1's
+  // second read 1 (its own); tower 0 has since folded in tower 1's two steps.
+  EXPECT_EQ(read_at, (std::vector<int64_t>{0, 0, 1, 1}));
+  EXPECT_EQ(store.pull(t0), 2);
+  EXPECT_EQ(store.pull(t1), 4);
+  EXPECT_EQ(opt.updates(), 4);
+  // Nothing is pending, so refreshing the host copy changes nothing.
+  EXPECT_TRUE(same_bits(std::vector<float>(store.host_params(), store.host_params() + total), want));
+  store.detach();
+}
+
+// Free-running towers under the engine: every ticket pushed once, no step thrown away, and the
+// host copy holds them all at the end.
+TEST(MirroredLocal, AsyncAndSspTowersTrainUnderTheEngine) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  for (Mode mode : {Mode::Async, Mode::Ssp}) {
+    SCOPED_TRACE(mode_name(mode));
+    Recipe s;
+    s.mirrored = true;
+    s.mode = mode;
+    s.staleness = 1;
+    s.towers = 3;
+    s.sync_every = 2;
+    s.batch = 16;
+    s.steps = 30;
+    s.lr = 0.5f;
+    const Trained r = train(s);
+    ASSERT_EQ(r.updates.size(), static_cast<size_t>(s.steps));
+    EXPECT_EQ(r.optimizer_updates, s.steps);
+    int64_t stale = 0;
+    for (const UpdateRecord& u : r.updates) {
+      EXPECT_GE(u.staleness, 0);
+      EXPECT_FALSE(u.skipped);
+      stale = std::max(stale, u.staleness);
+    }
+    // Any tower's first step after another tower's push misses it.
+    EXPECT_GT(stale, 0);
+    for (float p : r.params) ASSERT_TRUE(std::isfinite(p));
+    auto mean_loss = [&](size_t from) {
+      double sum = 0;
+      for (size_t u = from; u < from + 6; ++u) sum += r.updates[u].loss;
+      return sum / 6;
+    };
+    EXPECT_LT(mean_loss(r.updates.size() - 6), mean_loss(0));
+  }
+}
+
 // End to end: the flag, checkpoints (the slots come back from the GPU) and resume.
 const std::string kRun =
     "train --device cuda --model mlp --dataset synthetic --synthetic-size 2000 --batch 32 "
@@ -300,6 +455,30 @@ TEST(MirroredCli, CheckpointsAndResumeAreBitwiseTheHostRun) {
   ASSERT_EQ(run_towers(kRun + "--params mirrored --resume --checkpoint-dir " + resumed, &out), 0)
       << out;
   EXPECT_TRUE(same_tensors(load(mirrored), load(resumed)));
+}
+
+// One async tower with --sync-every: the host run's checkpoints, and a stopped and resumed run
+// restarts its replica from the checkpoint (the folds at the checkpoints change nothing).
+TEST(MirroredCli, AsyncWithSyncEveryCheckpointsAndResumesLikeTheHostRun) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string host = test_path("ahost"), mirrored = test_path("amirrored"),
+                    resumed = test_path("aresumed"), m = test_path("am.jsonl");
+  const std::string run = kRun + "--mode async --checkpoint-every 0.1 ";
+  std::string out;
+  ASSERT_EQ(run_towers(run + "--params host --checkpoint-dir " + host, &out), 0) << out;
+  ASSERT_EQ(run_towers(run + "--params mirrored --sync-every 4 --metrics " + m +
+                           " --checkpoint-dir " + mirrored, &out), 0) << out;
+  EXPECT_TRUE(same_tensors(load(host), load(mirrored)));
+  auto config = metrics_events(m, "config");
+  ASSERT_EQ(config.size(), 1u);
+  EXPECT_EQ(config[0]["config"]["sync_every"], 4);
+  ASSERT_EQ(run_towers(run + "--params mirrored --sync-every 4 --stop-at-step 5 --checkpoint-dir " +
+                           resumed, &out), 0) << out;
+  ASSERT_EQ(run_towers(run + "--params mirrored --sync-every 4 --resume --checkpoint-dir " +
+                           resumed, &out), 0) << out;
+  EXPECT_TRUE(same_tensors(load(mirrored), load(resumed)));
+  // Two towers train to the end.
+  ASSERT_EQ(run_towers(run + "--params mirrored --towers 2 --sync-every 3", &out), 0) << out;
 }
 
 TEST(MirroredCli, TowersOnSeveralGpusWithoutNcclAreAClearError) {

@@ -4,22 +4,33 @@
 // use_locking the store serialises the apply per variable (TF's use_locking). An update's
 // staleness is the number of updates applied between its pull and its push.
 #include <algorithm>
-#include <atomic>
 
 #include "towers/modes/hogwild.h"
+
+#include "core/check.h"
 
 namespace towers {
 
 int64_t Hogwild::examples_per_update(int64_t batch, int) const { return batch; }
 
-void Hogwild::begin(ModeContext& ctx) { tickets_.store(ctx.store.version()); }
+void Hogwild::begin(ModeContext& ctx) {
+  next_ticket_ = ctx.store.version();
+  held_.assign(ctx.n(), -1);
+}
 
-bool Hogwild::may_start(int, ModeContext&) { return true; }
+// Tickets keep the number of updates at exactly end_version - start, whoever races: a tower
+// without one does not start. (A store that applies the update inside the tower's step,
+// mirrored parameters in async mode, could not take back a step that has run.)
+bool Hogwild::may_start(int tower, ModeContext& ctx) {
+  if (held_[tower] >= 0) return true;  // woken after a park: it holds its ticket
+  if (!gate_open(tower, ctx) || next_ticket_ >= ctx.end_version) return false;
+  held_[tower] = next_ticket_++;
+  return true;
+}
 
 Submitted Hogwild::submit(const TowerStep& s, ModeContext& ctx) {
-  // Tickets keep the number of updates at exactly end_version - start, whoever races.
-  const int64_t ticket = tickets_.fetch_add(1);
-  if (ticket >= ctx.end_version) return {false, false, true};
+  const int64_t ticket = held_[s.tower];
+  TOWERS_CHECK(ticket >= 0, "tower {} submits without a ticket", s.tower);
   UpdateRecord rec;
   rec.tower = s.tower;
   rec.staleness = ctx.store.version() - s.version_read;
@@ -31,9 +42,12 @@ Submitted Hogwild::submit(const TowerStep& s, ModeContext& ctx) {
   rec.lr = ctx.lr_at(std::max(ticket, ctx.store.version()));
   if (ctx.cfg.staleness_aware_lr)
     rec.lr /= static_cast<float>(std::max<int64_t>(1, rec.staleness));
-  ctx.push(ctx.towers[s.tower]->grads(), s.tower, rec);
+  // A store that keeps the gradients on the towers' devices takes them from there.
+  ctx.push(ctx.store.gradients_on_towers() ? nullptr : ctx.towers[s.tower]->grads(), s.tower,
+           rec);
 
   std::lock_guard<std::mutex> l(ctx.mu);
+  held_[s.tower] = -1;
   ctx.stats.tower_step(s.tower, s.seconds, ctx.batch);
   ctx.stats.contributed(s.tower);
   ctx.store.tick(s.tower);

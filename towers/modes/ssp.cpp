@@ -12,7 +12,7 @@ class SspGate final : public Hogwild {
  public:
   explicit SspGate(const EngineConfig& cfg) : Hogwild(cfg), bound_(cfg.staleness) {}
 
-  bool may_start(int tower, ModeContext& ctx) override {
+  bool gate_open(int tower, ModeContext& ctx) override {
     return ctx.store.clock(tower) - ctx.store.min_clock() <= bound_;
   }
 
