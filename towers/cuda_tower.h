@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -42,9 +43,9 @@ class CudaTower final : public Tower {
                               float grad_scale) override;
   StepStats evaluate(const float* images, const int32_t* labels, int64_t n) override;
   void copy_logits(float* out, int64_t n) override;
-  // --input device: the training set's bytes on this GPU; a step copies in its plans and
-  // labels (a few KB) and makes the batch with kernels::cuda::augment on the compute stream,
-  // before the step's graph.
+  // --input device: the training set's bytes on this GPU (one copy per GPU and set, shared by
+  // the towers on it); a step copies in its plans and labels (a few KB) and makes the batch
+  // with kernels::cuda::augment on the compute stream, before the step's graph.
   void hold_train_data(const data::Dataset& train, const data::AugmentConfig& config) override;
   StepStats compute_gradients_planned(const kernels::ExamplePlan* plans, const int32_t* labels,
                                       int64_t n, float grad_scale) override;
@@ -67,6 +68,7 @@ class CudaTower final : public Tower {
   float* device_params() { return params_d_.data(); }
   int64_t graph_captures() const { return captures_; }
   int64_t planned_steps() const { return planned_steps_; }  // compute_gradients_planned calls
+  const void* held_train_data() const { return train_d_.get(); }  // null: none held
   int64_t graph_replays() const { return replays_; }
   // Plans the layers made on this tower (one per cuDNN convolution and batch size).
   int64_t gpu_plans() const { return static_cast<int64_t>(plans_.size()); }
@@ -89,7 +91,8 @@ class CudaTower final : public Tower {
   DeviceBuffer params_d_, grads_d_, images_d_, labels_d_, row_loss_d_, row_correct_d_, scratch_;
   DeviceBuffer noise_d_;  // the step's noise (Tower::set_noise), copied in with its batch
   // --input device: the training set (bytes), which set and transform, and the step's plans.
-  DeviceBuffer train_d_, plans_d_;
+  std::shared_ptr<void> train_d_;  // shared by the towers on this GPU that hold the same set
+  DeviceBuffer plans_d_;
   PinnedBuffer plans_pin_;
   const data::Dataset* train_held_ = nullptr;
   const uint8_t* train_held_bytes_ = nullptr;  // the set's buffer when it was copied in

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <vector>
 
 #include "core/check.h"
 #include "core/cuda_check.h"
@@ -91,7 +95,7 @@ void CudaTower::stage_plans(const kernels::ExamplePlan* plans, const int32_t* la
                              sizeof(kernels::ExamplePlan) * n, cudaMemcpyHostToDevice, dev_.copy()));
   stage_labels_and_noise(labels, n);
   // The batch, made on the compute stream once the plans are in (inputs_ready_).
-  kernels::cuda::augment(dev_.compute(), reinterpret_cast<const uint8_t*>(train_d_.data()), shape_,
+  kernels::cuda::augment(dev_.compute(), static_cast<const uint8_t*>(train_d_.get()), shape_,
                          reinterpret_cast<const kernels::ExamplePlan*>(plans_d_.data()), n,
                          images_d_.data());
 }
@@ -180,6 +184,48 @@ StepStats CudaTower::compute_gradients(const float* images, const int32_t* label
   return run_step(n, grad_scale);
 }
 
+namespace {
+// --input device: one copy of a training set per GPU, shared by the towers on it (they only
+// read it), keyed by the GPU, the set's buffer and size, and a hash of its bytes (another set
+// may come to live at a freed one's address). The last tower that lets go gives it back to
+// the GPU's pool.
+struct HeldSet {
+  int ordinal;
+  const uint8_t* bytes;
+  size_t size;
+  size_t digest;
+  std::weak_ptr<void> copy;
+};
+std::mutex held_mu;
+std::vector<HeldSet> held_sets;
+
+std::shared_ptr<void> train_copy_on(CudaDevice& dev, const data::Dataset& train) {
+  const size_t bytes = train.images.size();
+  const int ordinal = dev.ordinal();
+  const size_t digest = std::hash<std::string_view>{}(
+      std::string_view(reinterpret_cast<const char*>(train.images.data()), bytes));
+  std::lock_guard<std::mutex> l(held_mu);
+  std::erase_if(held_sets, [](const HeldSet& h) { return h.copy.expired(); });
+  for (const HeldSet& h : held_sets)
+    if (h.ordinal == ordinal && h.bytes == train.images.data() && h.size == bytes &&
+        h.digest == digest)
+      if (std::shared_ptr<void> p = h.copy.lock()) return p;
+  CudaMemoryPool& pool = CudaMemoryPool::of(ordinal);
+  void* p = nullptr;
+  try {
+    p = pool.allocate(std::max<size_t>(bytes, 1));
+  } catch (const std::exception& e) {
+    TOWERS_BAD_INPUT("--input device: the training set '{}' ({:.0f} MB) does not fit on GPU {}: "
+                     "{}; use --input host", train.name, bytes / 1e6, ordinal, e.what());
+  }
+  std::shared_ptr<void> copy(p, [ordinal](void* q) { CudaMemoryPool::of(ordinal).release(q); });
+  CUDA_CHECK(cudaMemcpyAsync(p, train.images.data(), bytes, cudaMemcpyHostToDevice, dev.copy()));
+  CUDA_CHECK(cudaStreamSynchronize(dev.copy()));
+  held_sets.push_back({ordinal, train.images.data(), bytes, digest, copy});
+  return copy;
+}
+}  // namespace
+
 void CudaTower::hold_train_data(const data::Dataset& train, const data::AugmentConfig& config) {
   const kernels::AugmentShape shape = data::augment_shape(config, train);
   const bool same_shape = shape.channels == shape_.channels && shape.height == shape_.height &&
@@ -198,18 +244,9 @@ void CudaTower::hold_train_data(const data::Dataset& train, const data::AugmentC
                  "model's input is {}", train.name, to_string(data::example_shape(config, train)),
                  to_string(graph().input_shape()));
   dev_.activate();
-  const size_t bytes = train.images.size();
   train_held_ = nullptr;
-  train_d_ = DeviceBuffer();
-  try {
-    train_d_ = DeviceBuffer(dev_, static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
-  } catch (const std::exception& e) {
-    TOWERS_BAD_INPUT("--input device: the training set '{}' ({:.0f} MB) does not fit on GPU {}: "
-                     "{}; use --input host", train.name, bytes / 1e6, dev_.ordinal(), e.what());
-  }
-  CUDA_CHECK(cudaMemcpyAsync(train_d_.data(), train.images.data(), bytes, cudaMemcpyHostToDevice,
-                             dev_.copy()));
-  CUDA_CHECK(cudaStreamSynchronize(dev_.copy()));
+  train_d_.reset();
+  train_d_ = train_copy_on(dev_, train);
   if (plans_d_.data() == nullptr) {
     static_assert(sizeof(kernels::ExamplePlan) % sizeof(float) == 0);
     plans_d_ = DeviceBuffer(dev_, max_batch() * static_cast<int64_t>(sizeof(kernels::ExamplePlan) / sizeof(float)));

@@ -97,6 +97,32 @@ TEST(DeviceInputGpu, BatchesAreTheHostPipelines) {
   }
 }
 
+// Towers on one GPU share one copy of a set; another set (other bytes, even at the same size)
+// gets its own, and the copy outlives the tower that made it.
+TEST(DeviceInputGpu, TowersOnAGpuShareOneCopyOfTheSet) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  auto g = build_model("mlp");
+  const data::DataSplit a = data::make_synthetic(1, 28, 28, 10, 200, 10, 3);
+  const data::DataSplit b = data::make_synthetic(1, 28, 28, 10, 200, 10, 4);
+  ASSERT_EQ(a.train.images.size(), b.train.images.size());
+  const data::AugmentConfig config = data::tutorial_eval_config(28);
+  TowerPlacement p;
+  p.kind = DeviceKind::Cuda;
+  auto t0 = std::make_unique<CudaTower>(*g, 16, p);
+  CudaTower t1(*g, 16, p), t2(*g, 16, p);
+  t0->hold_train_data(a.train, config);
+  t1.hold_train_data(a.train, config);
+  t2.hold_train_data(b.train, config);
+  ASSERT_NE(t0->held_train_data(), nullptr);
+  EXPECT_EQ(t0->held_train_data(), t1.held_train_data());
+  EXPECT_NE(t1.held_train_data(), t2.held_train_data());
+  const void* shared = t1.held_train_data();
+  t0.reset();
+  CudaTower t3(*g, 16, p);
+  t3.hold_train_data(a.train, config);
+  EXPECT_EQ(t3.held_train_data(), shared) << "the copy went with the tower that made it";
+}
+
 // A run of GPU towers on the host store (sync: two towers, lockstep batches; async: one tower,
 // its own stream of batches), its batches made on the host or on the device. The parameters
 // after `steps` updates, and how many steps the towers made from plans.
