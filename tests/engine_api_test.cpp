@@ -4,6 +4,7 @@
 // averaging, applying, gating, dropping), independent of BLAS or summation order. The CLI
 // tests (engine_test.cpp) check the same invariants end to end with real towers.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <chrono>
 #include <cstring>
@@ -32,6 +33,8 @@ namespace {
 // 1 / (a power of two), exact in float, and a pull of another version than the engine's
 // changes it. The loss sum is the sum of the labels; correct counts the even labels. Towers in
 // `slow` sleep `slow_ms` after each step, to make stragglers.
+std::atomic<int64_t> steps_computed{0};  // compute_gradients calls of every IntegerTower
+
 class IntegerTower final : public Tower {
  public:
   IntegerTower(const Graph& g, int64_t max_batch, int index, std::vector<int> slow, int slow_ms)
@@ -49,6 +52,7 @@ class IntegerTower final : public Tower {
   }
   StepStats compute_gradients(const float*, const int32_t* labels, int64_t n,
                               float grad_scale) override {
+    ++steps_computed;
     int64_t weight = 0, correct = 0;
     double loss = 0;
     for (int64_t e = 0; e < n; ++e) {
@@ -152,6 +156,20 @@ int64_t max_lead(const std::vector<UpdateRecord>& updates, int towers) {
   std::vector<int> tower_of_update;
   for (const UpdateRecord& u : updates) tower_of_update.push_back(u.tower);
   return testutil::max_lead(tower_of_update, towers);
+}
+
+// Async and SSP hand out an update's ticket when its step starts, so every step that starts is
+// pushed: no gradient is computed and dropped at the end (a store that applies inside the
+// step, mirrored parameters, could not take such a step back).
+TEST(EngineApi, FreeRunningTowersComputeExactlyTheStepsTheyPush) {
+  for (Mode mode : {Mode::Async, Mode::Ssp}) {
+    EngineConfig ec = config(mode, 3);
+    ec.staleness = 2;
+    steps_computed = 0;
+    const GroupRun r = run_group(ec, 8, 20, {1}, 5);  // tower 1 straggles
+    ASSERT_EQ(r.updates.size(), 20u) << mode_name(mode);
+    EXPECT_EQ(steps_computed.load(), 20) << mode_name(mode);
+  }
 }
 
 TEST(EngineApi, SspLeadNeverExceedsItsBoundAndTheBoundBinds) {

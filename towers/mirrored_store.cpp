@@ -57,7 +57,8 @@ struct MirroredParameterStore::Impl {
   std::vector<const Variable*> trainable;  // the variables an update touches, layout order
   kernels::OptRule rule;
   int nslots = 0;
-  std::vector<Replica> reps;
+  // By pointer: each step's epilogue holds its replica.
+  std::vector<std::unique_ptr<Replica>> reps;
   bool in_step = false;  // the updates run inside the towers' steps
 
   // Several sync towers: an NCCL all-reduce (one per GPU), or the tree on their one GPU.
@@ -87,8 +88,8 @@ struct MirroredParameterStore::Impl {
   }
 
   Replica& replica_of(const Tower& t) {
-    for (Replica& r : reps)
-      if (r.tower == &t) return r;
+    for (auto& r : reps)
+      if (r->tower == &t) return *r;
     TOWERS_FAIL("a tower the mirrored store was not attached to");
   }
 
@@ -177,12 +178,15 @@ struct MirroredParameterStore::Impl {
     {
       std::lock_guard<std::mutex> l(host_mu);
       float* base = r.base.data();
-      for_chunks(total, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
-        for (int64_t j = b; j < e; ++j) {
-          const float h = params[j];
-          const float s = h == base[j] ? w[j] : w[j] + (h - base[j]);
-          params[j] = base[j] = w[j] = s;
-        }
+      // On the tower's own host threads, as the host store applies.
+      r.tower->host().execute([&] {
+        for_chunks(total, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
+          for (int64_t j = b; j < e; ++j) {
+            const float h = params[j];
+            const float s = h == base[j] ? w[j] : w[j] + (h - base[j]);
+            params[j] = base[j] = w[j] = s;
+          }
+        });
       });
       folded += r.local;
       r.view = folded;
@@ -195,12 +199,14 @@ struct MirroredParameterStore::Impl {
   // else the first replica's) and the first replica's slots.
   void to_host() {
     if (reps.empty()) return;
-    Replica& r = reps[0];
+    Replica& r = *reps[0];
     CudaDevice& d = r.tower->device();
     const int64_t total = opt.layout().total();
     if (local()) {
-      for (Replica& x : reps)
-        if (x.local > 0) exchange(x);
+      for (auto& x : reps) {
+        TOWERS_CHECK(!x->stepped, "a step applied an update that was never pushed");
+        if (x->local > 0) exchange(*x);
+      }
     } else {
       d.copy_out(params, r.tower->device_params(), total);
     }
@@ -208,9 +214,9 @@ struct MirroredParameterStore::Impl {
   }
 
   void release() {
-    for (Replica& r : reps) {
-      if (in_step) r.tower->set_step_epilogue(nullptr);
-      r.tower->set_grads_to_host(true);
+    for (auto& r : reps) {
+      if (in_step) r->tower->set_step_epilogue(nullptr);
+      r->tower->set_grads_to_host(true);
     }
     nccl.reset();
     if (summed) cudaEventDestroy(summed);
@@ -235,9 +241,14 @@ UpdateAccess MirroredParameterStore::access() const {
   return impl_->local() ? UpdateAccess::Concurrent : UpdateAccess::Exclusive;
 }
 
+// A run starts: the updates folded are counted from here.
 void MirroredParameterStore::restore_version(int64_t v) {
   InProcessStore::restore_version(v);
-  impl_->start = v;
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> l(m.host_mu);
+  m.start = v;
+  m.folded = 0;
+  for (auto& r : m.reps) r->view = r->local = 0;
 }
 
 void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
@@ -247,14 +258,13 @@ void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
   const int n = static_cast<int>(towers.size());
   try {
     bool one_gpu = true;
-    m.reps.reserve(towers.size());  // the steps' epilogues hold their replica by reference
     for (Tower* t : towers) {
       auto* ct = dynamic_cast<CudaTower*>(t);
       TOWERS_CHECK(ct != nullptr, "mirrored parameters need GPU towers");
       one_gpu = one_gpu && ct->device().ordinal() ==
                                static_cast<CudaTower*>(towers[0])->device().ordinal();
-      m.reps.emplace_back();
-      m.reps.back().tower = ct;
+      m.reps.push_back(std::make_unique<Impl::Replica>());
+      m.reps.back()->tower = ct;
     }
     TOWERS_CHECK(m.local() || n == 1 || one_gpu || m.reduce == Reduce::Nccl,
                  "mirrored towers on several GPUs average with NCCL");
@@ -267,7 +277,8 @@ void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
                      "mirrored parameters do not carry yet; use --params host",
                      v.spec.name);
     const int64_t total = m.opt.layout().total();
-    for (Impl::Replica& r : m.reps) {
+    for (auto& rp : m.reps) {
+      Impl::Replica& r = *rp;
       CudaDevice& d = r.tower->device();
       for (int k = 0; k < m.nslots; ++k) {
         r.slots[k] = DeviceBuffer(d, total);
@@ -278,19 +289,19 @@ void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
     }
     m.in_step = m.local() || n == 1;
     if (m.in_step)
-      for (Impl::Replica& r : m.reps) m.update_in_step(r);
+      for (auto& r : m.reps) m.update_in_step(*r);
     if (m.local()) {
       m.folded = 0;
-      for (Impl::Replica& r : m.reps) {
-        r.t = m.opt.updates();
-        r.stage = PinnedBuffer(sizeof(float) * total);
-        r.base = HostBuffer(total);
-        std::copy(m.params, m.params + total, r.base.data());
+      for (auto& r : m.reps) {
+        r->t = m.opt.updates();
+        r->stage = PinnedBuffer(sizeof(float) * total);
+        r->base = HostBuffer(total);
+        std::copy(m.params, m.params + total, r->base.data());
       }
     } else if (n > 1 && !one_gpu) {
       m.nccl = std::make_unique<NcclReducer>(towers);
     } else if (n > 1) {
-      m.reps[0].tower->device().activate();
+      m.reps[0]->tower->device().activate();
       CUDA_CHECK(cudaEventCreateWithFlags(&m.summed, cudaEventDisableTiming));
     }
   } catch (...) {
@@ -321,7 +332,7 @@ int64_t MirroredParameterStore::pull(Tower& tower) {
     m.prepare(r, version(), r.t + 1);
     return m.start + r.view + r.local;
   }
-  if (m.in_step) m.prepare(m.reps[0], version(), m.opt.updates() + 1);
+  if (m.in_step) m.prepare(*m.reps[0], version(), m.opt.updates() + 1);
   return version();
 }
 
@@ -332,7 +343,7 @@ int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuD
   if (m.local()) {
     TOWERS_CHECK(rec.tower >= 0 && rec.tower < static_cast<int>(m.reps.size()),
                  "a push from tower {} of {}", rec.tower, m.reps.size());
-    Impl::Replica& r = m.reps[rec.tower];
+    Impl::Replica& r = *m.reps[rec.tower];
     m.stepped(r, true);
     rec.lr = r.prepared_lr;  // the step has applied its update at the lr of its pull
     ++r.t;
@@ -343,34 +354,34 @@ int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuD
   }
   if (m.in_step) {
     // The step has applied it already; here the host's view and the device's must agree.
-    m.stepped(m.reps[0], true);
-    TOWERS_CHECK(rec.lr == m.reps[0].prepared_lr,
+    m.stepped(*m.reps[0], true);
+    TOWERS_CHECK(rec.lr == m.reps[0]->prepared_lr,
                  "the step applied learning rate {} but the update is at {}",
-                 m.reps[0].prepared_lr, rec.lr);
+                 m.reps[0]->prepared_lr, rec.lr);
   } else {
     const kernels::RuleArgs a = m.opt.next_rule_args(rec.lr);
     if (m.nccl) {
       m.nccl->all_reduce();  // in place; each replica applies its own copy of the sum
-      for (Impl::Replica& r : m.reps) m.apply(r, r.tower->device_grads(), a);
+      for (auto& r : m.reps) m.apply(*r, r->tower->device_grads(), a);
     } else {
       // One GPU: the tree in tower order into the first tower's gradients (the host store's
       // sum, bit for bit), which every replica then reads.
-      CudaTower& t0 = *m.reps[0].tower;
+      CudaTower& t0 = *m.reps[0]->tower;
       t0.device().activate();
       std::vector<float*> blocks;
-      for (Impl::Replica& r : m.reps) blocks.push_back(r.tower->device_grads());
+      for (auto& r : m.reps) blocks.push_back(r->tower->device_grads());
       kernels::cuda::tree_sum(t0.device().compute(), blocks.data(),
                               static_cast<int64_t>(blocks.size()), m.opt.layout().total());
       CUDA_CHECK(cudaEventRecord(m.summed, t0.device().compute()));
-      for (Impl::Replica& r : m.reps) {
-        CUDA_CHECK(cudaStreamWaitEvent(r.tower->device().compute(), m.summed, 0));
-        m.apply(r, t0.device_grads(), a);
+      for (auto& r : m.reps) {
+        CUDA_CHECK(cudaStreamWaitEvent(r->tower->device().compute(), m.summed, 0));
+        m.apply(*r, t0.device_grads(), a);
       }
     }
     // Every replica done before any tower's next step overwrites a gradient another reads.
-    for (Impl::Replica& r : m.reps) {
-      r.tower->device().activate();
-      CUDA_CHECK(cudaStreamSynchronize(r.tower->device().compute()));
+    for (auto& r : m.reps) {
+      r->tower->device().activate();
+      CUDA_CHECK(cudaStreamSynchronize(r->tower->device().compute()));
     }
   }
   m.opt.count_update();
@@ -382,13 +393,13 @@ int64_t MirroredParameterStore::skip(UpdateRecord& rec) {
   if (m.local()) {
     TOWERS_CHECK(rec.tower >= 0 && rec.tower < static_cast<int>(m.reps.size()),
                  "a skip from tower {} of {}", rec.tower, m.reps.size());
-    Impl::Replica& r = m.reps[rec.tower];
+    Impl::Replica& r = *m.reps[rec.tower];
     m.stepped(r, false);
     const int64_t v = advance();
     if (++r.local >= m.sync_every) m.exchange(r);
     return v;
   }
-  if (m.in_step) m.stepped(m.reps[0], false);
+  if (m.in_step) m.stepped(*m.reps[0], false);
   return advance();
 }
 

@@ -71,7 +71,7 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
     // reads the gradient.
     TOWERS_CHECK(cfg_.mode != Mode::Sync || cfg_.replicas_to_aggregate == cfg_.towers,
                  "a store that keeps the gradients on the towers has no backup towers");
-    TOWERS_CHECK(!cfg_.staleness_aware_lr,
+    TOWERS_CHECK(cfg_.mode == Mode::Sync || !cfg_.staleness_aware_lr,
                  "a store that applies inside the step sets the learning rate at the pull");
     TOWERS_CHECK(cfg_.clip_grad_norm == 0.0 && !cfg_.check_grad_norm,
                  "a store that averages on the towers has no host gradient to clip or check");

@@ -190,14 +190,15 @@ void validate(const TrainConfig& c) {
                        c.replicas_to_aggregate == c.towers,
                    "--params mirrored averages every tower's gradient in each sync update; for "
                    "--replicas-to-aggregate (backup towers) use --params host");
-    TOWERS_REQUIRE(!c.staleness_aware_lr,
+    TOWERS_REQUIRE(!c.staleness_aware_lr || mode == Mode::Sync,
                    "--params mirrored applies each async step's update inside the step, at the "
                    "learning rate of its start: --staleness-aware-lr needs --params host");
     TOWERS_REQUIRE(c.clip_grad_norm == 0.0 && c.on_divergence == "stop",
                    "--params mirrored checks each step's loss on the GPU but not its gradient "
                    "norm: --clip-grad-norm and --on-divergence skip-step need --params host");
   }
-  TOWERS_REQUIRE(c.sync_every >= 0, "--sync-every must be at least 1 step, got {}", c.sync_every);
+  TOWERS_REQUIRE(c.sync_every >= 0, "--sync-every must be at least 1 step (0: the default, 1), got {}",
+                 c.sync_every);
   TOWERS_REQUIRE(c.sync_every == 0 || (c.params == "mirrored" && mode != Mode::Sync),
                  "--sync-every sets how often async and ssp towers with --params mirrored fold "
                  "their steps into the host copy; {}",

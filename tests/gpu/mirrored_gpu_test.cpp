@@ -100,6 +100,9 @@ Trained train(const Recipe& s) {
       r.replicas.push_back(std::move(rep));
     }
     r.replays = dynamic_cast<CudaTower&>(group.tower(0)).graph_replays();
+    // The host copy as evaluations and checkpoints get it (it throws where detach would only
+    // warn, e.g. for a step whose update was applied and never pushed).
+    store->host_params();
   }  // the group detaches: a mirrored store refreshes the host copies
   r.params = params;
   for (const auto& [name, p] : opt.slots()) r.slots.emplace_back(p, p + params.size());
@@ -373,6 +376,34 @@ TEST(MirroredLocal, TowersFoldTheirStepsIntoTheHostCopyByTheRule) {
   // Nothing is pending, so refreshing the host copy changes nothing.
   EXPECT_TRUE(same_bits(std::vector<float>(store.host_params(), store.host_params() + total), want));
   store.detach();
+}
+
+// No fold before the end (K above the steps): the host copy then folds every replica in, in
+// tower order, by the rule, so it holds each tower's steps; none is lost.
+TEST(MirroredLocal, TheEndFoldsEveryReplicaIn) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Recipe s;
+  s.mirrored = true;
+  s.optimizer = "sgd";
+  s.mode = Mode::Async;
+  s.towers = 3;
+  s.sync_every = 100;
+  s.batch = 16;
+  s.steps = 12;
+  const Trained r = train(s);
+  ASSERT_EQ(r.replicas.size(), 3u);
+  auto g = build_model(s.model);
+  std::vector<float> host(r.params.size());
+  g->layout().initialize(host.data(), 1);
+  const std::vector<float> init = host;
+  int moved = 0;
+  for (const std::vector<float>& w : r.replicas) {
+    moved += !same_bits(w, init);
+    for (size_t j = 0; j < host.size(); ++j)
+      host[j] = host[j] == init[j] ? w[j] : w[j] + (host[j] - init[j]);
+  }
+  EXPECT_EQ(moved, 3) << "every tower should have stepped";
+  EXPECT_TRUE(same_bits(r.params, host));
 }
 
 // Free-running towers under the engine: every ticket pushed once, no step thrown away, and the
