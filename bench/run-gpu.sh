@@ -192,6 +192,16 @@ if [[ " $phases " == *" fashion "* ]]; then
       > "$out/fashion_towers_$variant.txt" 2>&1
     note "towers fashion $variant: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'wall', round(r['wall_seconds'],1), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
   done
+  # Model parallelism with a GPU part: the convolutions on the GPU, the dense layers on the
+  # CPU, one micro-batch and four (images/s and each part's busy time per step).
+  for mb in 1 4; do
+    m="$out/placed_gpu_m$mb.jsonl"
+    rm -f "$m"
+    timeout 120 "$build/towers" train --model cifar10 --dataset synthetic --batch 512 --steps 30 \
+      --placement 'conv1..pool2@cuda:0;local3..softmax_linear@cpu:0' --micro-batches "$mb" \
+      --eval-every 0 --quiet --metrics "$m" > "$out/placed_gpu_m$mb.txt" 2>&1
+    note "placed cifar10 conv@cuda:0|dense@cpu M=$mb: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(round(r['train_images_per_sec']), 'images/s', [(p['device'], round(p['busy_seconds'],2), round(p['idle_fraction'],2)) for p in r['pipeline']['towers'][0]['parts']])" 2>/dev/null || echo failed)"
+  done
   timeout "${FASHION_S:-200}" python3 bench/peers/torch_fashion.py --data "$fashion" \
     --device cuda --precision fp32 > "$out/fashion_pytorch.jsonl" 2> "$out/fashion_pytorch.err"
   note "pytorch fashion: $(tail -1 "$out/fashion_pytorch.jsonl" 2>/dev/null || echo failed)"

@@ -18,6 +18,7 @@
 
 #include "cli_util.h"
 #include "core/check.h"
+#include "core/gpu.h"
 #include "core/rng.h"
 #include "data/augment.h"
 #include "data/synthetic.h"
@@ -106,8 +107,7 @@ TEST(PlacementParse, ErrorsNameTheLayerDeviceOrPart) {
   expect_placement_error(*g, convs + "local3..softmax_linear@cpu:one",
                          {"unknown device 'cpu:one'"});
   expect_placement_error(*g, convs + "local3..softmax_linear@cpu:1x0", {"cpu:1x0", "thread count"});
-  expect_placement_error(*g, convs + "local3..softmax_linear@cuda:0",
-                         {"cuda:0", "GPU parts are not built yet"});
+  expect_placement_error(*g, convs + "local3..softmax_linear@cuda:x", {"unknown device 'cuda:x'"});
   expect_placement_error(*g, convs + "local3..softmax_linear@cpu:0",
                          {"device cpu:0 holds part 1 and part 2"});
   expect_placement_error(*g, convs + "local3..softmax_linear", {"part 2", "names no device"});
@@ -407,8 +407,11 @@ TEST(PlacementCli, BadPlacementFlagsAreClearErrors) {
                {"--placement", "unknown layer 'logits'"});
   expect_error("--placement 'hidden@cpu:0;softmax_linear@tpu:1'",
                {"--placement", "unknown device 'tpu:1'"});
-  expect_error("--placement 'hidden@cpu:0;softmax_linear@cuda:0'",
-               {"--placement", "GPU parts are not built yet"});
+  if (list_gpus().gpus.empty())
+    expect_error("--placement 'hidden@cpu:0;softmax_linear@cuda:0'",
+                 {"--placement: part 2 is placed on cuda:0, but this machine has 0 GPU(s)"});
+  expect_error("--placement 'hidden@cpu:0;softmax_linear@cuda:7'",
+               {"--placement: part 2 is placed on cuda:7, but this machine has"});
   expect_error("--placement 'softmax_linear@cpu:0;hidden@cpu:1'", {"--placement", "out of order"});
   expect_error("--placement 'hidden@cpu:0'", {"--placement", "softmax_linear is in no part"});
   expect_error("--micro-batches 2", {"--micro-batches needs --placement"});
@@ -417,7 +420,7 @@ TEST(PlacementCli, BadPlacementFlagsAreClearErrors) {
   expect_error("--placement 'hidden@cpu:0;softmax_linear@cpu:1' --micro-batches 0",
                {"--micro-batches must be at least 1"});
   expect_error("--placement 'hidden@cpu:0;softmax_linear@cpu:1' --device cuda",
-               {"--placement", "GPU parts are not built yet"});
+               {"--placement with --device cuda", "cuda:N parts"});
   EXPECT_FALSE(std::filesystem::exists(test_path("never.jsonl")));
 }
 
@@ -550,7 +553,7 @@ TEST(PlacementCli, BadPlacementInAModelFileNamesTheFileLineAndColumn) {
   expect_error("\"hidden@cpu:0;logits@cpu:1\"", "--placement '" + kTwoMlpParts + "'",
                {"unknown layer 'logits'"});
   expect_error("\"" + kTwoMlpParts + "\"", "--device cuda",
-               {"with --device cuda: GPU parts are not built yet", "--placement none"});
+               {"with --device cuda: a placed tower names its devices", "--placement none"});
   // Micro-batches are a flag: its errors name the flag, with the file's placement.
   std::string out;
   const std::string file = mlp_file("\"" + kTwoMlpParts + "\"", "placed.json");

@@ -13,23 +13,74 @@
 #include "core/relaxed.h"
 #include "kernels/reduce.h"
 
+#if TOWERS_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
+#include "core/cuda_device.h"
+#include "core/gpu.h"
+#endif
+
 namespace towers {
 
 // One part: its layers, device, parameters, activations and gradient buffers. The buffers are
-// declared after the device, so they go back to it before it goes.
+// declared after the devices, so they go back to them before they go.
 struct PlacedTower::Part {
   PlacedPart spec;
   int pos = 0;             // index in the placement
   int64_t lo = 0, hi = 0;  // the span [lo, hi) of the flat layout its variables cover
-  std::unique_ptr<CpuDevice> device;
+  std::unique_ptr<CpuDevice> device;  // its threads (on a GPU part: its launches and waits)
+#if TOWERS_HAVE_CUDA
+  // A GPU part: its buffers live and its layers run there, on the GPU's compute stream.
+  std::unique_ptr<CudaDevice> gpu;
+  GpuPlans plans;
+  GpuExec exec;
+#endif
+  Device* mem = nullptr;  // where its buffers live: device, or the GPU
+  int memory = -1;        // -1: host memory; else the GPU's ordinal
   DeviceBuffer params;                   // [lo, hi) of the flat array
   std::vector<DeviceBuffer> act, saved;  // per layer of the part, max_batch examples
   // The error at the part's output, from the next part's backward, max_batch examples (not in
   // the last part); errors between the part's own layers, one micro-batch.
   DeviceBuffer err, dact[2];
   std::vector<DeviceBuffer> micro_grads;  // [lo, hi) for micro-batches 1..M-1 (0: grads_)
-  double busy = 0.0;                      // seconds in this step's jobs
+  // Where the part before lives in other memory (or the part is on a GPU and first): its first
+  // layer's input, copied in; and (not first) its first layer's error, which the part before
+  // copies into its err. max_batch examples each.
+  DeviceBuffer in, dx_out;
+  // A GPU part: micro-batch 0's gradient span (copied to the tower's host gradient once summed),
+  // the layers' scratch, and the last part's labels, per-example losses and hits, and the
+  // step's noise.
+  DeviceBuffer grads, scratch, labels, row_loss, row_correct, noise;
+  double busy = 0.0;  // seconds in this step's jobs
 };
+
+namespace {
+// Copies floats between the memories of two parts (-1: host), ordered on the consumer's
+// stream when it is a GPU part (stream: its compute stream), else before returning.
+void copy_between(float* dst, int dst_memory, const float* src, int src_memory, int64_t count,
+                  void* stream) {
+  const size_t bytes = sizeof(float) * static_cast<size_t>(count);
+  if (count == 0) return;
+  if (dst_memory < 0 && src_memory < 0) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if TOWERS_HAVE_CUDA
+  const cudaMemcpyKind kind = dst_memory < 0   ? cudaMemcpyDeviceToHost
+                              : src_memory < 0 ? cudaMemcpyHostToDevice
+                              : dst_memory == src_memory ? cudaMemcpyDeviceToDevice
+                                                         : cudaMemcpyDefault;
+  if (stream != nullptr)
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(stream)));
+  else
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+#else
+  (void)stream;
+  TOWERS_FAIL("a copy between GPU parts in a build without CUDA");
+#endif
+}
+}  // namespace
 
 nlohmann::json PipelineStats::to_json() const {
   nlohmann::json ps = nlohmann::json::array();
@@ -86,7 +137,6 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
   part_of_.assign(layers.size(), nullptr);
   for (size_t q = 0; q < placement.parts.size(); ++q) {
     const PlacedPart& spec = placement.parts[q];
-    TOWERS_CHECK(spec.kind == DeviceKind::Cpu, "part {} is not on a CPU device", q);
     TOWERS_CHECK(spec.first == next_layer && spec.last > spec.first && spec.last <= layers.size(),
                  "part {} holds layers [{}, {}), expected a run from layer {}", q, spec.first,
                  spec.last, next_layer);
@@ -95,7 +145,25 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
     part->spec = spec;
     part->pos = static_cast<int>(q);
     part->device = std::make_unique<CpuDevice>(th[q]);
-    CpuDevice& dev = *part->device;
+    part->mem = part->device.get();
+    if (spec.kind == DeviceKind::Cuda) {
+#if TOWERS_HAVE_CUDA
+      const size_t have = list_gpus().gpus.size();
+      TOWERS_REQUIRE(static_cast<size_t>(spec.index) < have,
+                     "part {} is placed on cuda:{}, but this machine has {} GPU(s)", q + 1,
+                     spec.index, have);
+      TOWERS_REQUIRE(micro_batches <= kernels::cuda::kMaxTreeBlocks,
+                     "part {} on cuda:{}: at most {} micro-batches, got {}", q + 1, spec.index,
+                     kernels::cuda::kMaxTreeBlocks, micro_batches);
+      part->gpu = std::make_unique<CudaDevice>(spec.index, false);
+      part->mem = part->gpu.get();
+      part->memory = spec.index;
+#else
+      TOWERS_BAD_INPUT("part {} is placed on cuda:{}: this towers was built without CUDA", q + 1,
+                       spec.index);
+#endif
+    }
+    Device& dev = *part->mem;
     // The span of its variables; parts own disjoint, increasing spans (the layout follows the
     // layers' order).
     int64_t lo = graph.layout().total(), hi = 0, widest = 0;
@@ -120,6 +188,29 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
     for (auto& d : part->dact) d = DeviceBuffer(dev, micro * widest);
     if (hi > lo)
       for (int m = 1; m < micro_batches; ++m) part->micro_grads.emplace_back(dev, hi - lo);
+    const int64_t in_floats = max_batch * numel(layers[spec.first]->in_shape());
+    const int before = q == 0 ? -1 : parts_[q - 1]->memory;
+    if (before != part->memory) part->in = DeviceBuffer(dev, in_floats);
+    if (q > 0 && before != part->memory) part->dx_out = DeviceBuffer(dev, in_floats);
+#if TOWERS_HAVE_CUDA
+    if (part->gpu) {
+      int64_t scratch = 1;
+      for (size_t i = spec.first; i < spec.last; ++i)
+        scratch = std::max(scratch, layers[i]->gpu_scratch(micro));
+      part->scratch = DeviceBuffer(dev, scratch);
+      if (hi > lo) part->grads = DeviceBuffer(dev, hi - lo);
+      if (q + 1 == placement.parts.size()) {
+        part->labels = DeviceBuffer(dev, max_batch);           // int32 in float-sized slots
+        part->row_loss = DeviceBuffer(dev, 2 * max_batch);     // doubles
+        part->row_correct = DeviceBuffer(dev, max_batch);      // int32
+      }
+      static_assert(sizeof(kernels::StepNoise) % sizeof(float) == 0);
+      part->noise = DeviceBuffer(dev, sizeof(kernels::StepNoise) / sizeof(float));
+      CudaDevice& g = *part->gpu;
+      part->exec = GpuExec{g.compute(), g.blas(), part->scratch.data(), part->scratch.size(),
+                           g.dnn(), &part->plans, g.tf32()};
+    }
+#endif
     stats_.parts.push_back({spec.device_name(), spec.layer_names(graph), th[q], 0.0});
     parts_.push_back(std::move(part));
   }
@@ -131,11 +222,65 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
 PlacedTower::~PlacedTower() = default;
 
 void PlacedTower::load_params(const float* host) {
-  for (auto& p : parts_) p->device->copy_in(p->params.data(), host + p->lo, p->hi - p->lo);
+  for (auto& p : parts_) p->mem->copy_in(p->params.data(), host + p->lo, p->hi - p->lo);
 }
 
+// A GPU part copies its span in as a GPU tower does (a DMA reading while others may write,
+// which async modes accept).
 void PlacedTower::load_params_shared(const float* host) {
-  for (auto& p : parts_) load_relaxed(host + p->lo, p->params.data(), p->hi - p->lo);
+  for (auto& p : parts_)
+    if (p->memory < 0)
+      load_relaxed(host + p->lo, p->params.data(), p->hi - p->lo);
+    else
+      p->mem->copy_in(p->params.data(), host + p->lo, p->hi - p->lo);
+}
+
+void* PlacedTower::stream_of(Part& part) {
+#if TOWERS_HAVE_CUDA
+  if (part.gpu) {
+    part.gpu->activate();
+    return part.gpu->compute();
+  }
+#endif
+  (void)part;
+  return nullptr;
+}
+
+const kernels::StepNoise* PlacedTower::stage_noise(Part& part, const kernels::StepNoise& nz) {
+#if TOWERS_HAVE_CUDA
+  if (part.gpu) {
+    // From the caller's memory, before the call returns (a pageable source); the part's
+    // previous job has finished with the device copy.
+    CUDA_CHECK(cudaMemcpyAsync(part.noise.data(), &nz, sizeof(nz), cudaMemcpyHostToDevice,
+                               part.gpu->compute()));
+    return reinterpret_cast<const kernels::StepNoise*>(part.noise.data());
+  }
+#endif
+  (void)part;
+  return &nz;
+}
+
+// A job's end: a GPU part waits for its stream, so that what it wrote is there for the next
+// part, and its busy time is the GPU's.
+void PlacedTower::finish_job(Part& part) {
+#if TOWERS_HAVE_CUDA
+  if (part.gpu) CUDA_CHECK(cudaStreamSynchronize(part.gpu->compute()));
+#endif
+  (void)part;
+}
+
+const float* PlacedTower::first_input(Part& part, int64_t b0, int64_t n, const float* images,
+                                      bool pull) {
+  const size_t first = part.spec.first;
+  const int64_t f = numel(graph().layers()[first]->in_shape());
+  const float* x = input(first, b0, images);
+  if (part.in.data() == nullptr) return x;
+  float* dst = part.in.data() + b0 * f;
+  if (pull) {
+    const int src = part.pos == 0 ? -1 : parts_[part.pos - 1]->memory;
+    copy_between(dst, part.memory, x, src, n * f, stream_of(part));
+  }
+  return dst;
 }
 
 const float* PlacedTower::input(size_t i, int64_t b0, const float* images) const {
@@ -152,17 +297,56 @@ void PlacedTower::forward(Part& part, int64_t b0, int64_t b1, const float* image
   const auto& layers = graph().layers();
   // The micro-batch's examples keep their positions in the step: the masks of one device.
   const kernels::StepNoise nz{noise_.key, noise_.first_example + b0};
+  stream_of(part);  // a GPU part's device, current
+  const float* x0 = first_input(part, b0, b1 - b0, images, true);
+  const kernels::StepNoise* noise = stage_noise(part, nz);
   for (size_t i = part.spec.first; i < part.spec.last; ++i) {
     ForwardArgs a;
     a.n = b1 - b0;
-    a.x = input(i, b0, images);
+    a.x = i == part.spec.first ? x0 : input(i, b0, images);
     a.y = output(i, b0);
     bind_variables(i, part.params.data(), part.lo, a);
     a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
     a.training = training;
-    a.noise = &nz;
+    a.noise = noise;
+#if TOWERS_HAVE_CUDA
+    if (part.gpu) {
+      layers[i]->forward_gpu(part.exec, a);
+      continue;
+    }
+#endif
     layers[i]->forward(a);
   }
+}
+
+// The loss of examples [b0, b1) on a GPU last part: the loss node's kernel over the rows, and
+// their per-example losses and hits copied out, which run() sums on the host in example order.
+void PlacedTower::loss_rows_gpu(Part& part, int64_t b0, int64_t b1, const int32_t* labels,
+                                float grad_scale, float* dlogits) {
+#if TOWERS_HAVE_CUDA
+  const int64_t n = b1 - b0, k = graph().num_classes();
+  cudaStream_t s = part.gpu->compute();
+  auto* lab = reinterpret_cast<int32_t*>(part.labels.data()) + b0;
+  auto* loss = reinterpret_cast<double*>(part.row_loss.data()) + b0;
+  auto* hits = reinterpret_cast<int32_t*>(part.row_correct.data()) + b0;
+  CUDA_CHECK(cudaMemcpyAsync(lab, labels + b0, sizeof(int32_t) * n, cudaMemcpyHostToDevice, s));
+  LossArgs la;
+  la.n = n;
+  la.classes = k;
+  la.logits = output(graph().layers().size() - 1, b0);
+  la.labels = lab;
+  la.grad_scale = grad_scale;
+  la.dlogits = dlogits;
+  la.row_loss = loss;
+  la.row_correct = hits;
+  graph().loss().forward_gpu(part.exec, la);
+  CUDA_CHECK(cudaMemcpyAsync(row_loss_.data() + b0, loss, sizeof(double) * n,
+                             cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(row_correct_.data() + b0, hits, sizeof(int32_t) * n,
+                             cudaMemcpyDeviceToHost, s));
+#else
+  (void)part, (void)b0, (void)b1, (void)labels, (void)grad_scale, (void)dlogits;
+#endif
 }
 
 // The loss of examples [b0, b1), one example per call: each example's loss is then exactly
@@ -190,40 +374,91 @@ void PlacedTower::backward(Part& part, int m, int64_t b0, int64_t b1, const floa
                            const int32_t* labels, float grad_scale) {
   const auto& layers = graph().layers();
   const bool last_part = part.pos + 1 == parts();
+  const bool on_gpu = part.memory >= 0;
   const kernels::StepNoise nz{noise_.key, noise_.first_example + b0};
-  // Micro-batch 0 writes the part's span of the tower's gradient, the others buffers of their
-  // own; the sum comes after the part's last backward.
+  void* stream = stream_of(part);
+  const kernels::StepNoise* noise = stage_noise(part, nz);
+  // Micro-batch 0 writes the part's span of the tower's gradient (a GPU part: its own device
+  // span), the others buffers of their own; the sum comes after the part's last backward.
   float* g = part.hi == part.lo ? nullptr
-             : m == 0           ? grads_.data() + part.lo
-                                : part.micro_grads[m - 1].data();
+             : m > 0            ? part.micro_grads[m - 1].data()
+             : on_gpu           ? part.grads.data()
+                                : grads_.data() + part.lo;
   const float* dy = nullptr;
   int buf = 0;
   if (last_part) {
-    loss_rows(b0, b1, labels, grad_scale, part.dact[0].data());
+    if (on_gpu)
+      loss_rows_gpu(part, b0, b1, labels, grad_scale, part.dact[0].data());
+    else
+      loss_rows(b0, b1, labels, grad_scale, part.dact[0].data());
     dy = part.dact[0].data();
     buf = 1;
   } else {
-    dy = part.err.data() + b0 * numel(layers[part.spec.last - 1]->out_shape());
+    const int64_t f = numel(layers[part.spec.last - 1]->out_shape());
+    float* err = part.err.data() + b0 * f;
+    const Part& next = *parts_[part.pos + 1];
+    // The part after lives elsewhere: its error for us is in its dx_out.
+    if (next.memory != part.memory)
+      copy_between(err, part.memory, next.dx_out.data() + b0 * f, next.memory, (b1 - b0) * f,
+                   stream);
+    dy = err;
   }
+  const float* x0 = first_input(part, b0, b1 - b0, images, false);
   for (size_t i = part.spec.last; i-- > part.spec.first;) {
     BackwardArgs a;
     a.n = b1 - b0;
-    a.x = input(i, b0, images);
+    a.x = i == part.spec.first ? x0 : input(i, b0, images);
     a.y = output(i, b0);
     a.dy = dy;
     if (i > part.spec.first) {
       a.dx = part.dact[buf].data();
       buf = 1 - buf;
     } else if (part.pos > 0) {
-      // The error crosses to the part before: its slice of that part's err buffer.
-      a.dx = parts_[part.pos - 1]->err.data() + b0 * numel(layers[i]->in_shape());
+      // The error crosses to the part before: its slice of that part's err buffer, or of our
+      // dx_out when that part lives elsewhere (it copies it in).
+      const int64_t f = numel(layers[i]->in_shape());
+      const Part& before = *parts_[part.pos - 1];
+      a.dx = before.memory == part.memory ? before.err.data() + b0 * f : part.dx_out.data() + b0 * f;
     }
     bind_variables(i, part.params.data(), g, part.lo, a);
     a.state_weight = static_cast<float>(b1 - b0) * grad_scale;
     a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
-    a.noise = &nz;
+    a.noise = noise;
+#if TOWERS_HAVE_CUDA
+    if (on_gpu) {
+      layers[i]->backward_gpu(part.exec, a);
+      dy = a.dx;
+      continue;
+    }
+#endif
     layers[i]->backward(a);
     dy = a.dx;
+  }
+}
+
+// After a part's last backward (micro-batch 0): its micro-batches' gradients tree-summed in
+// micro-batch order, and a GPU part's span copied to the tower's host gradient.
+void PlacedTower::sum_gradient(Part& part, int mbs) {
+  if (part.hi == part.lo) return;
+#if TOWERS_HAVE_CUDA
+  if (part.gpu) {
+    cudaStream_t s = part.gpu->compute();
+    if (mbs > 1) {
+      std::vector<float*> blocks{part.grads.data()};
+      for (int k = 1; k < mbs; ++k) blocks.push_back(part.micro_grads[k - 1].data());
+      kernels::cuda::tree_sum(s, blocks.data(), mbs, part.hi - part.lo);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(grads_.data() + part.lo, part.grads.data(),
+                               sizeof(float) * (part.hi - part.lo), cudaMemcpyDeviceToHost, s));
+    return;
+  }
+#endif
+  if (mbs > 1) {
+    std::vector<float*> blocks{grads_.data() + part.lo};
+    for (int k = 1; k < mbs; ++k) blocks.push_back(part.micro_grads[k - 1].data());
+    for_chunks(part.hi - part.lo, 1 << 14, [&](int64_t, int64_t b, int64_t e) {
+      kernels::cpu::tree_sum(blocks.data(), mbs, b, e);
+    });
   }
 }
 
@@ -269,19 +504,18 @@ StepStats PlacedTower::run(const float* images, const int32_t* labels, int64_t n
       const auto t0 = Clock::now();
       if (j < mbs) {
         forward(part, at[j], at[j + 1], images, training);
-        if (!training && q + 1 == P) loss_rows(at[j], at[j + 1], labels, 0.0f, nullptr);
+        if (!training && q + 1 == P) {
+          if (part.memory >= 0)
+            loss_rows_gpu(part, at[j], at[j + 1], labels, 0.0f, nullptr);
+          else
+            loss_rows(at[j], at[j + 1], labels, 0.0f, nullptr);
+        }
       } else {
         const int m = jobs - 1 - j;
         backward(part, m, at[m], at[m + 1], images, labels, grad_scale);
-        if (m == 0 && mbs > 1 && part.hi > part.lo) {
-          // The part's gradient: its micro-batches' tree sum, in micro-batch order.
-          std::vector<float*> blocks{grads_.data() + part.lo};
-          for (int k = 1; k < mbs; ++k) blocks.push_back(part.micro_grads[k - 1].data());
-          for_chunks(part.hi - part.lo, 1 << 14, [&](int64_t, int64_t b, int64_t e) {
-            kernels::cpu::tree_sum(blocks.data(), mbs, b, e);
-          });
-        }
+        if (m == 0) sum_gradient(part, mbs);
       }
+      finish_job(part);
       part.busy += seconds_since(t0);
     });
     {
@@ -319,8 +553,8 @@ StepStats PlacedTower::compute_gradients(const float* images, const int32_t* lab
 
 void PlacedTower::copy_logits(float* out, int64_t n) {
   check_batch(n);
-  std::memcpy(out, output(graph().layers().size() - 1, 0),
-              sizeof(float) * n * graph().num_classes());
+  copy_between(out, -1, output(graph().layers().size() - 1, 0), parts_.back()->memory,
+               n * graph().num_classes(), nullptr);
 }
 
 StepStats PlacedTower::evaluate(const float* images, const int32_t* labels, int64_t n) {

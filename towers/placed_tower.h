@@ -12,8 +12,12 @@
 // it has (the last part: after its own forwards); every (part, micro-batch) job is a oneTBB task
 // run inside its part's arena, started by the job it waits for, so no thread ever blocks on
 // another part and the parts compute at the same time. Activations cross forward and errors
-// backward as a micro-batch's slice of the producing part's buffer: on CPU parts all of it is
-// host memory, and the task order is the hand-off.
+// backward as a micro-batch's slice of the producing part's buffer: between CPU parts all of
+// it is host memory, and the task order is the hand-off. A part on a GPU (cuda:N) keeps its
+// buffers there and runs its layers' CUDA twins on its own stream; where two neighbours live
+// in different memories the consumer copies the slice (its input rows, or the next part's
+// error rows from its dx_out) on its stream, and every GPU job ends by waiting for its stream,
+// so the task order is the hand-off there too.
 //
 // Bitwise: micro-batch m's gradient goes to a buffer of its own, and after its last backward a
 // part tree-sums the M buffers in micro-batch order (kernels/reduce.h). When check_micro_batches
@@ -92,6 +96,17 @@ class PlacedTower final : public Tower {
   void backward(Part& part, int m, int64_t b0, int64_t b1, const float* images,
                 const int32_t* labels, float grad_scale);
   void loss_rows(int64_t b0, int64_t b1, const int32_t* labels, float grad_scale, float* dlogits);
+  void loss_rows_gpu(Part& part, int64_t b0, int64_t b1, const int32_t* labels, float grad_scale,
+                     float* dlogits);
+  void sum_gradient(Part& part, int mbs);
+  // A GPU part's compute stream, its device made current (null: a CPU part).
+  void* stream_of(Part& part);
+  // The step's noise where the part's layers read it.
+  const kernels::StepNoise* stage_noise(Part& part, const kernels::StepNoise& nz);
+  void finish_job(Part& part);
+  // The part's first layer's input rows [b0, b0 + n): where the part before left them, or the
+  // part's in buffer (pull: copied there first).
+  const float* first_input(Part& part, int64_t b0, int64_t n, const float* images, bool pull);
   // Layer i's input and output rows of examples [b0, ...).
   const float* input(size_t i, int64_t b0, const float* images) const;
   float* output(size_t i, int64_t b0) const;

@@ -54,11 +54,11 @@ void parse_device(const std::string& text, int part, PlacedPart& p, const std::s
   };
   if (text == "cpu") return;  // cpu:0, with the tower's share of threads
   if (text.rfind("cuda:", 0) == 0) {
-    if (!number(text.substr(5), 1023)) bad();
-    TOWERS_BAD_INPUT(
-        "{}: part {} is placed on {}: GPU parts are not built yet; place every part "
-        "on a CPU device (cpu:N or cpu:NxT)",
-        origin, part, text);
+    const std::optional<int> gpu = number(text.substr(5), 1023);
+    if (!gpu) bad();
+    p.kind = DeviceKind::Cuda;
+    p.index = *gpu;
+    return;
   }
   if (text.rfind("cpu:", 0) != 0) bad();
   const std::string rest = text.substr(4);

@@ -8,8 +8,10 @@
 // of the model, the parts follow the model's order (part p feeds part p + 1), and together
 // they hold every layer once. DEVICE is cpu:N (cpu alone is cpu:0), a oneTBB arena of its own, or
 // cpu:NxT for one with T threads (otherwise the tower's threads are shared out between its parts);
-// each part has a device of its own. cuda:N names a GPU, which a placement cannot use yet. Device
-// numbers name a tower's own devices: with N towers each tower has its cpu:0, cpu:1, ...
+// each part has a device of its own. cuda:N names a GPU: the part's parameters, activations and
+// kernels live there, and activations and errors cross to and from its neighbours by copies on
+// its stream. CPU device numbers name a tower's own arenas: with N towers each tower has its
+// cpu:0, cpu:1, ...; cuda:N is the machine's GPU N, shared by the towers placed on it.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +40,7 @@ struct Placement {
 // Parses and checks a placement against the model. Every mistake is a towers::Error that
 // starts with `origin` (the flag, or the file it came from) and says what is wrong: an unknown
 // layer or device, a layer placed twice or in no part, layers out of the model's order, a
-// device holding two parts, a GPU part.
+// device holding two parts. Whether a cuda:N exists is checked where the tower is made.
 Placement parse_placement(const std::string& text, const Graph& graph,
                           const std::string& origin = "--placement");
 

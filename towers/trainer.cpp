@@ -269,11 +269,20 @@ void validate(const TrainConfig& c) {
                    "--micro-batches needs --placement, or a model file with a \"placement\" "
                    "(micro-batches flow through the parts of a placed tower)");
     TOWERS_REQUIRE(c.device == "cpu",
-                   "{} with --device {}: GPU parts are not built yet; placed towers run on CPU "
-                   "devices (--device cpu{})", placement.origin, c.device,
-                   placement.from_file ? ", or --placement none for whole towers" : "");
+                   "{} with --device {}: a placed tower names its devices in the placement "
+                   "(cpu:N and cuda:N parts); leave --device at cpu{}", placement.origin,
+                   c.device, placement.from_file ? ", or give --placement none for whole towers" : "");
     const std::unique_ptr<Graph> g = build_graph(spec);
-    parse_placement(placement.text, *g, placement.origin);
+    const Placement parsed = parse_placement(placement.text, *g, placement.origin);
+    for (size_t q = 0; q < parsed.parts.size(); ++q) {
+      const PlacedPart& part = parsed.parts[q];
+      if (part.kind != DeviceKind::Cuda) continue;
+      const GpuList found = list_gpus();
+      TOWERS_REQUIRE(static_cast<size_t>(part.index) < found.gpus.size(),
+                     "{}: part {} is placed on {}, but this machine has {} GPU(s){}",
+                     placement.origin, q + 1, part.device_name(), found.gpus.size(),
+                     found.gpus.empty() ? " (" + found.why_none + ")" : "");
+    }
     check_micro_batches(*g, c.batch, c.micro_batches);
   }
   TOWERS_REQUIRE(c.conv.empty() || conv_algorithm_named(c.conv),

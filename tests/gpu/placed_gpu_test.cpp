@@ -1,0 +1,134 @@
+// Placed towers with GPU parts (towers/placed_tower.h): a part on cuda:0 runs its layers' GPU
+// twins on the GPU's stream, and activations and errors cross to and from CPU parts by copies.
+// Against the CPU tower of the whole model on the same batch: float-close gradients and losses
+// (the GPU part sums in other orders), for either side of the cut on the GPU, with and without
+// micro-batches; and a run through the CLI.
+#include <cmath>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cli_util.h"
+#include "core/rng.h"
+#include "gpu_test_util.h"
+#include "models/model_file.h"
+#include "models/models.h"
+#include "towers/placed_tower.h"
+#include "towers/placement.h"
+#include "towers/tower.h"
+
+namespace towers {
+namespace {
+
+using testutil::metrics_events;
+using testutil::run_towers;
+using testutil::test_path;
+
+// ||a - b|| / ||b||.
+double relative_distance(const float* a, const float* b, int64_t n) {
+  double d = 0, r = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    r += double(b[i]) * b[i];
+  }
+  return std::sqrt(d / r);
+}
+
+struct Cut {
+  const char* model;
+  const char* placement;
+  int micro_batches;
+};
+
+void PrintTo(const Cut& c, std::ostream* os) {
+  *os << c.model << " '" << c.placement << "' M=" << c.micro_batches;
+}
+
+class PlacedGpu : public ::testing::TestWithParam<Cut> {};
+
+TEST_P(PlacedGpu, MatchesTheWholeTowerOnTheCpu) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const Cut& cut = GetParam();
+  // im2col on both sides: the CPU's Winograd path rounds more than the comparison allows.
+  ModelSpec spec = read_model(cut.model);
+  set_conv_algorithm(spec, ConvAlgorithm::Im2col);
+  auto g = build_graph(spec);
+  const int64_t n = 32, total = g->layout().total();
+  std::vector<float> params(total);
+  g->layout().initialize(params.data(), 5);
+  Rng rng(17);
+  std::vector<float> images(n * numel(g->input_shape()));
+  for (float& v : images) v = rng.uniform(-1.5f, 1.5f);
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.next_u64() % 10));
+
+  CpuTower cpu(*g, n, 2);
+  cpu.load_params(params.data());
+  const StepStats want = cpu.compute_gradients(images.data(), labels.data(), n, 1.0f / n);
+  const std::vector<float> want_grads(cpu.grads(), cpu.grads() + total);
+  const StepStats want_eval = cpu.evaluate(images.data(), labels.data(), n);
+
+  const Placement placement = parse_placement(cut.placement, *g);
+  PlacedTower placed(*g, n, placement, cut.micro_batches, 2);
+  placed.load_params(params.data());
+  std::vector<float> poison(total, NAN);
+  std::copy(poison.begin(), poison.end(), placed.mutable_grads());
+  // Twice: the second step reuses every buffer the first wrote.
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const StepStats got = placed.compute_gradients(images.data(), labels.data(), n, 1.0f / n);
+    EXPECT_EQ(got.examples, n);
+    EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-5 * std::fabs(want.loss_sum));
+    for (const Variable& v : g->layout().variables())
+      EXPECT_LT(relative_distance(placed.grads() + v.offset, want_grads.data() + v.offset, v.size),
+                1e-4)
+          << v.spec.name;
+  }
+  const StepStats got_eval = placed.evaluate(images.data(), labels.data(), n);
+  EXPECT_NEAR(got_eval.loss_sum, want_eval.loss_sum, 1e-5 * std::fabs(want_eval.loss_sum));
+  std::vector<float> logits(n * 10), cpu_logits(cpu.logits(), cpu.logits() + n * 10);
+  placed.copy_logits(logits.data(), n);
+  EXPECT_LT(relative_distance(logits.data(), cpu_logits.data(), n * 10), 1e-5);
+  // Every part was busy, the GPU one included.
+  for (const auto& part : placed.pipeline_stats().parts) EXPECT_GT(part.busy_seconds, 0.0) << part.device;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cuts, PlacedGpu,
+    ::testing::Values(Cut{"mlp", "hidden@cuda:0;softmax_linear@cpu:0", 1},
+                      Cut{"mlp", "hidden@cpu:0;softmax_linear@cuda:0", 2},
+                      Cut{"cifar10", "conv1..pool2@cuda:0;local3..softmax_linear@cpu:0", 2},
+                      Cut{"cifar10", "conv1..norm1@cpu:0;conv2..local4@cuda:0;softmax_linear@cpu:1", 1},
+                      Cut{"cifar10", "conv1..softmax_linear@cuda:0", 4}),
+    [](const auto& info) {
+      std::string name = std::string(info.param.model) + "_" + std::to_string(info.index) + "_m" +
+                         std::to_string(info.param.micro_batches);
+      return name;
+    });
+
+// Through the CLI: a GPU part is named in the placement, with --device left at cpu, and the
+// run's pipeline record names it.
+TEST(PlacedGpuCli, TrainsWithAGpuPart) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string m = test_path("placed_gpu.jsonl");
+  std::string out;
+  ASSERT_EQ(run_towers("train --model mlp --dataset synthetic --synthetic-size 1000 --batch 128 "
+                       "--steps 6 --quiet --placement 'hidden@cuda:0;softmax_linear@cpu:0' "
+                       "--micro-batches 2 --metrics " + m,
+                       &out),
+            0)
+      << out;
+  const auto summary = metrics_events(m, "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  const auto& parts = summary[0]["pipeline"]["towers"][0]["parts"];
+  ASSERT_EQ(parts.size(), 2u) << summary[0].dump();
+  EXPECT_EQ(parts[0]["device"], "cuda:0");
+  EXPECT_EQ(parts[1]["device"], "cpu:0");
+  EXPECT_TRUE(std::isfinite(summary[0]["final_loss"].get<double>())) << summary[0].dump();
+}
+
+}  // namespace
+}  // namespace towers
