@@ -91,6 +91,13 @@ TEST(PlacementParse, ReadsPartsDevicesThreadsAndRanges) {
   // The threads of parts without a count: the tower's, shared out, at least one each.
   EXPECT_EQ(PlacedTower::part_threads(r, 4), (std::vector<int>{1, 2, 1}));
   EXPECT_EQ(PlacedTower::part_threads(r, 9), (std::vector<int>{3, 2, 3}));
+  // A GPU part (parsed here; whether the GPU exists is checked where a tower is made) gets one
+  // thread, for its launches; the CPU parts share the tower's.
+  const Placement gpu = parse_placement("hidden@cuda:0;softmax_linear@cpu:1", *build_model("mlp"));
+  ASSERT_EQ(gpu.parts.size(), 2u);
+  EXPECT_EQ(gpu.parts[0].kind, DeviceKind::Cuda);
+  EXPECT_EQ(gpu.parts[0].device_name(), "cuda:0");
+  EXPECT_EQ(PlacedTower::part_threads(gpu, 4), (std::vector<int>{1, 4}));
 
   const Placement one = parse_placement("hidden,softmax_linear@cpu", *build_model("mlp"));
   ASSERT_EQ(one.parts.size(), 1u);
@@ -410,8 +417,8 @@ TEST(PlacementCli, BadPlacementFlagsAreClearErrors) {
   if (list_gpus().gpus.empty())
     expect_error("--placement 'hidden@cpu:0;softmax_linear@cuda:0'",
                  {"--placement: part 2 is placed on cuda:0, but this machine has 0 GPU(s)"});
-  expect_error("--placement 'hidden@cpu:0;softmax_linear@cuda:7'",
-               {"--placement: part 2 is placed on cuda:7, but this machine has"});
+  expect_error("--placement 'hidden@cpu:0;softmax_linear@cuda:1023'",
+               {"--placement: part 2 is placed on cuda:1023, but this machine has"});
   expect_error("--placement 'softmax_linear@cpu:0;hidden@cpu:1'", {"--placement", "out of order"});
   expect_error("--placement 'hidden@cpu:0'", {"--placement", "softmax_linear is in no part"});
   expect_error("--micro-batches 2", {"--micro-batches needs --placement"});

@@ -67,6 +67,8 @@ void copy_between(float* dst, int dst_memory, const float* src, int src_memory, 
     return;
   }
 #if TOWERS_HAVE_CUDA
+  // A CPU consumer copies on the GPU side's device (no context is made on another).
+  if (stream == nullptr) CUDA_CHECK(cudaSetDevice(dst_memory >= 0 ? dst_memory : src_memory));
   const cudaMemcpyKind kind = dst_memory < 0   ? cudaMemcpyDeviceToHost
                               : src_memory < 0 ? cudaMemcpyHostToDevice
                               : dst_memory == src_memory ? cudaMemcpyDeviceToDevice
@@ -100,11 +102,14 @@ nlohmann::json PipelineStats::to_json() const {
           {"parts", ps}};
 }
 
+// A GPU part's thread only launches and waits: it gets one, and the CPU parts share the rest.
 std::vector<int> PlacedTower::part_threads(const Placement& placement, int threads) {
-  const int share =
-      std::max(1, threads / std::max<int>(1, static_cast<int>(placement.parts.size())));
+  int cpu_parts = 0;
+  for (const PlacedPart& p : placement.parts) cpu_parts += p.kind == DeviceKind::Cpu;
+  const int share = std::max(1, threads / std::max(1, cpu_parts));
   std::vector<int> out;
-  for (const PlacedPart& p : placement.parts) out.push_back(p.threads > 0 ? p.threads : share);
+  for (const PlacedPart& p : placement.parts)
+    out.push_back(p.threads > 0 ? p.threads : p.kind == DeviceKind::Cuda ? 1 : share);
   return out;
 }
 
@@ -152,9 +157,10 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
       TOWERS_REQUIRE(static_cast<size_t>(spec.index) < have,
                      "part {} is placed on cuda:{}, but this machine has {} GPU(s)", q + 1,
                      spec.index, have);
-      TOWERS_REQUIRE(micro_batches <= kernels::cuda::kMaxTreeBlocks,
+      static_assert(kMaxGpuPartMicroBatches <= kernels::cuda::kMaxTreeBlocks);
+      TOWERS_REQUIRE(micro_batches <= kMaxGpuPartMicroBatches,
                      "part {} on cuda:{}: at most {} micro-batches, got {}", q + 1, spec.index,
-                     kernels::cuda::kMaxTreeBlocks, micro_batches);
+                     kMaxGpuPartMicroBatches, micro_batches);
       part->gpu = std::make_unique<CudaDevice>(spec.index, false);
       part->mem = part->gpu.get();
       part->memory = spec.index;
@@ -220,6 +226,8 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
 }
 
 PlacedTower::~PlacedTower() = default;
+
+const float* PlacedTower::part_params(int q) const { return parts_.at(q)->params.data(); }
 
 void PlacedTower::load_params(const float* host) {
   for (auto& p : parts_) p->mem->copy_in(p->params.data(), host + p->lo, p->hi - p->lo);
@@ -325,7 +333,7 @@ void PlacedTower::loss_rows_gpu(Part& part, int64_t b0, int64_t b1, const int32_
                                 float grad_scale, float* dlogits) {
 #if TOWERS_HAVE_CUDA
   const int64_t n = b1 - b0, k = graph().num_classes();
-  cudaStream_t s = part.gpu->compute();
+  auto s = static_cast<cudaStream_t>(stream_of(part));
   auto* lab = reinterpret_cast<int32_t*>(part.labels.data()) + b0;
   auto* loss = reinterpret_cast<double*>(part.row_loss.data()) + b0;
   auto* hits = reinterpret_cast<int32_t*>(part.row_correct.data()) + b0;
@@ -442,7 +450,7 @@ void PlacedTower::sum_gradient(Part& part, int mbs) {
   if (part.hi == part.lo) return;
 #if TOWERS_HAVE_CUDA
   if (part.gpu) {
-    cudaStream_t s = part.gpu->compute();
+    auto s = static_cast<cudaStream_t>(stream_of(part));
     if (mbs > 1) {
       std::vector<float*> blocks{part.grads.data()};
       for (int k = 1; k < mbs; ++k) blocks.push_back(part.micro_grads[k - 1].data());

@@ -43,6 +43,9 @@
 
 namespace towers {
 
+// A GPU part tree-sums its micro-batches' gradients on the GPU: at most this many.
+constexpr int kMaxGpuPartMicroBatches = 64;
+
 // What a placed tower's parts did over its compute_gradients calls.
 struct PipelineStats {
   struct Part {
@@ -85,7 +88,10 @@ class PlacedTower final : public Tower {
   int threads() const { return total_threads_; }  // over all parts
   const PipelineStats& pipeline_stats() const { return stats_; }
 
-  // The threads each part of `placement` gets when the tower has `threads`.
+  // Where part q's parameters live (tests: a GPU part's are device memory).
+  const float* part_params(int q) const;
+  // The threads each part of `placement` gets when the tower has `threads`: a GPU part 1, the
+  // CPU parts without a count of their own a share of the rest.
   static std::vector<int> part_threads(const Placement& placement, int threads);
 
  private:

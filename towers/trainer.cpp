@@ -282,6 +282,9 @@ void validate(const TrainConfig& c) {
                      "{}: part {} is placed on {}, but this machine has {} GPU(s){}",
                      placement.origin, q + 1, part.device_name(), found.gpus.size(),
                      found.gpus.empty() ? " (" + found.why_none + ")" : "");
+      TOWERS_REQUIRE(c.micro_batches <= kMaxGpuPartMicroBatches,
+                     "--micro-batches {}: part {} on {} sums at most {} micro-batches",
+                     c.micro_batches, q + 1, part.device_name(), kMaxGpuPartMicroBatches);
     }
     check_micro_batches(*g, c.batch, c.micro_batches);
   }
@@ -618,7 +621,7 @@ void Run::place_towers() {
   }
   // The step driver sizes oneTBB's pool by the towers' threads: every part's.
   ec_.threads_per_tower = threads_;
-  placement_ = fmt::format("placed on {} CPU parts ({}), {} micro-batch{}", parts.size(),
+  placement_ = fmt::format("placed on {} parts ({}), {} micro-batch{}", parts.size(),
                            fmt::join(parts, "; "), c_.micro_batches,
                            c_.micro_batches > 1 ? "es" : "");
 }

@@ -14,6 +14,9 @@
 #include "cli_util.h"
 #include "core/rng.h"
 #include "gpu_test_util.h"
+#ifdef TOWERS_EMULATED_GPU
+#include "tests/emu/emu_runtime.h"
+#endif
 #include "models/model_file.h"
 #include "models/models.h"
 #include "towers/placed_tower.h"
@@ -41,6 +44,7 @@ struct Cut {
   const char* model;
   const char* placement;
   int micro_batches;
+  bool cudnn = false;  // the placed tower's convolutions by cuDNN (its CPU parts hold none)
 };
 
 void PrintTo(const Cut& c, std::ostream* os) {
@@ -52,10 +56,12 @@ class PlacedGpu : public ::testing::TestWithParam<Cut> {};
 TEST_P(PlacedGpu, MatchesTheWholeTowerOnTheCpu) {
   TOWERS_SKIP_WITHOUT_GPU();
   const Cut& cut = GetParam();
-  // im2col on both sides: the CPU's Winograd path rounds more than the comparison allows.
+  // The CPU tower by im2col: its Winograd path rounds more than the comparison allows.
   ModelSpec spec = read_model(cut.model);
   set_conv_algorithm(spec, ConvAlgorithm::Im2col);
   auto g = build_graph(spec);
+  set_conv_algorithm(spec, cut.cudnn ? ConvAlgorithm::Auto : ConvAlgorithm::Im2col);
+  auto placed_graph = build_graph(spec);
   const int64_t n = 32, total = g->layout().total();
   std::vector<float> params(total);
   g->layout().initialize(params.data(), 5);
@@ -71,8 +77,21 @@ TEST_P(PlacedGpu, MatchesTheWholeTowerOnTheCpu) {
   const std::vector<float> want_grads(cpu.grads(), cpu.grads() + total);
   const StepStats want_eval = cpu.evaluate(images.data(), labels.data(), n);
 
-  const Placement placement = parse_placement(cut.placement, *g);
-  PlacedTower placed(*g, n, placement, cut.micro_batches, 2);
+  const Placement placement = parse_placement(cut.placement, *placed_graph);
+  PlacedTower placed(*placed_graph, n, placement, cut.micro_batches, 2);
+  // A GPU part's parameters are in GPU memory (the emulator tracks its allocations).
+  for (size_t q = 0; q < placement.parts.size(); ++q) {
+    if (placement.parts[q].kind != DeviceKind::Cuda) continue;
+    cudaPointerAttributes attr{};
+#ifdef TOWERS_EMULATED_GPU
+    EXPECT_TRUE(emu::on_device(placed.part_params(static_cast<int>(q)), sizeof(float)))
+        << "part " << q;
+#else
+    ASSERT_EQ(cudaPointerGetAttributes(&attr, placed.part_params(static_cast<int>(q))), cudaSuccess);
+    EXPECT_EQ(attr.type, cudaMemoryTypeDevice) << "part " << q;
+#endif
+    (void)attr;
+  }
   placed.load_params(params.data());
   std::vector<float> poison(total, NAN);
   std::copy(poison.begin(), poison.end(), placed.mutable_grads());
@@ -102,11 +121,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Cut{"mlp", "hidden@cpu:0;softmax_linear@cuda:0", 2},
                       Cut{"cifar10", "conv1..pool2@cuda:0;local3..softmax_linear@cpu:0", 2},
                       Cut{"cifar10", "conv1..norm1@cpu:0;conv2..local4@cuda:0;softmax_linear@cpu:1", 1},
-                      Cut{"cifar10", "conv1..softmax_linear@cuda:0", 4}),
+                      Cut{"cifar10", "conv1..softmax_linear@cuda:0", 4},
+                      Cut{"cifar10", "conv1..pool2@cuda:0;local3..softmax_linear@cpu:0", 2, true}),
     [](const auto& info) {
-      std::string name = std::string(info.param.model) + "_" + std::to_string(info.index) + "_m" +
-                         std::to_string(info.param.micro_batches);
-      return name;
+      return std::string(info.param.model) + "_" + std::to_string(info.index) + "_m" +
+             std::to_string(info.param.micro_batches) + (info.param.cudnn ? "_cudnn" : "");
     });
 
 // Through the CLI: a GPU part is named in the placement, with --device left at cpu, and the
