@@ -2,7 +2,8 @@
 """Plots training curves of towers runs and peers side by side: OUT.png.
 
 Each input is a JSON-lines file, either a towers `--metrics` file (its `eval` records, its
-`step` records and `summary`) or a peer's output (`{"event": "eval", ...}` lines and a
+`step` records, `summary`, and `rollback` records, after which the evaluations of the steps
+taken again are dropped) or a peer's output (`{"event": "eval", ...}` lines and a
 `summary`, as bench/peers/torch_model_file.py prints). Left: test accuracy against training
 seconds (evaluation time left out, as both report it). Right: test accuracy against epochs.
 The final accuracy is the summary's.
@@ -27,14 +28,18 @@ def read(path):
                 continue
             r = json.loads(line)
             if r.get("event") == "eval":
-                evals.append((r["train_seconds"], r["epoch"], r["test_accuracy"]))
+                evals.append((r["train_seconds"], r["epoch"], r["test_accuracy"], r.get("step")))
+            elif r.get("event") == "rollback":
+                # A remote sync run went back to step r["step"]: the evaluations after it are
+                # of steps that are taken again.
+                evals = [e for e in evals if e[3] is None or e[3] <= r["step"]]
             elif r.get("event") == "summary":
                 summary = r
     if summary is None:
         raise SystemExit(f"{path}: no summary record (did the run finish?)")
     seconds = summary.get("train_seconds", summary.get("wall_seconds"))
-    evals.append((seconds, summary["epochs"], summary["test_accuracy"]))
-    return evals
+    evals.append((seconds, summary["epochs"], summary["test_accuracy"], None))
+    return [e[:3] for e in evals]
 
 
 def main(out, runs):

@@ -25,6 +25,7 @@
 
 #include "cli_util.h"
 #include "core/check.h"
+#include "io/checkpoint.h"
 #include "optim/optimizer.h"
 #include "towers/remote/cluster.h"
 #include "towers/remote/remote_store.h"
@@ -237,7 +238,7 @@ struct OneShard {
   std::unique_ptr<remote::RemoteParameterStore> store;
   remote::RemoteConfig cfg;
 
-  OneShard(int64_t n, int64_t piece)
+  OneShard(int64_t n, int64_t piece, const std::string& checkpoint_dir = "")
       : layout({{"v/w", {n}, Init::constant(0.5f)}}), params(n, 0.5f),
         opt(layout, OptimizerConfig{"sgd"}) {
     remote::Cluster c;
@@ -246,6 +247,7 @@ struct OneShard {
     opts.cluster = c;
     opts.token = "t";
     opts.quiet = true;
+    opts.checkpoint_dir = checkpoint_dir;
     server = std::thread([this] { remote::run_shard(opts); });
     cfg.cluster = c;
     cfg.token = "t";
@@ -371,6 +373,99 @@ TEST(RemoteShard, ProtobufClientsPushAndPullWhole) {
     EXPECT_EQ(reinterpret_cast<const float*>(got.params().data())[i], expect) << i;
     EXPECT_EQ(streamed[i], expect) << i;
   }
+}
+
+// Restore: a sync shard goes back to a round it saved, from its own checkpoint of it, at a new
+// rollback generation; a worker's calls of the earlier generation are refused with the
+// rollback, and the worker's store, once it has asked every shard for it, goes on from that
+// round. A round the shard has no checkpoint of is refused with the file named, and nothing
+// changes; a Restore of an earlier generation is answered with the later rollback.
+TEST(RemoteShard, RestoreGoesBackToASavedRoundAtANewGeneration) {
+  const std::string dir = test_path("ps-ck");
+  OneShard s(1024, 300, dir);
+  const std::vector<float> g(1024, 1.0f);
+  CpuDevice host(1);
+  auto push = [&] {
+    UpdateRecord rec;
+    rec.lr = 1.0f;
+    rec.examples = 1;
+    rec.contributors = 1;
+    return s.store->push(g.data(), rec, host);
+  };
+  auto params_are = [&](float want) {
+    std::vector<float> got(1024, -9.0f);
+    s.store->pull_into(got.data());
+    for (float v : got)
+      if (v != want) return false;
+    return true;
+  };
+  ASSERT_EQ(push(), 1);  // sgd, lr 1: 0.5 - 1
+  ASSERT_EQ(s.store->save_shards(1).at(0), dir + "/ps-0-0000000001.ckpt");
+  ASSERT_EQ(push(), 2);
+  ASSERT_EQ(s.store->save_shards(2).at(0), dir + "/ps-0-0000000002.ckpt");
+  ASSERT_EQ(push(), 3);
+  ASSERT_TRUE(params_are(-2.5f));
+
+  remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+  auto restore = [&](int64_t version, int64_t generation, remote::RestoreReply* rep) {
+    remote::RestoreRequest req;
+    req.set_layout_hash(remote::layout_hash(s.layout));
+    req.set_version(version);
+    req.set_generation(generation);
+    auto ctx = remote::call_context("t", 10);
+    return shards.stub(0).Restore(ctx.get(), req, rep);
+  };
+  remote::RestoreReply rep;
+  // No checkpoint of round 3: refused, naming the file; the shard goes on as it was.
+  grpc::Status st = restore(3, 1, &rep);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("ps-0-0000000003.ckpt"), std::string::npos)
+      << st.error_message();
+  EXPECT_NE(st.error_message().find("--resume"), std::string::npos) << st.error_message();
+  EXPECT_TRUE(params_are(-2.5f));
+  EXPECT_EQ(push(), 4);
+
+  // Back to round 1, generation 1.
+  st = restore(1, 1, &rep);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(rep.version(), 1);
+  EXPECT_EQ(rep.path(), dir + "/ps-0-0000000001.ckpt");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ps-0-0000000002.ckpt"));  // a round given up
+  // The same rollback again: answered at once; an earlier generation: the later rollback.
+  st = restore(1, 1, &rep);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_TRUE(rep.path().empty());
+  st = restore(2, 0, &rep);
+  const auto later = remote::rollback_of(st);
+  ASSERT_TRUE(later.has_value()) << st.error_message();
+  EXPECT_EQ(later->version, 1);
+  EXPECT_EQ(later->generation, 1);
+
+  // The worker's store is at generation 0: its next call is refused with the rollback, which it
+  // adopts (and says so) before it goes on from round 1.
+  EXPECT_EQ(s.store->generation(), 0);
+  try {
+    push();
+    ADD_FAILURE() << "a push of generation 0 was taken";
+  } catch (const remote::RollbackError& e) {
+    EXPECT_EQ(e.rollback.version, 1);
+    EXPECT_EQ(e.rollback.generation, 1);
+    EXPECT_NE(std::string(e.what()).find("every shard went back to round 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(s.store->generation(), 1);
+  EXPECT_EQ(s.store->version(), 1);
+  EXPECT_TRUE(params_are(-0.5f));
+  EXPECT_EQ(push(), 2);
+  EXPECT_TRUE(params_are(-1.5f));
+  // A stream of generation 0 is refused, not applied.
+  remote::PushRequest h = s.head();
+  h.set_round(2);
+  EXPECT_NE(s.push({piece(h, 0, g, 0, 300), piece(h, 300, g, 300, 600), piece(h, 600, g, 600, 900),
+                    piece(h, 900, g, 900, 1024)})
+                .find("roll back to it"),
+            std::string::npos);
+  EXPECT_TRUE(params_are(-1.5f));
 }
 
 // ---- clusters of real processes -------------------------------------------------------------
@@ -668,6 +763,34 @@ TEST(RemoteCli, BackupWorkersDropTheStragglersLateGradients) {
 namespace towers {
 namespace {
 
+// Whether shard i of a launch in dir has written a checkpoint (ps-I-VERSION.ckpt).
+bool shard_saved(const std::string& dir, int i) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/ps-checkpoints", ec))
+    if (e.path().filename().string().rfind(fmt::format("ps-{}-", i), 0) == 0 &&
+        e.path().extension() == ".ckpt")
+      return true;
+  return false;
+}
+
+// Kills shard i of a launch in dir with kill -9 and starts it again with the same command line
+// (from processes.json).
+Proc kill_and_restart_shard(const std::string& dir, int i) {
+  std::map<std::string, pid_t> procs = launched(dir);
+  const std::string task = fmt::format("ps:{}", i);
+  EXPECT_EQ(kill(procs[task], SIGKILL), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::vector<std::string> argv;
+  {
+    std::ifstream in(dir + "/processes.json");
+    for (const auto& p : nlohmann::json::parse(in))
+      if (p["task"] == task)
+        for (size_t a = 1; a < p["argv"].size(); ++a) argv.push_back(p["argv"][a]);
+  }
+  EXPECT_FALSE(argv.empty());
+  return spawn(argv, test_path(fmt::format("ps-{}-again.log", i)));
+}
+
 // A shard killed with kill -9 and started again with the same flags restores its range from
 // its last checkpoint; the workers reconnect and an async run finishes. The async tests use
 // lr 0.01: two interleaved Hogwild workers with momentum 0.9 at the default lr 0.1 diverge on
@@ -681,31 +804,68 @@ TEST(RemoteCli, KilledShardRestartsFromItsCheckpointAndTheRunFinishes) {
                   "--slow-tower", "0:10", "--slow-tower", "1:10", "--checkpoint-dir", dir + "/ck",
                   "--checkpoint-every", "0.5", "--rpc-timeout", "60"},
                  test_path("launch.log"));
-  const std::string saved = dir + "/ps-checkpoints/ps-1.ckpt";
-  ASSERT_TRUE(eventually(90, [&] { return std::filesystem::exists(saved); })) << read_all(l.log);
-  std::map<std::string, pid_t> procs = launched(dir);
-  ASSERT_EQ(kill(procs["ps:1"], SIGKILL), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  // The same command line, from processes.json.
-  std::vector<std::string> argv;
-  {
-    std::ifstream in(dir + "/processes.json");
-    for (const auto& p : nlohmann::json::parse(in))
-      if (p["task"] == "ps:1")
-        for (size_t i = 1; i < p["argv"].size(); ++i) argv.push_back(p["argv"][i]);
-  }
-  ASSERT_FALSE(argv.empty());
-  Proc again = spawn(argv, test_path("ps-1-again.log"));
+  ASSERT_TRUE(eventually(90, [&] { return shard_saved(dir, 1); })) << read_all(l.log);
+  Proc again = kill_and_restart_shard(dir, 1);
   const int rc = wait_for(l, 180);
   const std::string out = read_all(l.log);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("ps:1: killed by signal 9"), std::string::npos) << out;
   EXPECT_EQ(wait_for(again, 60), 0) << read_all(again.log);
   const std::string shard_log = read_all(again.log);
-  EXPECT_NE(shard_log.find("ps-1.ckpt"), std::string::npos) << shard_log;  // restored from it
+  EXPECT_NE(shard_log.find("ps-1-"), std::string::npos) << shard_log;  // restored from its file
   const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
   ASSERT_EQ(summary.size(), 1u) << out;
   EXPECT_GE(summary[0]["steps"].get<int64_t>(), 700);
+}
+
+// Sync: the restarted shard is rounds behind the others. Every shard goes back to its round
+// (each restores its own checkpoint of it), the workers take the steps after it again, and the
+// run ends bitwise where one process with the same towers ends: a kill -9 costs time, not
+// work.
+TEST(RemoteCli, SyncRunRollsBackToARestartedShardsCheckpointAndEndsBitwise) {
+  const std::string flags =
+      "--model mlp --dataset synthetic --synthetic-size 1000 --batch 16 --mode sync --steps 240 "
+      "--seed 5 --eval-every 0 --log-every 1 --checkpoint-every 0.5 --optimizer adam --lr 0.001";
+  const std::string dir = test_path("launch"), one = test_path("one");
+  std::vector<std::string> args = {"launch", "--ps", "2", "--workers", "2", "--out", dir, "--",
+                                   "train", "--checkpoint-dir", dir + "/ck", "--rpc-timeout", "60",
+                                   "--slow-tower", "0:15", "--slow-tower", "1:15"};
+  std::istringstream words(flags);
+  for (std::string w; words >> w;) args.push_back(w);
+  Proc l = spawn(args, test_path("launch.log"));
+  // Killed well after the shard's first checkpoint, so that the others are rounds ahead of it.
+  int64_t killed_at = 0;
+  ASSERT_TRUE(eventually(90, [&] {
+    const auto steps = metrics_events(dir + "/worker-0.jsonl", "step");
+    if (steps.empty() || !shard_saved(dir, 1)) return false;
+    killed_at = steps.back()["step"].get<int64_t>();
+    return killed_at >= 40 && killed_at < 200;
+  })) << read_all(l.log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Proc again = kill_and_restart_shard(dir, 1);
+  const int rc = wait_for(l, 180);
+  const std::string out = read_all(l.log);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(wait_for(again, 60), 0) << read_all(again.log);
+  EXPECT_NE(read_all(again.log).find("workers will be asked to roll back"), std::string::npos)
+      << read_all(again.log);
+  EXPECT_NE(out.find("the run goes on from step"), std::string::npos) << out;
+  for (int w = 0; w < 2; ++w) {
+    const auto back = metrics_events(fmt::format("{}/worker-{}.jsonl", dir, w), "rollback");
+    ASSERT_GE(back.size(), 1u) << "worker " << w << "\n" << out;
+    EXPECT_LT(back[0]["step"].get<int64_t>(), killed_at + 2);
+    const auto summary = metrics_events(fmt::format("{}/worker-{}.jsonl", dir, w), "summary");
+    ASSERT_EQ(summary.size(), 1u) << out;
+    EXPECT_EQ(summary[0]["steps"].get<int64_t>(), 240);
+    EXPECT_GE(summary[0]["rollbacks"].get<int>(), 1);
+  }
+  std::string ref;
+  ASSERT_EQ(run_towers(fmt::format("train {} --towers 2 --quiet --metrics {}/m.jsonl "
+                                   "--checkpoint-dir {}", flags, one, one), &ref), 0) << ref;
+  const std::string a = tensor_bytes(*io::latest_checkpoint(one));
+  const std::string b = tensor_bytes(*io::latest_checkpoint(dir + "/ck"));
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the parameters and slots differ from one process's";
 }
 
 }  // namespace

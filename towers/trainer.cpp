@@ -38,6 +38,9 @@ std::atomic<bool> g_stop_requested{false};
 
 namespace {
 
+// A remote sync run that has gone back to a restarted shard's checkpoint this many times stops.
+constexpr int kMaxRollbacks = 16;
+
 struct EvalResult {
   double accuracy = 0.0, loss = 0.0;
   int64_t examples = 0;
@@ -828,8 +831,28 @@ void Run::loop() {
   hooks.side_work = [&](int64_t step) { side_work(step); };
   t_train_ = Clock::now();
   try {
-    group_->run(data_.train, tf_.train, c_.seed, start_step_, end_step_,
-                start_examples_ / c_.batch, hooks);
+    for (int64_t from = start_step_;;) {
+      try {
+        // (The batch a free-running tower starts at; lockstep runs take it from the version.)
+        group_->run(data_.train, tf_.train, c_.seed, from, end_step_,
+                    (start_examples_ + (from - start_step_) * per_update_) / c_.batch, hooks);
+        break;
+      } catch (const remote::RollbackError& e) {
+        // A sync run whose restarted shard went back to its checkpoint: every shard has gone
+        // back to that round (the store asked them), and the run goes on from there; the
+        // steps after it are taken again, with the same batches.
+        if (!remote_) throw;
+        ++sum_.rollbacks;
+        TOWERS_REQUIRE(sum_.rollbacks <= kMaxRollbacks,
+                       "{}; that is {} rollbacks in one run: stopping", e.what(), sum_.rollbacks);
+        from = e.rollback.version;
+        eval_due_ = ckpt_due_ = false;
+        metrics_->write({{"event", "rollback"}, {"step", from},
+                         {"generation", e.rollback.generation}, {"reason", e.what()},
+                         {"wall_seconds", seconds_since(t_start_)}});
+        say(fmt::format("{}; the run goes on from step {}", e.what(), from));
+      }
+    }
   } catch (const Error& e) {
     // A remote run that cannot go on (sync without a lost worker, a shard gone): the chief
     // saves what the shards still hold, the last complete round, before it reports the error.
@@ -911,6 +934,7 @@ TrainSummary Run::summary() {
     line["worker"] = rank_;
     line["workers"] = cluster_->cluster.workers();
     line["lost_workers"] = sum_.lost_workers;
+    line["rollbacks"] = sum_.rollbacks;
     if (!chief_) line["test_accuracy"] = line["test_loss"] = nullptr;
   }
   if (placed_) line["pipeline"] = sum_.pipeline = pipeline_summary();

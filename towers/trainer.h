@@ -93,6 +93,7 @@ struct TrainSummary {
   double time_to_target = -1.0;     // training seconds to --target-accuracy (-1: not reached)
   double wall_to_target = -1.0;
   std::vector<int> lost_workers;    // remote: workers the shards lost during the run
+  int rollbacks = 0;                // remote sync: times the shards went back to a checkpoint
 };
 
 // Set (e.g. by SIGINT) to stop after the current step; a checkpoint is written if the run

@@ -161,6 +161,7 @@ int64_t RemoteParameterStore::join() {
                        "ps:{} ({}) serves pieces of {} floats, ps:0 of {}: the shards disagree",
                        i, cfg_.cluster.ps[i], rep.piece_floats(), piece_);
         piece_ = rep.piece_floats();
+        generation_.store(std::max(generation_.load(), rep.generation()));
         break;
       }
       TOWERS_REQUIRE(Clock::now() < until,
@@ -222,13 +223,17 @@ int64_t RemoteParameterStore::fetch(float* dst, int ti) {
   req.set_layout_hash(hash_);
   req.set_worker(cfg_.rank);
   // sync: the current round, so a pull waits at the barrier for it
-  if (cfg_.mode == "sync") req.set_min_version(version_.load());
+  if (cfg_.mode == "sync") {
+    req.set_min_version(version_.load());
+    req.set_generation(generation_.load());
+  }
   if (cfg_.mode == "ssp") {
     req.set_clock(ti >= 0 ? clocks_[ti].load() : min_clock());
     req.set_worker_clock(min_clock());
   }
   // The one copy: each piece, from the received slices to dst, as it arrives.
-  const std::vector<int64_t> versions = shards_->pull_streams(req, ranges_, dst, cfg_.rpc_timeout);
+  const std::vector<int64_t> versions = adopting_rollbacks(
+      [&] { return shards_->pull_streams(req, ranges_, dst, cfg_.rpc_timeout); });
   const int64_t v = *std::min_element(versions.begin(), versions.end());
   if (cfg_.mode != "sync") {
     int64_t seen = version_.load();
@@ -250,6 +255,7 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
     r.set_layout_hash(hash_);
     r.set_worker(cfg_.rank);
     r.set_round(round);
+    if (cfg_.mode == "sync") r.set_generation(generation_.load());
     r.set_lr(rec.lr);
     r.set_skip(skip);
     r.set_loss_sum(rec.loss * static_cast<double>(rec.examples));
@@ -277,7 +283,10 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
         return true;
       });
     }
-    shards_->push_streams(out, reps, cfg_.rpc_timeout);
+    adopting_rollbacks([&] {
+      shards_->push_streams(out, reps, cfg_.rpc_timeout);
+      return 0;
+    });
   }
   const PushReply& r0 = reps[0];
   int64_t v = r0.version();
@@ -337,6 +346,45 @@ const float* RemoteParameterStore::host_params() {
   for (const auto& r : reps) v = std::min(v, r.head.version());
   version_.store(std::max(version_.load(), v));
   return params_;
+}
+
+template <class Call>
+auto RemoteParameterStore::adopting_rollbacks(Call call) -> decltype(call()) {
+  try {
+    return call();
+  } catch (const RollbackError& e) {
+    const Rollback r = roll_back(e.rollback);
+    throw RollbackError(fmt::format("{}; every shard went back to round {} (rollback generation "
+                                    "{})", e.what(), r.version, r.generation),
+                        r);
+  }
+}
+
+Rollback RemoteParameterStore::roll_back(Rollback r) {
+  std::lock_guard<std::mutex> l(rollback_mu_);
+  for (int tries = 0;; ++tries) {
+    if (generation_.load() >= r.generation) return {version_.load(), generation_.load()};
+    TOWERS_REQUIRE(tries < 16, "the shards kept asking for rollbacks (the last: to round {}, "
+                   "generation {}); continue the run from the chief's checkpoint with --resume",
+                   r.version, r.generation);
+    std::vector<RestoreRequest> reqs(shards_->size());
+    std::vector<RestoreReply> reps(shards_->size());
+    for (RestoreRequest& q : reqs) {
+      q.set_layout_hash(hash_);
+      q.set_version(r.version);
+      q.set_generation(r.generation);
+    }
+    try {
+      shards_->all("Restore", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
+        shards_->stub(i).async()->Restore(ctx, &reqs[i], &reps[i], std::move(done));
+      });
+    } catch (const RollbackError& later) {  // a shard is at a later rollback: that one
+      r = later.rollback;
+      continue;
+    }
+    version_.store(r.version);
+    generation_.store(r.generation);
+  }
 }
 
 std::vector<std::string> RemoteParameterStore::save_shards(int64_t version) {

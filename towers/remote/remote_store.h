@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +86,8 @@ class RemoteParameterStore final : public ParameterStore {
   int64_t pull_into(float* dst) { return fetch(dst, -1); }
   // The size of the pieces that pushes and pulls travel in, as the shards serve them.
   int64_t piece_floats() const { return piece_; }
+  // Sync: the rollback generation this worker is at (towers.proto, RestoreRequest).
+  int64_t generation() const { return generation_.load(); }
 
   int64_t version() const override { return version_.load(); }
   UpdateAccess access() const override { return access_; }
@@ -102,6 +105,15 @@ class RemoteParameterStore final : public ParameterStore {
 
  private:
   int64_t push_ranges(const float* grads, bool skip, UpdateRecord& rec);
+  // A call of this worker was refused with rollback r: asks every shard to restore r's round
+  // (adopting any later rollback a shard answers with), and takes the round as the store's
+  // version. Returns the rollback adopted; a later one adopted meanwhile by another tower's
+  // call is returned as it is.
+  Rollback roll_back(Rollback r);
+  // Runs call(); a rollback it meets is adopted (roll_back), then thrown on, so that the run
+  // goes on from its round.
+  template <class Call>
+  auto adopting_rollbacks(Call call) -> decltype(call());
   // The parameters into dst, for tower ti (ssp: its clock; -1: the slowest tower's).
   int64_t fetch(float* dst, int ti);
   int tower_index(const Tower& t) const;
@@ -116,6 +128,8 @@ class RemoteParameterStore final : public ParameterStore {
   int64_t piece_ = 0;  // join(): the shards' RunSpec.piece_floats
   std::unique_ptr<ShardSet> shards_;
   std::atomic<int64_t> version_{0};
+  std::atomic<int64_t> generation_{0};
+  std::mutex rollback_mu_;  // one roll_back at a time
   std::vector<Tower*> towers_;
   std::vector<HostBuffer> pulled_;         // per tower: the parameters as pulled
   std::vector<int64_t> version_read_;      // per tower: the version of its last pull

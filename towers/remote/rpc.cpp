@@ -106,4 +106,24 @@ std::string describe(const grpc::Status& s) {
   return fmt::format("{}: {}", c >= 0 && c <= 16 ? names[c] : "?", s.error_message());
 }
 
+namespace {
+constexpr const char* kRollbackTag = "towers-rollback";
+}  // namespace
+
+grpc::Status rollback_status(const Rollback& r, const std::string& why) {
+  return {grpc::StatusCode::ABORTED, why,
+          fmt::format("{} {} {}", kRollbackTag, r.version, r.generation)};
+}
+
+std::optional<Rollback> rollback_of(const grpc::Status& s) {
+  if (s.error_code() != grpc::StatusCode::ABORTED) return std::nullopt;
+  std::istringstream in(s.error_details());
+  std::string tag;
+  Rollback r;
+  if (!(in >> tag >> r.version >> r.generation) || tag != kRollbackTag || r.version < 0 ||
+      r.generation < 1)
+    return std::nullopt;
+  return r;
+}
+
 }  // namespace towers::remote

@@ -3,10 +3,14 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
+
+#include "core/check.h"
 
 namespace towers::remote {
 
@@ -40,5 +44,25 @@ std::unique_ptr<grpc::ClientContext> call_context(const std::string& token, doub
 
 // "UNAVAILABLE: failed to connect ..." for an error message.
 std::string describe(const grpc::Status& s);
+
+// A sync run's rollback (towers.proto, RestoreRequest): every shard goes back to `version`,
+// the restored checkpoint of a restarted shard, at rollback generation `generation`.
+struct Rollback {
+  int64_t version = 0;
+  int64_t generation = 0;
+};
+// The status a shard refuses a call with when the caller must adopt rollback r first: ABORTED,
+// with `why` as its message and r in its details.
+grpc::Status rollback_status(const Rollback& r, const std::string& why);
+// The rollback a status asks for, if it is one.
+std::optional<Rollback> rollback_of(const grpc::Status& s);
+
+// A worker's call refused with a rollback: the worker's store asks every shard to restore it
+// (RemoteParameterStore), and its run goes on from that round.
+class RollbackError : public Error {
+ public:
+  RollbackError(const std::string& what, Rollback r) : Error(what), rollback(r) {}
+  Rollback rollback;
+};
 
 }  // namespace towers::remote

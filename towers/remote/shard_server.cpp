@@ -154,8 +154,8 @@ class ShardService final : public ShardBase {
       return {StatusCode::FAILED_PRECONDITION,
               fmt::format("{} already serves run {}; a shard serves one run (start a fresh one{})",
                           name_, run_id_,
-                          restored_ ? fmt::format(", without {}, which it restored that run from",
-                                                  checkpoint_path())
+                          restored_ ? fmt::format(", without the checkpoints in {}, which it "
+                                                  "restored that run from", o_.checkpoint_dir)
                                     : "")};
     }
     if (Status s = init_checked(*req, "the chief"); !s.ok()) return s;
@@ -165,20 +165,172 @@ class ShardService final : public ShardBase {
   }
 
   // A restarted shard: its last checkpoint, if --checkpoint-dir holds one. Throws for a file
-  // that cannot be used.
+  // that cannot be used. In a sync run the other shards are rounds ahead of it: the workers'
+  // calls are refused with a rollback to its version, at a generation after the one it saved
+  // at (and after any the workers are at: admit()).
   void restore() {
     if (o_.checkpoint_dir.empty()) return;
-    const std::string path = checkpoint_path();
-    std::ifstream in(path, std::ios::binary);
-    if (!in.good()) return;
-    std::stringstream ss;
-    ss << in.rdbuf();
-    InitRequest req;
-    TOWERS_REQUIRE(req.ParseFromString(ss.str()), "{}: '{}' is not a shard checkpoint", name_, path);
+    const std::map<int64_t, std::string> files = checkpoints();
+    if (files.empty()) return;
+    const std::string& path = files.rbegin()->second;
+    const InitRequest req = read_checkpoint(path);
     std::unique_lock<std::mutex> l(mu_);
     Status s = init_checked(req, path);
     restored_ = true;
     TOWERS_REQUIRE(s.ok(), "{}: cannot restore '{}': {}", name_, path, s.error_message());
+    generation_ = req.generation();
+    if (run_.mode() == "sync") {
+      generation_ = req.generation() + 1;
+      rollback_version_ = version_.load();
+      pending_ = true;
+      say(fmt::format("the other shards may be rounds ahead: workers will be asked to roll back "
+                      "to round {} (generation {})", rollback_version_, generation_));
+    }
+  }
+
+  // A checkpoint file of this shard (an InitRequest); throws naming the file.
+  InitRequest read_checkpoint(const std::string& path) const {
+    std::ifstream in(path, std::ios::binary);
+    TOWERS_REQUIRE(in.good(), "{}: cannot read '{}'", name_, path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    InitRequest req;
+    TOWERS_REQUIRE(req.ParseFromString(ss.str()), "{}: '{}' is not a shard checkpoint", name_, path);
+    return req;
+  }
+
+  // Sync: goes back to the request's version, from this shard's checkpoint at that version,
+  // once no call of an earlier generation is still taking a piece, applying one or holding
+  // the parameters; calls of earlier generations are refused from the start, and the waiting
+  // ones are woken and refused.
+  Status Restore(ServerContext* ctx, const RestoreRequest* req, RestoreReply* rep) override {
+    if (Status s = authorize(ctx); !s.ok()) return s;
+    if (Status s = check_reader(req->layout_hash()); !s.ok()) return s;
+    if (run_.mode() != "sync")
+      return {StatusCode::FAILED_PRECONDITION,
+              fmt::format("{}: rollbacks are for sync runs; this run is {}", name_, run_.mode())};
+    const Rollback want{req->version(), req->generation()};
+    InitRequest ck;
+    std::string path;
+    for (bool loaded = false;;) {
+      std::unique_lock<std::mutex> l(mu_);
+      if (want.generation < generation_)
+        return rollback_status({rollback_version_, generation_},
+                               fmt::format("{} is at a later rollback: round {}, generation {}",
+                                           name_, rollback_version_, generation_));
+      if (want.generation == generation_) {
+        if (want.version != rollback_version_) {
+          if (!pending_)
+            return {StatusCode::INTERNAL,
+                    fmt::format("{}: rollback generation {} is to round {} here, not {}", name_,
+                                generation_, rollback_version_, want.version)};
+          // Two restarted shards made the same generation from different checkpoints: the
+          // earlier round of the two, one generation on.
+          generation_ += 1;
+          rollback_version_ = std::min(rollback_version_, want.version);
+          return rollback_status({rollback_version_, generation_},
+                                 fmt::format("{} restored another round: roll back to round {} "
+                                             "(generation {})", name_, rollback_version_,
+                                             generation_));
+        }
+        pending_ = false;
+        if (Status s = wait(l, ctx, [&] { return !restoring_; },
+                            [] { return std::string("the rollback to finish"); });
+            !s.ok())
+          return s;
+        rep->set_version(version_.load());
+        return Status::OK;
+      }
+      if (!loaded) {
+        // The checkpoint is read and checked before anything changes.
+        l.unlock();
+        path = checkpoint_path(want.version);
+        try {
+          ck = read_checkpoint(path);
+        } catch (const std::exception& e) {
+          return {StatusCode::FAILED_PRECONDITION,
+                  fmt::format("{} cannot roll back to round {}: {}; continue the run from the "
+                              "chief's checkpoint with --resume", name_, want.version, e.what())};
+        }
+        const size_t bytes = sizeof(float) * static_cast<size_t>(range_.size());
+        if (ck.layout_hash() != hash_ || ck.version() != want.version ||
+            ck.params().size() != bytes ||
+            static_cast<size_t>(ck.slots_size()) != opt_->slot_names().size())
+          return {StatusCode::FAILED_PRECONDITION,
+                  fmt::format("{} cannot roll back to round {}: '{}' holds round {} of another "
+                              "range or layout", name_, want.version, path, ck.version())};
+        for (const std::string& slot : ck.slots())
+          if (slot.size() != bytes)
+            return {StatusCode::FAILED_PRECONDITION,
+                    fmt::format("{} cannot roll back: a slot of '{}' does not fit the range", name_,
+                                path)};
+        loaded = true;
+        continue;  // (the generation may have moved meanwhile)
+      }
+      generation_ = want.generation;
+      rollback_version_ = want.version;
+      pending_ = false;
+      restoring_ = true;
+      cv_.notify_all();
+      // The calls of earlier generations let go: their copies and applies of pieces finish,
+      // and gRPC lets go of the parameters lent to their pulls.
+      auto quiet = [&] {
+        return started_ == finished_ && copying_ == 0 &&
+               std::all_of(inflight_.begin(), inflight_.end(), [](int n) { return n == 0; });
+      };
+      if (!cv_.wait_until(l, ctx->deadline(), quiet)) {
+        restoring_ = false;
+        return {StatusCode::DEADLINE_EXCEEDED,
+                fmt::format("{}: the round in progress did not let go of the parameters before "
+                            "the rollback's deadline", name_)};
+      }
+      const size_t bytes = sizeof(float) * static_cast<size_t>(range_.size());
+      std::memcpy(params_.data(), ck.params().data(), bytes);
+      for (int i = 0; i < ck.slots_size(); ++i)
+        std::memcpy(opt_->slot(opt_->slot_names()[i]), ck.slots(i).data(), bytes);
+      opt_->load_state({{"name", opt_->config().name}, {"updates", ck.updates()}});
+      version_.store(want.version);
+      clear_round();
+      deferred_.clear();
+      rounds_.clear();
+      restoring_ = false;
+      cv_.notify_all();
+      l.unlock();
+      // Checkpoints of the rounds given up are not restored from again.
+      for (const auto& [v, file] : checkpoints())
+        if (v > want.version) std::filesystem::remove(file);
+      say(fmt::format("rolled back to round {} (generation {}) from {}", want.version,
+                      want.generation, path));
+      rep->set_version(want.version);
+      rep->set_path(path);
+      return Status::OK;
+    }
+  }
+
+  // Sync, a worker's call at rollback generation `gen`: refused with the rollback to adopt
+  // when the shard is at a later one; held while a rollback is being loaded.
+  Status admit(ServerContextBase* ctx, int64_t gen) {
+    if (run_.mode() != "sync") return Status::OK;
+    std::unique_lock<std::mutex> l(mu_);
+    // A restarted shard's rollback comes after every generation the workers are at.
+    if (pending_ && gen >= generation_) generation_ = gen + 1;
+    if (gen < generation_) return stale(gen);
+    if (gen > generation_)
+      return {StatusCode::FAILED_PRECONDITION,
+              fmt::format("{}: a call of rollback generation {}, but the shard is at {}", name_,
+                          gen, generation_)};
+    if (!restoring_) return Status::OK;
+    return wait(l, ctx, [&] { return !restoring_; },
+                [] { return std::string("the rollback to finish"); }, gen);
+  }
+
+  // Under mu_: the refusal of a call of generation gen, earlier than the shard's.
+  Status stale(int64_t gen) const {
+    return rollback_status({rollback_version_, generation_},
+                           fmt::format("{} {} round {}: roll back to it (generation {}; the "
+                                       "call's is {})", name_,
+                                       pending_ ? "was restarted and restored" : "went back to",
+                                       rollback_version_, generation_, gen));
   }
 
   Status Save(ServerContext* ctx, const SaveRequest* req, SaveReply* rep) override {
@@ -209,9 +361,20 @@ class ShardService final : public ShardBase {
         });
         !s.ok())
       return s;
-    const std::string path = checkpoint_path();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ck.set_generation(generation_);
+    }
+    const std::string path = checkpoint_path(ck.version());
     try {
       write_atomically(path, ck.SerializeAsString());
+      // The last few: a rollback goes back to the round of a restarted shard's last
+      // checkpoint, which the other shards may already have saved past.
+      std::map<int64_t, std::string> files = checkpoints();
+      while (files.size() > kKeepCheckpoints) {
+        std::filesystem::remove(files.begin()->second);
+        files.erase(files.begin());
+      }
     } catch (const std::exception& e) {
       return {StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what())};
     }
@@ -626,12 +789,14 @@ class ShardService final : public ShardBase {
     if (!c.started) {
       if (Status s = authorize(c.ctx); !s.ok()) return s;
       if (Status s = check_worker(m.layout_hash(), m.worker()); !s.ok()) return s;
+      if (Status s = admit(c.ctx, m.generation()); !s.ok()) return s;
       c.head = m;
       c.head.clear_offset();
       c.started = true;
       if (run_.mode() != "sync" && !m.skip()) c.grads = HostBuffer(range_.size());
     } else if (m.worker() != c.head.worker() || m.round() != c.head.round() ||
-               m.skip() != c.head.skip() || m.layout_hash() != c.head.layout_hash()) {
+               m.skip() != c.head.skip() || m.layout_hash() != c.head.layout_hash() ||
+               m.generation() != c.head.generation()) {
       return {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: a PushStream message of worker {}, round {} inside a push of worker "
                           "{}, round {}: refused", name_, m.worker(), m.round(), c.head.worker(),
@@ -681,6 +846,7 @@ class ShardService final : public ShardBase {
     bool completes = false;
     {
       std::unique_lock<std::mutex> l(mu_);
+      if (c.head.generation() < generation_) return stale(c.head.generation());
       const int64_t v = version_.load();
       if (c.late || round < v) {
         c.late = true;
@@ -695,7 +861,10 @@ class ShardService final : public ShardBase {
       } else {
         // The other workers' copies of the piece are done (they are under way, so this wait
         // is short).
-        cv_.wait(l, [&] { return copied_[piece] == k_ - 1; });
+        cv_.wait(l, [&] {
+          return copied_[piece] == k_ - 1 || c.head.generation() < generation_;
+        });
+        if (c.head.generation() < generation_) return stale(c.head.generation());
         begin_piece(c.head.lr());  // from here, readers wait for the round
         if (copying_ > 0) {
           // A worker's pull still holds the parameters (gRPC has not sent all it was lent):
@@ -808,17 +977,13 @@ class ShardService final : public ShardBase {
     } else if (Status s = check_reader(req.layout_hash()); !s.ok()) {
       return s;
     }
+    const int64_t gen = req.worker() >= 0 ? req.generation() : -1;
+    if (gen >= 0)
+      if (Status s = admit(ctx, gen); !s.ok()) return s;
     if (req.min_version() == 0 && (run_.mode() != "ssp" || req.worker() < 0)) return Status::OK;
     std::unique_lock<std::mutex> l(mu_);
     if (req.worker() >= 0)  // a restarted shard learns the workers' clocks from their pulls
       clocks_[req.worker()] = std::max(clocks_[req.worker()], req.worker_clock());
-    if (restored_ && run_.mode() == "sync" && req.min_version() > version_.load() &&
-        arrived_count_ == 0)
-      return {StatusCode::FAILED_PRECONDITION,
-              fmt::format("{} was restarted and restored round {} from its checkpoint, but "
-                          "worker {} is at round {}: sync cannot go on with the other shards "
-                          "rounds ahead; continue the run from the chief's checkpoint with "
-                          "--resume", name_, version_.load(), req.worker(), req.min_version())};
     auto ready = [&] {
       if (version_.load() < req.min_version()) return false;
       return run_.mode() != "ssp" || req.worker() < 0 ||
@@ -829,7 +994,7 @@ class ShardService final : public ShardBase {
                  ? fmt::format("version {} (at {})", req.min_version(), version_.load())
                  : fmt::format("the slowest worker (clock {} is more than {} ahead)", req.clock(),
                                run_.staleness());
-    });
+    }, run_.mode() == "sync" ? gen : -1);
   }
 
   // The reply's parameters are copied once, into a slice that the reply owns.
@@ -965,6 +1130,7 @@ class ShardService final : public ShardBase {
     rep->set_dropped(dropped_);
     rep->set_heartbeat_timeout_ms(timeout_.count());
     rep->set_piece_floats(piece_);
+    rep->set_generation(generation_);
     if (req->with_layout() && initialized_) {
       *rep->mutable_variables() = init_.variables();
       rep->set_model(init_.model());
@@ -1079,10 +1245,13 @@ class ShardService final : public ShardBase {
   }
 
   // Waits on cv_ (l holds mu_) until ready(), the call's deadline, or a lost worker that the
-  // wait needs (sync). what() says what is waited for.
+  // wait needs (sync). what() says what is waited for. gen >= 0: a sync call of that rollback
+  // generation, refused once the shard goes on to a later one.
   template <class Ready, class What>
-  Status wait(std::unique_lock<std::mutex>& l, ServerContextBase* ctx, Ready ready, What what) {
+  Status wait(std::unique_lock<std::mutex>& l, ServerContextBase* ctx, Ready ready, What what,
+              int64_t gen = -1) {
     while (!ready()) {
+      if (gen >= 0 && gen < generation_) return stale(gen);
       if (exit_) return {StatusCode::UNAVAILABLE, fmt::format("{} is shutting down", name_)};
       if (ctx->IsCancelled())
         return {StatusCode::CANCELLED, fmt::format("{}: the call was cancelled", name_)};
@@ -1123,6 +1292,7 @@ class ShardService final : public ShardBase {
   Status push_sync(PushCall& c, PushReply& rep) {
     const PushRequest& req = c.head;
     std::unique_lock<std::mutex> l(mu_);
+    if (req.generation() < generation_) return stale(req.generation());
     const int w = req.worker();
     const int64_t round = req.round();
     const int64_t v = version_.load();
@@ -1136,7 +1306,8 @@ class ShardService final : public ShardBase {
     if (round > v) return round_ahead(w, round, v);
     // A stale call of this worker (its stream broken, then retried) may still be copying a
     // piece that this push skipped as already here: its gradient is whole once that is done.
-    cv_.wait(l, [&] { return inflight_[w] == 0; });
+    cv_.wait(l, [&] { return inflight_[w] == 0 || req.generation() < generation_; });
+    if (req.generation() < generation_) return stale(req.generation());
     if (version_.load() != round) {  // applied without it meanwhile (backup workers)
       ++dropped_;
       rep.set_version(version_.load());
@@ -1152,8 +1323,12 @@ class ShardService final : public ShardBase {
     }
     ++waiting_[w];
     const Status s = wait(l, c.ctx, [&] { return version_.load() > round; },
-                          [&] { return fmt::format("the other workers' gradients of round {}", round); });
+                          [&] {
+                            return fmt::format("the other workers' gradients of round {}", round);
+                          },
+                          req.generation());
     --waiting_[w];
+    if (rollback_of(s)) return s;  // the round is gone with its generation: nothing to withdraw
     if (!s.ok()) {
       // Withdraw, so that the round may still complete with a retry of this push (its pieces
       // stay: they are the same gradient), unless another call of the worker still waits.
@@ -1220,14 +1395,19 @@ class ShardService final : public ShardBase {
     const int64_t round = version_.load();
     rounds_[round] = t;
     while (rounds_.size() > 64) rounds_.erase(rounds_.begin());
+    clear_round();
+    version_.store(round + 1);
+    cv_.notify_all();
+  }
+
+  // Under mu_: no worker's gradient or piece of a round is here.
+  void clear_round() {
     std::fill(arrived_.begin(), arrived_.end(), 0);
     arrived_count_ = 0;
     for (auto& g : got_) std::fill(g.begin(), g.end(), 0);
     std::fill(claimed_.begin(), claimed_.end(), 0);
     std::fill(copied_.begin(), copied_.end(), 0);
     started_ = finished_ = 0;
-    version_.store(round + 1);
-    cv_.notify_all();
   }
 
   void copy_slots(PullReply& rep) {
@@ -1268,9 +1448,30 @@ class ShardService final : public ShardBase {
     bool finite = true;
   };
 
-  std::string checkpoint_path() const {
-    return (std::filesystem::path(o_.checkpoint_dir) / fmt::format("ps-{}.ckpt", o_.index)).string();
+  // This shard's checkpoint of a version: ps-I-VERSION.ckpt.
+  std::string checkpoint_path(int64_t version) const {
+    return (std::filesystem::path(o_.checkpoint_dir) /
+            fmt::format("ps-{}-{:010}.ckpt", o_.index, version))
+        .string();
   }
+  // This shard's checkpoints in --checkpoint-dir, by version.
+  std::map<int64_t, std::string> checkpoints() const {
+    std::map<int64_t, std::string> out;
+    const std::string prefix = fmt::format("ps-{}-", o_.index);
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(o_.checkpoint_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.size() <= prefix.size() + 5 || name.compare(0, prefix.size(), prefix) != 0 ||
+          name.compare(name.size() - 5, 5, ".ckpt") != 0)
+        continue;
+      const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 5);
+      auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+      if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), digit)) continue;
+      out[std::stoll(digits)] = e.path().string();
+    }
+    return out;
+  }
+  static constexpr size_t kKeepCheckpoints = 3;
 
   // path's bytes replaced by data, or left as they were: a temporary file in the same folder,
   // fsynced, renamed over path, the folder fsynced.
@@ -1308,6 +1509,13 @@ class ShardService final : public ShardBase {
   const std::string name_;
   InitRequest init_;      // the run as initialised, without its arrays
   bool restored_ = false;  // from a checkpoint, by a restarted shard
+  // Sync rollbacks (Restore): the generation the shard is at, the round it went back to,
+  // whether it is a restarted shard whose rollback no worker has adopted yet, and whether a
+  // Restore is loading its checkpoint.
+  int64_t generation_ = 0;
+  int64_t rollback_version_ = 0;
+  bool pending_ = false;
+  bool restoring_ = false;
   std::mutex save_mu_;    // one Save at a time
   mutable std::atomic<int64_t> rejected_{0};
   std::mutex mu_;

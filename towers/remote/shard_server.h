@@ -20,11 +20,12 @@
 // the SSP minimum, no longer waited for by backup-worker rounds. The shard exits once every
 // worker has said it is done or has been lost, or on Shutdown.
 // With --checkpoint-dir the shard writes its range when the chief checkpoints (Save), and a
-// shard killed and started again with the same flags restores it; the workers' calls retry an
-// unreachable shard until their deadline, so they reconnect to the new one. Async and SSP go
-// on from there (the shard's updates since its checkpoint are lost: more staleness); sync
-// cannot, since the other shards are rounds ahead: the workers stop with an error that says
-// so, and the run continues from the chief's checkpoint with --resume.
+// shard killed and started again with the same flags restores its latest; the workers' calls
+// retry an unreachable shard until their deadline, so they reconnect to the new one. Async
+// and SSP go on from there (the shard's updates since its checkpoint are lost: more
+// staleness). In sync the other shards are rounds ahead: the restarted shard refuses the
+// workers' calls with a rollback to its round, and a worker asks every shard to restore its
+// own checkpoint of that round (Restore; towers.proto, README decision 57).
 #pragma once
 
 #include <string>
@@ -42,8 +43,9 @@ struct ShardOptions {
   std::string read_token;  // optional: allows Info and readers' pulls only (towers pull / eval)
   TlsFiles tls;
   bool quiet = false;
-  // Where Save writes this shard's checkpoint (ps-I.ckpt), and where a restarted shard finds
-  // it: it then serves again from that version without the chief's Init. Empty: no
+  // Where Save writes this shard's checkpoints (ps-I-VERSION.ckpt, the last three), where a
+  // restarted shard finds its latest (it then serves again from that version without the
+  // chief's Init), and where a sync rollback finds the round it goes back to. Empty: no
   // checkpoints.
   std::string checkpoint_dir;
   // `towers ps`: once the shard has finished (every worker done, its checkpoint written), the

@@ -56,6 +56,7 @@ void ShardSet::all(const char* what, double timeout, const StartPosting& start) 
     std::mutex mu;
     std::condition_variable cv;
     int pending = n;
+    bool rolled_back = false;  // a call was refused with a rollback: the others are cancelled
     std::deque<std::function<void()>> work;
     const Post post = [&](std::function<void()> f) {
       std::lock_guard<std::mutex> l(mu);
@@ -66,14 +67,28 @@ void ShardSet::all(const char* what, double timeout, const StartPosting& start) 
     for (int k = 0; k < n; ++k)
       start(todo[k], ctx[k].get(), [&, k](grpc::Status s) {
         std::lock_guard<std::mutex> l(mu);
+        if (rollback_of(s)) rolled_back = true;
         status[k] = std::move(s);
-        if (--pending == 0) cv.notify_all();
+        --pending;
+        cv.notify_all();
       }, post);
     {
       std::unique_lock<std::mutex> l(mu);
+      bool cancelled = false;
       for (;;) {
-        cv.wait(l, [&] { return pending == 0 || !work.empty(); });
-        if (work.empty()) break;
+        cv.wait(l, [&] { return pending == 0 || !work.empty() || (rolled_back && !cancelled); });
+        if (rolled_back && !cancelled) {
+          // The others' calls (a push waiting at a round's barrier) are of the round given up.
+          cancelled = true;
+          l.unlock();
+          for (auto& c : ctx) c->TryCancel();
+          l.lock();
+          continue;
+        }
+        if (work.empty()) {
+          if (pending == 0) break;
+          continue;
+        }
         std::function<void()> f = std::move(work.front());
         work.pop_front();
         l.unlock();
@@ -81,6 +96,17 @@ void ShardSet::all(const char* what, double timeout, const StartPosting& start) 
         l.lock();
       }
     }
+    // The latest rollback any shard asks for.
+    std::optional<Rollback> rollback;
+    int by = -1;
+    for (int k = 0; k < n; ++k)
+      if (const auto r = rollback_of(status[k]);
+          r && (!rollback || r->generation > rollback->generation))
+        rollback = r, by = k;
+    if (rollback)
+      throw RollbackError(fmt::format("ps:{} ({}): {}", todo[by], addresses_[todo[by]],
+                                      status[by].error_message()),
+                          *rollback);
     std::vector<int> again;
     for (int k = 0; k < n; ++k) {
       if (status[k].ok()) continue;
