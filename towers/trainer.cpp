@@ -847,6 +847,7 @@ void Run::loop() {
                        "{}; that is {} rollbacks in one run: stopping", e.what(), sum_.rollbacks);
         from = e.rollback.version;
         eval_due_ = ckpt_due_ = false;
+        target_reached_.store(false);  // (if it was, the steps that reached it are taken again)
         metrics_->write({{"event", "rollback"}, {"step", from},
                          {"generation", e.rollback.generation}, {"reason", e.what()},
                          {"wall_seconds", seconds_since(t_start_)}});

@@ -321,11 +321,15 @@ int64_t RemoteParameterStore::skip(UpdateRecord& rec) { return push_ranges(nullp
 const float* RemoteParameterStore::host_params() {
   PullRequest req;
   req.set_layout_hash(hash_);
-  req.set_worker(-1);
   req.set_with_slots(true);
-  // sync: every shard at one round (with backup workers, rounds go on while the chief reads).
+  // sync: every shard at one round (with backup workers, rounds go on while the chief reads),
+  // read as this worker at its rollback generation: a shard that has gone back to an earlier
+  // round refuses it with the rollback, which the run then takes.
+  const bool sync = cfg_.mode == "sync";
+  req.set_worker(sync ? cfg_.rank : -1);
+  if (sync) req.set_generation(generation_.load());
   const std::vector<ShardSet::Pulled> reps =
-      shards_->pull_all(req, cfg_.mode == "sync", cfg_.rpc_timeout);
+      adopting_rollbacks([&] { return shards_->pull_all(req, sync, cfg_.rpc_timeout); });
   const auto names = opt_.slot_names();
   for (int i = 0; i < shards_->size(); ++i) {
     const Range& g = ranges_[i];

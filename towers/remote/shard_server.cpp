@@ -209,39 +209,51 @@ class ShardService final : public ShardBase {
     if (run_.mode() != "sync")
       return {StatusCode::FAILED_PRECONDITION,
               fmt::format("{}: rollbacks are for sync runs; this run is {}", name_, run_.mode())};
+    if (o_.checkpoint_dir.empty())
+      return {StatusCode::FAILED_PRECONDITION,
+              fmt::format("{} was started without --checkpoint-dir, so it cannot roll back to "
+                          "round {}; continue the run from the chief's checkpoint with --resume",
+                          name_, req->version())};
     const Rollback want{req->version(), req->generation()};
+    // No Save between the switch and the reload: what it wrote could be of the rounds given up.
+    std::lock_guard<std::mutex> saving(save_mu_);
     InitRequest ck;
     std::string path;
-    for (bool loaded = false;;) {
+    for (bool read = false;;) {
       std::unique_lock<std::mutex> l(mu_);
       if (want.generation < generation_)
         return rollback_status({rollback_version_, generation_},
                                fmt::format("{} is at a later rollback: round {}, generation {}",
                                            name_, rollback_version_, generation_));
-      if (want.generation == generation_) {
-        if (want.version != rollback_version_) {
-          if (!pending_)
-            return {StatusCode::INTERNAL,
-                    fmt::format("{}: rollback generation {} is to round {} here, not {}", name_,
-                                generation_, rollback_version_, want.version)};
-          // Two restarted shards made the same generation from different checkpoints: the
-          // earlier round of the two, one generation on.
-          generation_ += 1;
-          rollback_version_ = std::min(rollback_version_, want.version);
-          return rollback_status({rollback_version_, generation_},
-                                 fmt::format("{} restored another round: roll back to round {} "
-                                             "(generation {})", name_, rollback_version_,
-                                             generation_));
-        }
+      if (pending_ && want.version > rollback_version_) {
+        // A restarted shard has no round after its checkpoint's: the others come back to it.
+        generation_ = std::max(generation_, want.generation) + 1;
+        return rollback_status({rollback_version_, generation_},
+                               fmt::format("{} was restarted at round {}, before round {}: roll "
+                                           "back to it (generation {})", name_,
+                                           rollback_version_, want.version, generation_));
+      }
+      if (want.generation == generation_ && want.version != rollback_version_) {
+        if (!pending_)
+          return {StatusCode::INTERNAL,
+                  fmt::format("{}: rollback generation {} is to round {} here, not {}", name_,
+                              generation_, rollback_version_, want.version)};
+        // Two restarted shards made one generation from different rounds: the earlier round,
+        // one generation on (this one loads it when asked).
+        generation_ += 1;
+        rollback_version_ = want.version;
+        needs_load_ = true;
+        return rollback_status({rollback_version_, generation_},
+                               fmt::format("{} restored a later round: roll back to round {} "
+                                           "(generation {})", name_, rollback_version_,
+                                           generation_));
+      }
+      if (want.generation == generation_ && !needs_load_) {  // this rollback is done here
         pending_ = false;
-        if (Status s = wait(l, ctx, [&] { return !restoring_; },
-                            [] { return std::string("the rollback to finish"); });
-            !s.ok())
-          return s;
         rep->set_version(version_.load());
         return Status::OK;
       }
-      if (!loaded) {
+      if (!read) {
         // The checkpoint is read and checked before anything changes.
         l.unlock();
         path = checkpoint_path(want.version);
@@ -264,12 +276,13 @@ class ShardService final : public ShardBase {
             return {StatusCode::FAILED_PRECONDITION,
                     fmt::format("{} cannot roll back: a slot of '{}' does not fit the range", name_,
                                 path)};
-        loaded = true;
+        read = true;
         continue;  // (the generation may have moved meanwhile)
       }
       generation_ = want.generation;
       rollback_version_ = want.version;
       pending_ = false;
+      needs_load_ = true;  // until the checkpoint is in (a Restore that times out leaves it so)
       restoring_ = true;
       cv_.notify_all();
       // The calls of earlier generations let go: their copies and applies of pieces finish,
@@ -293,7 +306,7 @@ class ShardService final : public ShardBase {
       clear_round();
       deferred_.clear();
       rounds_.clear();
-      restoring_ = false;
+      needs_load_ = restoring_ = false;
       cv_.notify_all();
       l.unlock();
       // Checkpoints of the rounds given up are not restored from again.
@@ -933,13 +946,11 @@ class ShardService final : public ShardBase {
 
   Status round_ahead(int w, int64_t round, int64_t v) const {
     return {StatusCode::FAILED_PRECONDITION,
-            restored_
-                ? fmt::format("{} was restarted and restored round {} from its checkpoint, but "
-                              "worker {} is at round {}: sync cannot go on with the other shards "
-                              "rounds ahead; continue the run from the chief's checkpoint with "
-                              "--resume", name_, v, w, round)
-                : fmt::format("{}: worker {} pushed round {} but the shard is at round {}", name_,
-                              w, round, v)};
+            fmt::format("{}: worker {} pushed round {} but the shard is at round {}{}", name_, w,
+                        round, v,
+                        restored_ ? " (it was restarted from a checkpoint, and no rollback "
+                                    "brought the run back to it)"
+                                  : "")};
   }
 
   // After the last message of a push: async and ssp apply it; sync counts the worker's
@@ -1510,11 +1521,12 @@ class ShardService final : public ShardBase {
   InitRequest init_;      // the run as initialised, without its arrays
   bool restored_ = false;  // from a checkpoint, by a restarted shard
   // Sync rollbacks (Restore): the generation the shard is at, the round it went back to,
-  // whether it is a restarted shard whose rollback no worker has adopted yet, and whether a
-  // Restore is loading its checkpoint.
+  // whether it is a restarted shard whose rollback no worker has adopted yet, whether its
+  // parameters still have to be loaded, and whether a Restore is loading them.
   int64_t generation_ = 0;
   int64_t rollback_version_ = 0;
   bool pending_ = false;
+  bool needs_load_ = false;  // the parameters are not yet rollback_version_'s (Restore loads them)
   bool restoring_ = false;
   std::mutex save_mu_;    // one Save at a time
   mutable std::atomic<int64_t> rejected_{0};
