@@ -35,6 +35,22 @@ void optimizer_update(CUstream_st* s, int64_t n, float* w, float* s0, float* s1,
 void optimizer_update_at(CUstream_st* s, int64_t n, float* w, float* s0, float* s1,
                          const float* g, OptRule rule, const RuleArgs* args,
                          const int32_t* skip);
+
+// What an update does beside the rule (optimizer_rules.h), on n elements. The scalars come
+// from *at when it is not null (read when the kernel runs, as optimizer_update_at's), else
+// from a; nothing is written when skip is not null and *skip is non-zero.
+// A state variable's running average: w = state_step(w, rate, delta).
+void state_update(CUstream_st* s, int64_t n, float* w, const float* delta, float rate,
+                  const int32_t* skip);
+// Before the rule of update 1 (first): the wrappers' slots (either may be null) start as w.
+void wrappers_begin(CUstream_st* s, int64_t n, const float* w, float* ema, float* slow,
+                    const WrapperArgs& a, const WrapperArgs* at, const int32_t* skip);
+// After the rule: Lookahead's move when due (lookahead_now; trainable variables only)...
+void lookahead_update(CUstream_st* s, int64_t n, float* w, float* slow, const WrapperArgs& a,
+                      const WrapperArgs* at, const int32_t* skip);
+// ...then the average of every variable.
+void ema_update(CUstream_st* s, int64_t n, const float* w, float* ema, const WrapperArgs& a,
+                const WrapperArgs* at, const int32_t* skip);
 }  // namespace cuda
 
 }  // namespace towers::kernels

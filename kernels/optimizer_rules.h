@@ -56,6 +56,34 @@ TOWERS_HD void rmsprop_rule(float& w, float& ms, float& mom, float g, float lr, 
   w -= mom;
 }
 
+// ---- what runs beside a rule -------------------------------------------------------------------
+// In double, rounded once: the CPU store (optim/optimizer.cpp) and the device replicas
+// (towers/mirrored_store.cpp) take these steps with the same bits.
+
+// A state variable's running average (ParamSpec::state_rate): state + rate x delta.
+TOWERS_HD float state_step(float state, float rate, float delta) {
+  return static_cast<float>(static_cast<double>(state) +
+                            static_cast<double>(rate) * static_cast<double>(delta));
+}
+// Lookahead's move of the slow weight alpha of the way to the fast one (both then take it).
+TOWERS_HD float lookahead_step(float slow, float fast, double alpha) {
+  const double s = slow;
+  return static_cast<float>(s + alpha * (static_cast<double>(fast) - s));
+}
+// The exponential moving average's step at decay d.
+TOWERS_HD float ema_step(float average, float w, double d) {
+  return static_cast<float>(d * static_cast<double>(average) + (1.0 - d) * static_cast<double>(w));
+}
+
+// The scalars of the wrappers' steps of update t (optim/optimizer.h, OptimizerConfig::ema and
+// lookahead_k).
+struct WrapperArgs {
+  int32_t first = 0;          // t == 1: the wrappers' slots start as the parameters
+  int32_t lookahead_now = 0;  // t is a multiple of k: the slow weights move, the fast restart
+  double alpha = 0.0;         // Lookahead's alpha
+  double decay = 0.0;         // the average's decay at t: min(ema, (1 + t) / (10 + t))
+};
+
 // ---- dispatch ----------------------------------------------------------------------------------
 
 enum class OptRule { Sgd, Momentum, Adagrad, Adam, Rmsprop };

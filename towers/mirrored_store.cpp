@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cuda_runtime.h>
 
@@ -23,15 +24,21 @@
 
 namespace towers {
 
-// The scalars travel as bytes, host to device.
+// The scalars travel as bytes, host to device: the wrappers' first, then one RuleArgs per
+// trainable variable.
 static_assert(std::is_trivially_copyable_v<kernels::RuleArgs>);
+static_assert(std::is_trivially_copyable_v<kernels::WrapperArgs>);
+static_assert(sizeof(kernels::WrapperArgs) % alignof(kernels::RuleArgs) == 0);
 
 struct MirroredParameterStore::Impl {
   struct Replica {
     CudaTower* tower = nullptr;
-    DeviceBuffer slots[2];  // the optimizer's slots on the tower's GPU (as many as it has)
+    // The optimizer's slots on the tower's GPU, as many as it has: the rule's, then the
+    // wrappers' ("ema", "lookahead").
+    DeviceBuffer slots[4];
     // The update inside the step (one tower in sync, every tower in async and SSP): pull
-    // writes the scalars of the next update (one RuleArgs per trainable variable) to args_h;
+    // writes the scalars of the next update (the wrappers', then one RuleArgs per trainable
+    // variable) to args_h;
     // the step copies them to args_d, checks its losses into flag_d and copies the flag back
     // to flag_h (1: not applied).
     PinnedBuffer args_h, flag_h;
@@ -54,9 +61,12 @@ struct MirroredParameterStore::Impl {
   Reduce reduce;
   std::function<float(int64_t)> lr_at;
   int64_t sync_every;  // 0: sync
-  std::vector<const Variable*> trainable;  // the variables an update touches, layout order
+  std::vector<const Variable*> trainable;  // the variables the rule updates, layout order
+  std::vector<const Variable*> state;      // running averages (ParamSpec::state_rate)
   kernels::OptRule rule;
-  int nslots = 0;
+  int nslots = 0;          // the rule's slots
+  int nall = 0;            // with the wrappers'
+  int ema_k = -1, slow_k = -1;  // the wrappers' slots, when on
   // By pointer: each step's epilogue holds its replica.
   std::vector<std::unique_ptr<Replica>> reps;
   bool in_step = false;  // the updates run inside the towers' steps
@@ -72,12 +82,19 @@ struct MirroredParameterStore::Impl {
 
   Impl(float* p, Optimizer& o, Reduce r, std::function<float(int64_t)> lr, int64_t k)
       : params(p), opt(o), reduce(r), lr_at(std::move(lr)), sync_every(k) {
-    for (const Variable& v : opt.layout().variables())
+    for (const Variable& v : opt.layout().variables()) {
       if (v.spec.trainable) trainable.push_back(&v);
+      else if (v.spec.state_rate != 0.0f) state.push_back(&v);
+    }
     rule = opt.next_rule_args(0.0f).rule;
-    nslots = static_cast<int>(opt.slot_names().size());
+    nslots = opt.rule_slots();
     TOWERS_CHECK(nslots <= 2, "optimizer {} has {} slots; a rule reads at most 2", opt.config().name,
                  nslots);
+    const std::vector<std::string>& names = opt.slot_names();
+    nall = static_cast<int>(names.size());
+    for (int k = nslots; k < nall; ++k) (names[k] == "ema" ? ema_k : slow_k) = k;
+    TOWERS_CHECK(nall <= 4 && nall - nslots == (ema_k >= 0) + (slow_k >= 0),
+                 "optimizer slots {}: the rule's, then ema and lookahead", fmt::join(names, ", "));
     TOWERS_CHECK(sync_every >= 0, "sync_every {} < 0", sync_every);
   }
 
@@ -86,6 +103,7 @@ struct MirroredParameterStore::Impl {
   float* slot(Replica& r, int k, int64_t offset) {
     return k < nslots ? r.slots[k].data() + offset : nullptr;
   }
+  float* wrapper_slot(Replica& r, int k) { return k >= 0 ? r.slots[k].data() : nullptr; }
 
   Replica& replica_of(const Tower& t) {
     for (auto& r : reps)
@@ -93,34 +111,74 @@ struct MirroredParameterStore::Impl {
     TOWERS_FAIL("a tower the mirrored store was not attached to");
   }
 
+  // What an update does beside the rule, in the host optimizer's order (Optimizer::apply):
+  // before it, update 1 starts the wrappers' slots as the parameters (begin: true); after it,
+  // the state variables' running averages, Lookahead's move when due, the average. Scalars
+  // from *at (device memory) when not null, else from wa; nothing when *skip is non-zero.
+  void beside_rule(Replica& r, cudaStream_t s, const float* g, bool begin,
+                   const kernels::WrapperArgs& wa, const kernels::WrapperArgs* at,
+                   const int32_t* skip) {
+    float* w = r.tower->device_params();
+    float* ema = wrapper_slot(r, ema_k);
+    float* slow = wrapper_slot(r, slow_k);
+    const int64_t total = opt.layout().total();
+    if (begin) {
+      kernels::cuda::wrappers_begin(s, total, w, ema, slow, wa, at, skip);
+      return;
+    }
+    for (const Variable* v : state)
+      kernels::cuda::state_update(s, v->size, w + v->offset, g + v->offset, v->spec.state_rate,
+                                  skip);
+    if (slow != nullptr)
+      for (const Variable* v : trainable)
+        kernels::cuda::lookahead_update(s, v->size, w + v->offset, slow + v->offset, wa, at, skip);
+    if (ema != nullptr) kernels::cuda::ema_update(s, total, w, ema, wa, at, skip);
+  }
+
   // The update of replica r from gradient g (on r's GPU), queued on r's compute stream.
-  void apply(Replica& r, const float* g, kernels::RuleArgs a) {
+  void apply(Replica& r, const float* g, kernels::RuleArgs a, const kernels::WrapperArgs& wa) {
     r.tower->device().activate();
     cudaStream_t s = r.tower->device().compute();
     float* w = r.tower->device_params();
+    beside_rule(r, s, g, true, wa, nullptr, nullptr);
     for (const Variable* v : trainable) {
       a.wd = v->spec.weight_decay;
       kernels::cuda::optimizer_update(s, v->size, w + v->offset, slot(r, 0, v->offset),
                                       slot(r, 1, v->offset), g + v->offset, a);
     }
+    beside_rule(r, s, g, false, wa, nullptr, nullptr);
+  }
+
+  // The scalars in a replica's args buffers (host or device): the wrappers', then the rule's.
+  static kernels::WrapperArgs* wrapper_args(void* args) {
+    return static_cast<kernels::WrapperArgs*>(args);
+  }
+  static kernels::RuleArgs* rule_args(void* args) {
+    return reinterpret_cast<kernels::RuleArgs*>(static_cast<char*>(args) +
+                                                sizeof(kernels::WrapperArgs));
+  }
+  size_t args_bytes() const {
+    return sizeof(kernels::WrapperArgs) + sizeof(kernels::RuleArgs) * trainable.size();
   }
 
   // The end of replica r's step (captured with it): the update, unless a loss is not finite.
   void enqueue_update(Replica& r, cudaStream_t s, const double* row_loss, int64_t n) {
-    auto* args = reinterpret_cast<const kernels::RuleArgs*>(r.args_d.data());
+    const kernels::RuleArgs* args = rule_args(r.args_d.data());
+    const kernels::WrapperArgs* wargs = wrapper_args(r.args_d.data());
     auto* flag = reinterpret_cast<int32_t*>(r.flag_d.data());
-    CUDA_CHECK(cudaMemcpyAsync(r.args_d.data(), r.args_h.as<void>(),
-                               sizeof(kernels::RuleArgs) * trainable.size(),
+    CUDA_CHECK(cudaMemcpyAsync(r.args_d.data(), r.args_h.as<void>(), args_bytes(),
                                cudaMemcpyHostToDevice, s));
     kernels::cuda::any_nonfinite(s, n, row_loss, flag);
     float* w = r.tower->device_params();
     const float* g = r.tower->device_grads();
+    beside_rule(r, s, g, true, {}, wargs, flag);
     for (size_t k = 0; k < trainable.size(); ++k) {
       const Variable* v = trainable[k];
       kernels::cuda::optimizer_update_at(s, v->size, w + v->offset, slot(r, 0, v->offset),
                                          slot(r, 1, v->offset), g + v->offset, rule, args + k,
                                          flag);
     }
+    beside_rule(r, s, g, false, {}, wargs, flag);
     CUDA_CHECK(cudaMemcpyAsync(r.flag_h.as<void>(), flag, sizeof(int32_t), cudaMemcpyDeviceToHost,
                                s));
   }
@@ -128,7 +186,7 @@ struct MirroredParameterStore::Impl {
   // Makes replica r's update part of its tower's step.
   void update_in_step(Replica& r) {
     CudaDevice& d = r.tower->device();
-    const size_t bytes = sizeof(kernels::RuleArgs) * std::max<size_t>(trainable.size(), 1);
+    const size_t bytes = args_bytes();
     r.args_h = PinnedBuffer(bytes);
     r.args_d = DeviceBuffer(d, static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
     r.flag_h = PinnedBuffer(sizeof(int32_t));
@@ -151,7 +209,8 @@ struct MirroredParameterStore::Impl {
     if (r.prepared) return;
     const float lr = lr_at(v);
     kernels::RuleArgs a = opt.rule_args(lr, t);
-    auto* out = r.args_h.as<kernels::RuleArgs>();
+    *wrapper_args(r.args_h.as<void>()) = opt.wrapper_args(t);
+    kernels::RuleArgs* out = rule_args(r.args_h.as<void>());
     for (size_t k = 0; k < trainable.size(); ++k) {
       a.wd = trainable[k]->spec.weight_decay;
       out[k] = a;
@@ -210,7 +269,7 @@ struct MirroredParameterStore::Impl {
     } else {
       d.copy_out(params, r.tower->device_params(), total);
     }
-    for (int k = 0; k < nslots; ++k) d.copy_out(opt.slot(opt.slot_names()[k]), r.slots[k].data(), total);
+    for (int k = 0; k < nall; ++k) d.copy_out(opt.slot(opt.slot_names()[k]), r.slots[k].data(), total);
   }
 
   void release() {
@@ -271,16 +330,11 @@ void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
     TOWERS_REQUIRE(m.local() || !one_gpu || n <= kernels::cuda::kMaxTreeBlocks,
                    "{} towers share one GPU; with mirrored parameters at most {} can", n,
                    kernels::cuda::kMaxTreeBlocks);
-    for (const Variable& v : m.opt.layout().variables())
-      TOWERS_REQUIRE(v.spec.trainable,
-                     "--params mirrored: variable {} is layer state (running statistics), which "
-                     "mirrored parameters do not carry yet; use --params host",
-                     v.spec.name);
     const int64_t total = m.opt.layout().total();
     for (auto& rp : m.reps) {
       Impl::Replica& r = *rp;
       CudaDevice& d = r.tower->device();
-      for (int k = 0; k < m.nslots; ++k) {
+      for (int k = 0; k < m.nall; ++k) {
         r.slots[k] = DeviceBuffer(d, total);
         d.copy_in(r.slots[k].data(), m.opt.slot(m.opt.slot_names()[k]), total);
       }
@@ -360,9 +414,10 @@ int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuD
                  m.reps[0]->prepared_lr, rec.lr);
   } else {
     const kernels::RuleArgs a = m.opt.next_rule_args(rec.lr);
+    const kernels::WrapperArgs wa = m.opt.wrapper_args(m.opt.updates() + 1);
     if (m.nccl) {
       m.nccl->all_reduce();  // in place; each replica applies its own copy of the sum
-      for (auto& r : m.reps) m.apply(*r, r->tower->device_grads(), a);
+      for (auto& r : m.reps) m.apply(*r, r->tower->device_grads(), a, wa);
     } else {
       // One GPU: the tree in tower order into the first tower's gradients (the host store's
       // sum, bit for bit), which every replica then reads.
@@ -375,7 +430,7 @@ int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuD
       CUDA_CHECK(cudaEventRecord(m.summed, t0.device().compute()));
       for (auto& r : m.reps) {
         CUDA_CHECK(cudaStreamWaitEvent(r->tower->device().compute(), m.summed, 0));
-        m.apply(*r, t0.device_grads(), a);
+        m.apply(*r, t0.device_grads(), a, wa);
       }
     }
     // Every replica done before any tower's next step overwrites a gradient another reads.

@@ -8,9 +8,13 @@
 // (CudaTower::set_step_epilogue):
 //     forward -> loss -> backward -> [scalars H2D] -> loss check -> optimizer, per variable
 // The scalars of the update (learning rate, Adam's bias correction, each variable's weight
-// decay) are written to page-locked memory by pull, before the step, and copied to the device
-// by the step itself, so one captured graph serves every step. If any example's loss is not
-// finite the optimizer kernels write nothing, as the host-parameter path skips such an update.
+// decay, the wrappers') are written to page-locked memory by pull, before the step, and copied
+// to the device by the step itself, so one captured graph serves every step. If any example's
+// loss is not finite the optimizer kernels write nothing, as the host-parameter path skips such
+// an update. "optimizer" is the whole of Optimizer::apply, in its order and rounding: update
+// 1 starts the wrappers' slots (--ema, --lookahead), then the rule, the state variables'
+// running averages (from the steps' deltas, which travel with the gradients), Lookahead's
+// move when due, the average.
 // Several towers: after every tower's step, the gradients are summed on the devices (by the
 // fixed tree of kernels/reduce.h when the towers share one GPU, by an NCCL all-reduce with one
 // tower per GPU) and every replica applies the sum with kernels::cuda::optimizer_update. With

@@ -304,7 +304,12 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
       // state of the parameters and optimizer: label the evaluation or checkpoint with it,
       // not with the version this step produced, which other towers may have passed since.
       std::unique_lock<std::shared_mutex> g(gate);
-      hooks.side_work(store_.version());
+      try {
+        hooks.side_work(store_.version());
+      } catch (...) {
+        leave();
+        throw;
+      }
     }
     std::vector<int> wake;
     {

@@ -244,9 +244,11 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(o.lookahead_k >= 0, "--lookahead must be >= 0 updates, got {}", o.lookahead_k);
   TOWERS_REQUIRE(o.lookahead_alpha > 0.0f && o.lookahead_alpha <= 1.0f,
                  "--lookahead-alpha must be in (0, 1], got {}", o.lookahead_alpha);
-  TOWERS_REQUIRE(c.params != "mirrored" || (o.ema == 0.0 && o.lookahead_k == 0),
-                 "--params mirrored runs the optimizer on the GPUs, which has no --ema or "
-                 "--lookahead yet; use --params host");
+  TOWERS_REQUIRE(c.params != "mirrored" || mode == Mode::Sync ||
+                     (o.ema == 0.0 && o.lookahead_k == 0),
+                 "--params mirrored in {} mode keeps one replica per tower, folded into the "
+                 "host copy every --sync-every steps, and --ema and --lookahead would follow "
+                 "one replica's weights: use --mode sync or --params host", c.mode);
   if (c.sync_bn) {
     // Async, SSP and backup towers have no global batch: each update is one tower's batch (or
     // the first K of the round's), at versions that differ.
@@ -830,7 +832,18 @@ void Run::loop() {
   hooks.on_update = [&](const UpdateRecord& r) { return on_update(r); };
   hooks.side_work = [&](int64_t step) { side_work(step); };
   t_train_ = Clock::now();
+  // The chief's evaluations and checkpoints inside the run take a rollback as its steps do.
+  struct Reads {
+    remote::RemoteParameterStore* store;
+    explicit Reads(remote::RemoteParameterStore* s) : store(s) {
+      if (store) store->read_as_worker(true);
+    }
+    ~Reads() {
+      if (store) store->read_as_worker(false);
+    }
+  };
   try {
+    Reads reads(remote_);
     for (int64_t from = start_step_;;) {
       try {
         // (The batch a free-running tower starts at; lockstep runs take it from the version.)

@@ -40,7 +40,79 @@ struct UpdateAt {
   }
 };
 
+struct StateStep {
+  float* w;
+  const float* delta;
+  float rate;
+  const int32_t* skip;
+  TOWERS_HD void operator()(int64_t i) const {
+    if (skip != nullptr && *skip != 0) return;
+    w[i] = state_step(w[i], rate, delta[i]);
+  }
+};
+
+struct WrappersBegin {
+  const float* w;
+  float *ema, *slow;
+  WrapperArgs a;
+  const WrapperArgs* at;
+  const int32_t* skip;
+  TOWERS_HD void operator()(int64_t i) const {
+    if ((skip != nullptr && *skip != 0) || (at != nullptr ? at->first : a.first) == 0) return;
+    if (ema != nullptr) ema[i] = w[i];
+    if (slow != nullptr) slow[i] = w[i];
+  }
+};
+
+struct LookaheadStep {
+  float *w, *slow;
+  WrapperArgs a;
+  const WrapperArgs* at;
+  const int32_t* skip;
+  TOWERS_HD void operator()(int64_t i) const {
+    if (skip != nullptr && *skip != 0) return;
+    const WrapperArgs x = at != nullptr ? *at : a;
+    if (x.lookahead_now == 0) return;
+    const float moved = lookahead_step(slow[i], w[i], x.alpha);
+    slow[i] = moved;
+    w[i] = moved;
+  }
+};
+
+struct EmaStep {
+  const float* w;
+  float* ema;
+  WrapperArgs a;
+  const WrapperArgs* at;
+  const int32_t* skip;
+  TOWERS_HD void operator()(int64_t i) const {
+    if (skip != nullptr && *skip != 0) return;
+    ema[i] = ema_step(ema[i], w[i], at != nullptr ? at->decay : a.decay);
+  }
+};
+
 }  // namespace
+
+void state_update(CUstream_st* s, int64_t n, float* w, const float* delta, float rate,
+                  const int32_t* skip) {
+  for_each_index(s, n, StateStep{w, delta, rate, skip});
+}
+
+void wrappers_begin(CUstream_st* s, int64_t n, const float* w, float* ema, float* slow,
+                    const WrapperArgs& a, const WrapperArgs* at, const int32_t* skip) {
+  if (ema == nullptr && slow == nullptr) return;
+  for_each_index(s, n, WrappersBegin{w, ema, slow, a, at, skip});
+}
+
+void lookahead_update(CUstream_st* s, int64_t n, float* w, float* slow, const WrapperArgs& a,
+                      const WrapperArgs* at, const int32_t* skip) {
+  for_each_index(s, n, LookaheadStep{w, slow, a, at, skip});
+}
+
+void ema_update(CUstream_st* s, int64_t n, const float* w, float* ema, const WrapperArgs& a,
+                const WrapperArgs* at, const int32_t* skip) {
+  for_each_index(s, n, EmaStep{w, ema, a, at, skip});
+}
 
 void optimizer_update(CUstream_st* s, int64_t n, float* w, float* s0, float* s1, const float* g,
                       const RuleArgs& a) {

@@ -86,13 +86,7 @@ void Optimizer::for_each_part(F&& f) const {
   }
 }
 
-namespace {
-// A running average's step: state + rate x delta, in double, rounded once.
-inline float state_step(float state, float rate, float delta) {
-  return static_cast<float>(static_cast<double>(state) +
-                            static_cast<double>(rate) * static_cast<double>(delta));
-}
-}  // namespace
+using kernels::state_step;
 
 void Optimizer::apply_state(float* params, const float* grads, bool shared, int64_t lo,
                             int64_t hi) const {
@@ -126,9 +120,9 @@ void Optimizer::apply_wrappers(float* params, int64_t t, bool shared, bool use_l
     else
       *p = v;
   };
-  if (slow_ != nullptr && t % cfg_.lookahead_k == 0) {
+  const kernels::WrapperArgs w = wrapper_args(t);
+  if (slow_ != nullptr && w.lookahead_now != 0) {
     // Trainable variables only: state variables keep their running averages.
-    const double alpha = cfg_.lookahead_alpha;
     for_each_part([&](size_t vi, const Variable&, int64_t at, int64_t size) {
       const int64_t from = std::max(at, lo), to = std::min(at + size, hi);
       if (from >= to) return;
@@ -138,8 +132,7 @@ void Optimizer::apply_wrappers(float* params, int64_t t, bool shared, bool use_l
       if (use_locking) lock.lock();
       for_chunks(to - from, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
         for (int64_t i = from + b; i < from + e; ++i) {
-          const double slow = get(slow_ + i);
-          const float moved = static_cast<float>(slow + alpha * (get(params + i) - slow));
+          const float moved = kernels::lookahead_step(get(slow_ + i), get(params + i), w.alpha);
           set(slow_ + i, moved);
           set(params + i, moved);
         }
@@ -147,13 +140,23 @@ void Optimizer::apply_wrappers(float* params, int64_t t, bool shared, bool use_l
     });
   }
   if (ema_ != nullptr) {
-    const double d = std::min(cfg_.ema, (1.0 + static_cast<double>(t)) / (10.0 + static_cast<double>(t)));
     for_chunks(hi - lo, 1 << 16, [&](int64_t, int64_t b, int64_t e) {
       for (int64_t i = lo + b; i < lo + e; ++i)
-        set(ema_ + i, static_cast<float>(d * get(ema_ + i) + (1.0 - d) * get(params + i)));
+        set(ema_ + i, kernels::ema_step(get(ema_ + i), get(params + i), w.decay));
     });
   }
 }
+
+kernels::WrapperArgs Optimizer::wrapper_args(int64_t t) const {
+  kernels::WrapperArgs w;
+  w.first = t == 1;
+  w.lookahead_now = cfg_.lookahead_k > 0 && t % cfg_.lookahead_k == 0;
+  w.alpha = cfg_.lookahead_alpha;
+  w.decay = std::min(cfg_.ema, (1.0 + static_cast<double>(t)) / (10.0 + static_cast<double>(t)));
+  return w;
+}
+
+int Optimizer::rule_slots() const { return static_cast<int>(def_->slots.size()); }
 
 void Optimizer::begin_update(const float* params, int64_t t, bool shared, int64_t lo,
                              int64_t hi) {

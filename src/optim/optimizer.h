@@ -86,14 +86,17 @@ class Optimizer {
   int64_t begin_pieces() { return ++updates_; }
   void apply_piece(float* params, const float* grads, int64_t lo, int64_t hi, float lr, int64_t t);
 
-  // For a store that runs the rule itself (on a device, kernels::cuda::optimizer_update; it
-  // has no wrappers, OptimizerConfig::ema and lookahead_k are 0): the scalars of the next
-  // update (number updates() + 1) at lr, with weight decay 0 (the caller sets each
-  // variable's), and, once that update is applied, its count.
+  // For a store that runs the update itself (on a device: kernels::cuda::optimizer_update,
+  // state_update and the wrappers' kernels): the scalars of the next update (number
+  // updates() + 1) at lr, with weight decay 0 (the caller sets each variable's), and, once
+  // that update is applied, its count. The slots are the rule's first (rule_slots() of
+  // them), then "ema" and "lookahead" when on; wrapper_args(t) are the wrappers' scalars.
   kernels::RuleArgs next_rule_args(float lr) const { return rule_args(lr, updates_.load() + 1); }
   // The same for update number t (a device replica that counts its own updates).
   kernels::RuleArgs rule_args(float lr, int64_t t) const { return def_->args(cfg_, lr, t); }
   void count_update() { ++updates_; }
+  kernels::WrapperArgs wrapper_args(int64_t t) const;
+  int rule_slots() const;
 
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,8 @@ struct Recipe {
   Mode mode = Mode::Sync;
   int64_t staleness = 0;   // ssp
   int64_t sync_every = 0;  // mirrored, async and ssp
+  double ema = 0.0;        // the optimizer's wrappers
+  int lookahead_k = 0;
 };
 
 // A run of s.steps updates on synthetic data, with a learning rate that changes every step
@@ -65,7 +68,11 @@ Trained train(const Recipe& s) {
   const data::AugmentConfig aug = data::tutorial_eval_config(in[1]);
   std::vector<float> params(g->layout().total());
   g->layout().initialize(params.data(), 1);
-  Optimizer opt(g->layout(), {s.optimizer});
+  OptimizerConfig oc{s.optimizer};
+  oc.ema = s.ema;
+  oc.lookahead_k = s.lookahead_k;
+  oc.lookahead_alpha = 0.6f;
+  Optimizer opt(g->layout(), oc);
   EngineConfig ec;
   ec.mode = s.mode;
   ec.staleness = s.staleness;
@@ -176,6 +183,56 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.first) + "_" + info.param.second;
     });
 
+// A net with batch normalization, whose running statistics (state variables) the replicas
+// update on the device from the steps' deltas.
+std::string bn_model() {
+  const std::string file = test_path("bn.json");
+  std::ofstream(file) << R"({"name": "bn", "input": [3, 24, 24], "classes": 10, "layers": [
+  {"name": "conv", "type": "conv2d", "filters": 8, "kernel": 3, "stride": 2, "relu": false,
+   "weight_init": {"stddev": 0.2}},
+  {"name": "bn", "type": "batchnorm", "momentum": 0.8},
+  {"name": "act", "type": "relu"},
+  {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.05}}]})";
+  return file;
+}
+
+// The state variables' running averages, the exponential moving average of the weights and
+// Lookahead run on the device beside the rule, in the host optimizer's order and rounding:
+// inside the captured step with one tower, after the sum with several. Lookahead every 2
+// updates, so that both of its branches run.
+TEST(MirroredStore, StateAverageAndLookaheadAreBitwiseTheHostStore) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  for (int towers : {1, 2}) {
+    SCOPED_TRACE(testing::Message() << towers << " tower(s)");
+    Recipe s;
+    s.model = bn_model();
+    s.optimizer = "adam";
+    s.towers = towers;
+    s.batch = 16;
+    s.steps = 5;
+    s.ema = 0.9;
+    s.lookahead_k = 2;
+    s.mirrored = false;
+    const Trained host = train(s);
+    ASSERT_EQ(host.slots.size(), 4u);  // m, v, ema, lookahead
+    s.mirrored = true;
+    const Trained mirrored = train(s);
+    expect_bitwise_equal(host, mirrored);
+    // The checks can fail: the running statistics, the average and the slow weights moved.
+    auto g = build_model(s.model);
+    std::vector<float> init(host.params.size());
+    g->layout().initialize(init.data(), 1);
+    for (const Variable& v : g->layout().variables()) {
+      if (v.spec.trainable) continue;
+      EXPECT_FALSE(std::equal(init.begin() + v.offset, init.begin() + v.offset + v.size,
+                              mirrored.params.begin() + v.offset))
+          << v.spec.name << " did not move";
+    }
+    EXPECT_FALSE(same_bits(mirrored.slots[2], mirrored.params));
+    EXPECT_FALSE(same_bits(mirrored.slots[3], init));
+  }
+}
+
 TEST(MirroredStore, TowersSharingAGpuAreBitwiseTheHostStore) {
   TOWERS_SKIP_WITHOUT_GPU();
   Recipe s;
@@ -280,6 +337,19 @@ TEST_P(MirroredLocalOneTower, IsBitwiseTheHostStoresAsyncRun) {
   s.optimizer = GetParam().first;
   s.mode = Mode::Async;
   s.sync_every = GetParam().second;
+  s.steps = 7;
+  expect_mirrored_is_host(s);
+}
+
+// With state: the replica's running statistics fold in with its parameters.
+TEST(MirroredLocal, OneTowerWithBatchNormIsBitwiseTheHostStoresAsyncRun) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Recipe s;
+  s.model = bn_model();
+  s.optimizer = "momentum";
+  s.mode = Mode::Async;
+  s.sync_every = 3;
+  s.batch = 16;
   s.steps = 7;
   expect_mirrored_is_host(s);
 }
@@ -447,11 +517,12 @@ const std::string kRun =
     "train --device cuda --model mlp --dataset synthetic --synthetic-size 2000 --batch 32 "
     "--optimizer adam --lr 0.01 --lr-schedule cosine --steps 12 --quiet --seed 5 ";
 
-io::Checkpoint load(const std::string& dir) {
+io::Checkpoint load(const std::string& dir,
+                    const std::vector<std::string>& slots = {"m", "v"}) {
   const auto path = io::latest_checkpoint(dir);
   EXPECT_TRUE(path.has_value()) << dir;
   auto g = build_model("mlp");
-  return io::load_checkpoint(path.value_or(""), g->layout(), {"m", "v"});
+  return io::load_checkpoint(path.value_or(""), g->layout(), slots);
 }
 
 bool same_tensors(const io::Checkpoint& a, const io::Checkpoint& b) {
@@ -486,6 +557,27 @@ TEST(MirroredCli, CheckpointsAndResumeAreBitwiseTheHostRun) {
   ASSERT_EQ(run_towers(kRun + "--params mirrored --resume --checkpoint-dir " + resumed, &out), 0)
       << out;
   EXPECT_TRUE(same_tensors(load(mirrored), load(resumed)));
+}
+
+// The recipe's wrappers with mirrored parameters: the averaged weights come back from the GPU
+// into the checkpoint (and the evaluation), as the host run's.
+TEST(MirroredCli, EmaAndLookaheadCheckpointLikeTheHostRun) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string host = test_path("whost"), mirrored = test_path("wmirrored");
+  const std::string run = kRun + "--ema 0.99 --lookahead 3 ";
+  std::string out;
+  ASSERT_EQ(run_towers(run + "--params host --metrics " + host + "/m.jsonl --checkpoint-dir " +
+                           host, &out), 0) << out;
+  ASSERT_EQ(run_towers(run + "--params mirrored --metrics " + mirrored +
+                           "/m.jsonl --checkpoint-dir " + mirrored, &out), 0) << out;
+  const std::vector<std::string> slots = {"m", "v", "ema", "lookahead"};
+  EXPECT_TRUE(same_tensors(load(host, slots), load(mirrored, slots)));
+  // The final evaluation reads the average: the same loss.
+  const auto a = metrics_events(host + "/m.jsonl", "summary");
+  const auto b = metrics_events(mirrored + "/m.jsonl", "summary");
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(a[0]["test_loss"], b[0]["test_loss"]);
 }
 
 // One async tower with --sync-every: the host run's checkpoints, and a stopped and resumed run

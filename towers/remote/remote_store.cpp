@@ -326,10 +326,12 @@ const float* RemoteParameterStore::host_params() {
   // read as this worker at its rollback generation: a shard that has gone back to an earlier
   // round refuses it with the rollback, which the run then takes.
   const bool sync = cfg_.mode == "sync";
-  req.set_worker(sync ? cfg_.rank : -1);
-  if (sync) req.set_generation(generation_.load());
-  const std::vector<ShardSet::Pulled> reps =
-      adopting_rollbacks([&] { return shards_->pull_all(req, sync, cfg_.rpc_timeout); });
+  const bool member = sync && reads_as_worker_.load();
+  req.set_worker(member ? cfg_.rank : -1);
+  if (member) req.set_generation(generation_.load());
+  const std::vector<ShardSet::Pulled> reps = member
+      ? adopting_rollbacks([&] { return shards_->pull_all(req, sync, cfg_.rpc_timeout); })
+      : shards_->pull_all(req, sync, cfg_.rpc_timeout);
   const auto names = opt_.slot_names();
   for (int i = 0; i < shards_->size(); ++i) {
     const Range& g = ranges_[i];
@@ -367,7 +369,10 @@ auto RemoteParameterStore::adopting_rollbacks(Call call) -> decltype(call()) {
 Rollback RemoteParameterStore::roll_back(Rollback r) {
   std::lock_guard<std::mutex> l(rollback_mu_);
   for (int tries = 0;; ++tries) {
-    if (generation_.load() >= r.generation) return {version_.load(), generation_.load()};
+    // A later one taken meanwhile (by another tower's call) stands; this one's Restore is
+    // asked again (a shard that has done it answers at once; one that has not yet loaded it
+    // loads it).
+    if (generation_.load() > r.generation) return {version_.load(), generation_.load()};
     TOWERS_REQUIRE(tries < 16, "the shards kept asking for rollbacks (the last: to round {}, "
                    "generation {}); continue the run from the chief's checkpoint with --resume",
                    r.version, r.generation);
@@ -388,6 +393,7 @@ Rollback RemoteParameterStore::roll_back(Rollback r) {
     }
     version_.store(r.version);
     generation_.store(r.generation);
+    return r;
   }
 }
 

@@ -88,6 +88,11 @@ class RemoteParameterStore final : public ParameterStore {
   int64_t piece_floats() const { return piece_; }
   // Sync: the rollback generation this worker is at (towers.proto, RestoreRequest).
   int64_t generation() const { return generation_.load(); }
+  // Sync, while the run's steps go on (the trainer's loop): host_params reads the shards as
+  // this worker at its generation, so that a shard that has gone back to an earlier round
+  // refuses, and the rollback is taken (RollbackError). Otherwise (joining, the end of the
+  // run) it reads as a reader, and changes nothing at the shards.
+  void read_as_worker(bool on) { reads_as_worker_.store(on); }
 
   int64_t version() const override { return version_.load(); }
   UpdateAccess access() const override { return access_; }
@@ -129,6 +134,7 @@ class RemoteParameterStore final : public ParameterStore {
   std::unique_ptr<ShardSet> shards_;
   std::atomic<int64_t> version_{0};
   std::atomic<int64_t> generation_{0};
+  std::atomic<bool> reads_as_worker_{false};
   std::mutex rollback_mu_;  // one roll_back at a time
   std::vector<Tower*> towers_;
   std::vector<HostBuffer> pulled_;         // per tower: the parameters as pulled

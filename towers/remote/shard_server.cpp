@@ -234,14 +234,11 @@ class ShardService final : public ShardBase {
                                            rollback_version_, want.version, generation_));
       }
       if (want.generation == generation_ && want.version != rollback_version_) {
-        if (!pending_)
-          return {StatusCode::INTERNAL,
-                  fmt::format("{}: rollback generation {} is to round {} here, not {}", name_,
-                              generation_, rollback_version_, want.version)};
-        // Two restarted shards made one generation from different rounds: the earlier round,
-        // one generation on (this one loads it when asked).
+        // Two restarted shards made one generation from different rounds (and workers may
+        // have taken either): the earlier round, one generation on, loaded here when asked.
         generation_ += 1;
-        rollback_version_ = want.version;
+        rollback_version_ = std::min(rollback_version_, want.version);
+        pending_ = false;
         needs_load_ = true;
         return rollback_status({rollback_version_, generation_},
                                fmt::format("{} restored a later round: roll back to round {} "
@@ -327,7 +324,7 @@ class ShardService final : public ShardBase {
     std::unique_lock<std::mutex> l(mu_);
     // A restarted shard's rollback comes after every generation the workers are at.
     if (pending_ && gen >= generation_) generation_ = gen + 1;
-    if (gen < generation_) return stale(gen);
+    if (gen < generation_ || needs_load_) return stale(gen);  // (needs_load_: Restore loads)
     if (gen > generation_)
       return {StatusCode::FAILED_PRECONDITION,
               fmt::format("{}: a call of rollback generation {}, but the shard is at {}", name_,
