@@ -3,7 +3,8 @@
 //                        H2D, forward, backward, gradients D2H (overlapped), the momentum
 //                        apply on the host parameters; CUDA graph replay vs plain launches,
 //                        FP32 vs TF32.
-//   BM_GpuModelStep      the same step for the airbench and resnet-small-cifar nets, batch 512.
+//   BM_GpuModelStep      the same step for the airbench and resnet-small-cifar nets, batch 512
+//                        (BM_GpuMirroredModelStep: with --params mirrored).
 //   BM_GpuMirroredStep   the same step with --params mirrored (parameters, momentum and the
 //                        update on the GPU, inside the step's graph), batch 128 and 512; with
 //                        input 1 and 2, each step's batch comes from the training pipeline
@@ -155,13 +156,12 @@ BENCHMARK_CAPTURE(BM_GpuModelStep, resnet_small_cifar, std::string("resnet-small
 // last kernels of the step's graph; nothing crosses PCIe but the batch and the losses.
 // Args: batch, tf32 (0/1), cudnn (1: cuDNN convolutions, 0: im2col + cuBLAS), input (0: one
 // fixed batch of floats; 1: the host pipeline's batches; 2: the device-input pipeline's plans).
-void BM_GpuMirroredStep(benchmark::State& state) {
+void time_mirrored_step(benchmark::State& state, const std::string& model, int64_t batch,
+                        bool tf32, bool cudnn, int64_t input) {
   if (skip_without_gpus(state)) return;
-  const int64_t batch = state.range(0);
-  const int64_t input = state.range(3);
-  auto g = model_conv("cifar10", state.range(2) != 0);
+  auto g = model_conv(model, cudnn);
   const int64_t total = g->layout().total();
-  CudaTower tower(*g, batch, placement(true, state.range(1) != 0));
+  CudaTower tower(*g, batch, placement(true, tf32));
   std::vector<float> params(total), init(total);
   g->layout().initialize(params.data(), 1);
   init = params;
@@ -211,11 +211,28 @@ void BM_GpuMirroredStep(benchmark::State& state) {
   state.counters["GFLOP_per_sec"] = benchmark::Counter(
       batch * 3.0 * g->flops_per_example() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_GpuMirroredStep(benchmark::State& state) {
+  time_mirrored_step(state, "cifar10", state.range(0), state.range(1) != 0, state.range(2) != 0,
+                     state.range(3));
+}
 BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn", "input"})
     ->Args({128, 0, 1, 0})->Args({128, 1, 1, 0})->Args({512, 0, 1, 0})->Args({512, 1, 1, 0})
     ->Args({128, 0, 0, 0})->Args({512, 0, 0, 0})
     ->Args({128, 0, 1, 1})->Args({128, 0, 1, 2})->Args({512, 0, 1, 1})->Args({512, 0, 1, 2})
     ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
+
+// BM_GpuModelStep's nets with mirrored parameters (BatchNorm's running statistics updated on
+// the GPU with the momentum), batch 512: the step bench/run-gpu.sh puts next to PyTorch's.
+// Args: tf32 (0/1).
+void BM_GpuMirroredModelStep(benchmark::State& state, const std::string& model) {
+  time_mirrored_step(state, model, 512, state.range(0) != 0, true, 0);
+}
+BENCHMARK_CAPTURE(BM_GpuMirroredModelStep, airbench, std::string("airbench"))
+    ->ArgName("tf32")->Arg(0)->Arg(1)->UseRealTime()->MinTime(2.0)->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+BENCHMARK_CAPTURE(BM_GpuMirroredModelStep, resnet_small_cifar, std::string("resnet-small-cifar"))
+    ->ArgName("tf32")->Arg(0)->Arg(1)->UseRealTime()->MinTime(2.0)->Repetitions(3)
+    ->ReportAggregatesOnly(true);
 
 // Forward + backward on the device only: the same step without the host's share.
 // Args: graphs (0/1), cudnn (0/1).

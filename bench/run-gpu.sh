@@ -151,7 +151,8 @@ if [[ " $phases " == *" bench "* ]]; then
     peer compile_fp32 --precision fp32 --compile
     peer compile_graphs_fp32 --precision fp32 --compile --compile-mode reduce-overhead
     peer compile_graphs_tf32 --precision tf32 --compile --compile-mode reduce-overhead
-    # The nets of the fast CIFAR-10 recipe, next to BM_GpuModelStep (batch 512).
+    # The nets of the fast CIFAR-10 recipe, next to BM_GpuModelStep and BM_GpuMirroredModelStep
+    # (batch 512).
     for net in airbench resnet-small-cifar; do
       peer "${net}_eager_fp32" --model "models/$net.json" --batch 512 --precision fp32
       peer "${net}_eager_tf32" --model "models/$net.json" --batch 512 --precision tf32

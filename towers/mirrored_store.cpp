@@ -92,9 +92,17 @@ struct MirroredParameterStore::Impl {
                  nslots);
     const std::vector<std::string>& names = opt.slot_names();
     nall = static_cast<int>(names.size());
-    for (int k = nslots; k < nall; ++k) (names[k] == "ema" ? ema_k : slow_k) = k;
+    for (int k = nslots; k < nall; ++k) {
+      TOWERS_CHECK(names[k] == "ema" || names[k] == "lookahead",
+                   "optimizer slots {}: the rule's, then ema and lookahead", fmt::join(names, ", "));
+      (names[k] == "ema" ? ema_k : slow_k) = k;
+    }
     TOWERS_CHECK(nall <= 4 && nall - nslots == (ema_k >= 0) + (slow_k >= 0),
                  "optimizer slots {}: the rule's, then ema and lookahead", fmt::join(names, ", "));
+    // Local SGD keeps a replica per tower, each folded into the host copy every K steps: one
+    // replica's average or slow weights are not the run's (the trainer refuses the flags).
+    TOWERS_CHECK(sync_every == 0 || nall == nslots,
+                 "mirrored async and SSP towers have no --ema or --lookahead");
     TOWERS_CHECK(sync_every >= 0, "sync_every {} < 0", sync_every);
   }
 
@@ -122,14 +130,17 @@ struct MirroredParameterStore::Impl {
     float* ema = wrapper_slot(r, ema_k);
     float* slow = wrapper_slot(r, slow_k);
     const int64_t total = opt.layout().total();
+    // (Scalars on the host: a step that is not due is not launched. A captured step launches
+    // every kernel, and each reads at its replay whether it is due.)
     if (begin) {
-      kernels::cuda::wrappers_begin(s, total, w, ema, slow, wa, at, skip);
+      if (at != nullptr || wa.first != 0)
+        kernels::cuda::wrappers_begin(s, total, w, ema, slow, wa, at, skip);
       return;
     }
     for (const Variable* v : state)
       kernels::cuda::state_update(s, v->size, w + v->offset, g + v->offset, v->spec.state_rate,
                                   skip);
-    if (slow != nullptr)
+    if (slow != nullptr && (at != nullptr || wa.lookahead_now != 0))
       for (const Variable* v : trainable)
         kernels::cuda::lookahead_update(s, v->size, w + v->offset, slow + v->offset, wa, at, skip);
     if (ema != nullptr) kernels::cuda::ema_update(s, total, w, ema, wa, at, skip);

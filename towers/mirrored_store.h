@@ -17,7 +17,8 @@
 // move when due, the average.
 // Several towers: after every tower's step, the gradients are summed on the devices (by the
 // fixed tree of kernels/reduce.h when the towers share one GPU, by an NCCL all-reduce with one
-// tower per GPU) and every replica applies the sum with kernels::cuda::optimizer_update. With
+// tower per GPU) and every replica applies the sum with kernels::cuda::optimizer_update (and
+// the state and wrapper steps, as above, with the scalars passed from the host). With
 // the tree, every replica computes the same bits as the host store would.
 //
 // Async and SSP (sync_every = K >= 1, `--sync-every K`, local SGD): every tower applies its
