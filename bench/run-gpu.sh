@@ -159,6 +159,20 @@ if [[ " $phases " == *" bench "* ]]; then
       peer "${net}_compile_tf32" --model "models/$net.json" --batch 512 --precision tf32 --compile
     done
   fi
+  # --sync-bn on GPU towers: airbench, 2 mirrored towers of 256 sharing the GPU, with each
+  # tower's own statistics (CUDA graphs) and with the global batch's (eager steps, five host
+  # exchanges per BatchNorm layer and step).
+  for bn in own sync; do
+    m="$out/sync_bn_gpu_$bn.jsonl"
+    rm -f "$m"
+    extra=()
+    [ "$bn" = sync ] && extra=(--sync-bn)
+    timeout 120 "$build/towers" train --device cuda --params mirrored --model models/airbench.json \
+      --dataset synthetic --synthetic-size 8192 --towers 2 --batch 256 --steps 40 \
+      --optimizer momentum --nesterov --lr 0.01 "${extra[@]}" --eval-every 0 --quiet --metrics "$m" \
+      > "$out/sync_bn_gpu_$bn.txt" 2>&1
+    note "airbench 2 GPU towers x 256, BatchNorm statistics $bn: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
+  done
   # Kernel times of plain-launch steps (ncu serializes kernels; copies and the host apply are
   # not in it: gpu_bench's step minus its compute-only figure is their share).
   if command -v ncu >/dev/null; then

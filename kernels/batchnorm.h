@@ -82,6 +82,24 @@ void batchnorm_forward_eval(CUstream_st* stream, const BnShape& s, const float* 
 void batchnorm_backward(CUstream_st* stream, const BnShape& s, const float* x, const float* dy,
                         const float* gamma, const float* running_mean, const float* running_var,
                         const BnGrads& g);
+
+// The --sync-bn pieces, every channel at once (one block per channel), with the statistics
+// and sums (double) in device memory; the same lanes and rules as the CPU pieces above, so
+// that a GPU tower's sync-bn step is bitwise a CPU tower's wherever their inputs are.
+void batchnorm_channel_sums(CUstream_st* stream, const BnShape& s, const float* x,
+                            const double* center, double* out);
+void batchnorm_forward_with(CUstream_st* stream, const BnShape& s, const float* x,
+                            const float* gamma, const float* beta, const double* mean,
+                            const double* var, float* y);
+void batchnorm_backward_sums(CUstream_st* stream, const BnShape& s, const float* x,
+                             const float* dy, const double* mean, const double* var, double* sdy,
+                             double* sdyx);
+void batchnorm_backward_with(CUstream_st* stream, const BnShape& s, double m, const float* x,
+                             const float* dy, const float* gamma, const double* mean,
+                             const double* var, const double* sdy, const double* sdyx,
+                             const double* own_sdy, const double* own_sdyx,
+                             const float* running_mean, const float* running_var,
+                             const BnGrads& g);
 }  // namespace cuda
 
 }  // namespace towers::kernels

@@ -46,9 +46,10 @@ void col2im(CUstream_st* s, const ConvGeometry& g, int64_t n, const float* col, 
 void conv_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const float* out,
                  const float* bias, bool relu, float* y);
 // The backward's start: g (co, n * P) = dy (n, co, P), zeroed where y <= 0 when relu, and
-// db[c] = the sum of row c of g (fixed-order sums, deterministic).
+// db[c] = the sum of row c of g (fixed-order sums, deterministic; bias_grad of g read as
+// (1, co, n * P), whose bias_grad_partials doubles `partials` holds).
 void conv_grad_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const float* y,
-                      const float* dy, bool relu, float* g, float* db);
+                      const float* dy, bool relu, float* g, float* db, double* partials);
 }  // namespace cuda
 
 }  // namespace towers::kernels

@@ -15,3 +15,12 @@
 struct CUstream_st;    // cudaStream_t
 struct cublasContext;  // cublasHandle_t
 struct cudnnContext;   // cudnnHandle_t
+
+#include <cstdint>
+
+namespace towers::kernels::cuda {
+// Whether a kernel call whose largest tensor has `largest` elements can index in 32 bits, with
+// room for the rules' intermediate products (64-bit integer division costs a GPU several times
+// the 32-bit one).
+constexpr bool fits_int32_indices(int64_t largest) { return largest < (int64_t{1} << 30); }
+}  // namespace towers::kernels::cuda

@@ -640,18 +640,11 @@ TEST(CliModelFile, DropoutIsExactAcrossTowersAndResume) {
 // statistics' additions (per-tower lanes added in tower order against one tower's lanes, in
 // double: float-close). Without it each tower normalizes over its own 64 and the parameters
 // move away by orders of magnitude more. The flag is refused where there is no global batch.
+// (GPU towers: tests/gpu/sync_bn_gpu_test.cpp.)
 TEST(CliModelFile, SyncBnNormalizesOverTheGlobalBatch) {
   const std::string dir = temp_dir();
   const std::string file = dir + "/bn.json";
-  write_bytes_plain(file, R"({"name": "bn", "input": [1, 12, 12], "classes": 10, "layers": [
-  {"name": "conv", "type": "conv2d", "filters": 16, "kernel": 3, "relu": false,
-   "weight_init": {"stddev": 0.2}},
-  {"name": "bn", "type": "batchnorm"},
-  {"name": "act", "type": "relu"},
-  {"name": "gap", "type": "global_avg_pool"},
-  {"name": "flat", "type": "dense", "units": 32, "relu": false, "weight_init": {"stddev": 0.1}},
-  {"name": "bn2", "type": "batchnorm"},
-  {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.1}}]})");
+  write_bytes_plain(file, testutil::kBatchNormNet);
   const std::string base = "train --model " + file +
                            " --dataset synthetic --synthetic-size 1280 --optimizer momentum "
                            "--lr 0.05 --steps 20 --quiet --seed 3 ";
@@ -680,8 +673,6 @@ TEST(CliModelFile, SyncBnNormalizesOverTheGlobalBatch) {
                {"--sync-bn", "--mode sync", "not --mode async"});
   expect_error(run_towers(base + "--towers 2 --batch 64 --sync-bn --replicas-to-aggregate 1"),
                {"--sync-bn", "--replicas-to-aggregate"});
-  expect_error(run_towers(base + "--towers 2 --batch 64 --sync-bn --device cuda"),
-               {"--sync-bn", "CPU towers"});
 }
 
 TEST(CliBadInput, ModelFile) {

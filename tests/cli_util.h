@@ -27,6 +27,18 @@ inline std::string towers_binary() {
   return env != nullptr && *env != '\0' ? env : TOWERS_BINARY;
 }
 
+// A small net with two BatchNorm layers (after a convolution and after a dense layer), as a
+// model file, for the --sync-bn tests on 1x12x12 synthetic inputs.
+inline constexpr const char* kBatchNormNet = R"({"name": "bn", "input": [1, 12, 12], "classes": 10, "layers": [
+  {"name": "conv", "type": "conv2d", "filters": 16, "kernel": 3, "relu": false,
+   "weight_init": {"stddev": 0.2}},
+  {"name": "bn", "type": "batchnorm"},
+  {"name": "act", "type": "relu"},
+  {"name": "gap", "type": "global_avg_pool"},
+  {"name": "flat", "type": "dense", "units": 32, "relu": false, "weight_init": {"stddev": 0.1}},
+  {"name": "bn2", "type": "batchnorm"},
+  {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.1}}]})";
+
 // Runs `towers <args>` and returns its exit code; stdout and stderr go to *output.
 inline int run_towers(const std::string& args, std::string* output = nullptr) {
   std::string cmd = towers_binary() + " " + args + " 2>&1";

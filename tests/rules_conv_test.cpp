@@ -277,6 +277,15 @@ void pool_forward_both(const PoolCase& k, const Window& rows, const Window& cols
     kc::maxpool_at(rows, cols, k.h, k.w, x.data(), idx, got.y[idx], at);
     got.argmax[idx] = static_cast<float>(at);
   }
+  // The kernels' 32-bit instantiation gives the same.
+  for (int32_t idx = 0; idx < n_out; ++idx) {
+    int32_t at = -1;
+    float y = kNaN;
+    kc::maxpool_at<int32_t>(rows, cols, static_cast<int32_t>(k.h), static_cast<int32_t>(k.w),
+                            x.data(), idx, y, at);
+    EXPECT_TRUE(y == got.y[idx] && static_cast<float>(at) == got.argmax[idx])
+        << "32-bit indices, output " << idx;
+  }
 }
 
 TEST(PoolRules, ForwardMatchesCpuTwin) {
@@ -319,6 +328,11 @@ TEST(PoolRules, BackwardGatherMatchesCpuScatter) {
         got[idx] = kc::maxpool_backward_at(rows, cols, k.h, k.w, argmax.data(), dy.data(), idx);
       // The gather adds each input's windows in the scatter's (row-major) order: exact.
       EXPECT_TRUE(same_floats(got, want));
+      for (int32_t idx = 0; idx < n_in; ++idx)
+        got[idx] = kc::maxpool_backward_at<int32_t>(rows, cols, static_cast<int32_t>(k.h),
+                                                    static_cast<int32_t>(k.w), argmax.data(),
+                                                    dy.data(), idx);
+      EXPECT_TRUE(same_floats(got, want)) << "32-bit indices";
     }
 }
 
@@ -356,6 +370,11 @@ TEST(LrnRules, ForwardMatchesCpuTwin) {
       kc::lrn_forward_at(k.p, k.c, k.hw, x.data(), idx, y[idx], s[idx]);
     EXPECT_LT(max_rel_error(y, y_want), 1e-5);
     EXPECT_LT(max_rel_error(s, s_want), 1e-5);
+    std::vector<float> y32(count, kNaN), s32(count, kNaN);  // the kernels' 32-bit instantiation
+    for (int32_t idx = 0; idx < count; ++idx)
+      kc::lrn_forward_at<int32_t>(k.p, static_cast<int32_t>(k.c), static_cast<int32_t>(k.hw),
+                                  x.data(), idx, y32[idx], s32[idx]);
+    EXPECT_TRUE(same_floats(y32, y) && same_floats(s32, s)) << "32-bit indices";
   }
 }
 
@@ -376,6 +395,12 @@ TEST(LrnRules, BackwardMatchesCpuTwin) {
     // dx is the sum of two terms of order 1 that can cancel, and the CPU twin may be compiled
     // with fma contraction: its error is measured against that order (floor 0.1).
     EXPECT_LT(max_rel_error(got, want, 0.1), 1e-5);
+    std::vector<float> got32(count, kNaN);  // the kernels' 32-bit instantiation
+    for (int32_t idx = 0; idx < count; ++idx)
+      got32[idx] = kc::lrn_backward_at<int32_t>(k.p, static_cast<int32_t>(k.c),
+                                                static_cast<int32_t>(k.hw), x.data(), y.data(),
+                                                scale.data(), dy.data(), idx);
+    EXPECT_TRUE(same_floats(got32, got)) << "32-bit indices";
   }
 }
 
@@ -405,6 +430,10 @@ TEST(BiasRules, AddMatchesCpuTwin) {
       for (int64_t idx = 0; idx < count; ++idx)
         got[idx] = kc::bias_add_at(k.c, k.hw, bias.data(), y0.data(), relu, idx);
       EXPECT_TRUE(same_floats(got, want));
+      for (int32_t idx = 0; idx < count; ++idx)  // the kernels' 32-bit instantiation
+        got[idx] = kc::bias_add_at<int32_t>(static_cast<int32_t>(k.c), static_cast<int32_t>(k.hw),
+                                            bias.data(), y0.data(), relu, idx);
+      EXPECT_TRUE(same_floats(got, want)) << "32-bit indices";
     }
 }
 
@@ -426,7 +455,61 @@ TEST(BiasRules, GradMatchesCpuTwin) {
           EXPECT_TRUE(same_floats(got, want));  // one thread adds in the CPU twin's order
         else
           EXPECT_LT(max_rel_error(got, want), 1e-6);
+        // The kernels' 32-bit instantiation takes the very same partials.
+        for (int32_t ch = 0; ch < k.c; ++ch)
+          for (int32_t t = 0; t < threads; ++t) {
+            const auto n = static_cast<int32_t>(k.n), c = static_cast<int32_t>(k.c),
+                       hw = static_cast<int32_t>(k.hw), th = static_cast<int32_t>(threads);
+            EXPECT_EQ(kc::bias_grad_partial<int32_t>(n, c, hw, dy.data(), ch, t, th),
+                      kc::bias_grad_partial(k.n, k.c, k.hw, dy.data(), int64_t{ch}, int64_t{t},
+                                            threads))
+                << "32-bit indices, channel " << ch << " thread " << t;
+          }
       }
+}
+
+// A channel's terms split into segments (kernels/bias.h): how many, and that the segments
+// cover every term once, in order, so that their sums added in order are the channel's sum
+// (to the tolerance of another order of double additions).
+TEST(BiasRules, SegmentsCoverEveryTermOnce) {
+  EXPECT_EQ(kc::bias_grad_segments(64, 128 * 576), 8);  // the CIFAR-10 net's conv1, batch 128
+  EXPECT_EQ(kc::bias_grad_segments(384, 128), 1);       // a dense layer: one block per channel
+  EXPECT_EQ(kc::bias_grad_segments(3, 320000), 64);     // capped
+  EXPECT_EQ(kc::bias_grad_segments(64, 2048), 1);       // too few terms to split
+  EXPECT_EQ(kc::bias_grad_partials(128, 384, 1), 0);
+  EXPECT_EQ(kc::bias_grad_partials(128, 64, 576), 64 * 8);
+  for (int64_t terms : {1, 7, 2049, 4608, 73728})
+    for (int64_t k : {1, 2, 3, 8, 64}) {
+      int64_t next = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t lo, hi;
+        kc::bias_grad_segment<int64_t>(terms, k, j, lo, hi);
+        EXPECT_EQ(lo, next) << terms << " terms, segment " << j << " of " << k;
+        EXPECT_LE(lo, hi);
+        next = hi;
+      }
+      EXPECT_EQ(next, terms) << terms << " terms in " << k << " segments";
+    }
+  uint64_t seed = 1100;
+  for (const BiasCase& k : {BiasCase{3, 5, 1500}, BiasCase{16, 64, 144}}) {
+    SCOPED_TRACE(describe(k));
+    const std::vector<float> dy = random_floats(k.n * k.c * k.hw, ++seed);
+    std::vector<float> want(k.c), got(k.c);
+    kernels::cpu::bias_grad(k.n, k.c, k.hw, dy.data(), want.data(), false);
+    const int64_t terms = k.n * k.hw, segments = kc::bias_grad_segments(k.c, terms);
+    EXPECT_GT(segments, 1);
+    for (int64_t ch = 0; ch < k.c; ++ch) {
+      double total = 0.0;
+      for (int64_t j = 0; j < segments; ++j) {
+        int64_t lo, hi;
+        kc::bias_grad_segment<int64_t>(terms, segments, j, lo, hi);
+        for (int64_t t = 0; t < 256; ++t)
+          total += kc::bias_grad_segment_partial<int64_t>(k.c, k.hw, dy.data(), ch, lo, hi, t, 256);
+      }
+      got[ch] = kc::bias_grad_finish(total, 0.0f, false);
+    }
+    EXPECT_LT(max_rel_error(got, want), 1e-6);
+  }
 }
 
 }  // namespace

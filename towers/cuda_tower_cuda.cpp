@@ -270,7 +270,9 @@ StepStats CudaTower::compute_gradients_planned(const kernels::ExamplePlan* plans
 }
 
 StepStats CudaTower::run_step(int64_t n, float grad_scale) {
-  if (!placement_.cuda_graphs) {
+  // --sync-bn: the step waits on the host for the other towers' channel sums, inside the
+  // BatchNorm layers, which no CUDA graph can hold; it runs eagerly.
+  if (!placement_.cuda_graphs || exchange_ != nullptr) {
     enqueue_step(n, grad_scale);
     return finish(n);
   }

@@ -55,9 +55,9 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
     towers_.push_back(make(graph, batch, p));
   }
   if (cfg_.sync_bn && cfg_.towers > 1) {
-    TOWERS_CHECK(cfg_.mode == Mode::Sync && cfg_.replicas_to_aggregate == cfg_.towers && !cuda &&
+    TOWERS_CHECK(cfg_.mode == Mode::Sync && cfg_.replicas_to_aggregate == cfg_.towers &&
                      cfg_.total_towers() == cfg_.towers,
-                 "--sync-bn is for sync CPU towers of one process without backup towers");
+                 "--sync-bn is for sync towers of one process without backup towers");
     exchange_ = std::make_unique<TowerExchangeGroup>(cfg_.towers);
     for (int i = 0; i < cfg_.towers; ++i) towers_[i]->set_exchange(&exchange_->member(i));
   }

@@ -258,8 +258,6 @@ void validate(const TrainConfig& c) {
                    "sync with every tower in each update{}",
                    mode == Mode::Sync ? " (no --replicas-to-aggregate below --towers)"
                                       : fmt::format(", not --mode {}", c.mode));
-    TOWERS_REQUIRE(c.device == "cpu", "--sync-bn is built for CPU towers (--device cpu): GPU "
-                   "towers normalize over their own batch");
     TOWERS_REQUIRE(!remote::cluster_requested(c.cluster), "--sync-bn with a cluster: the towers "
                    "of other worker processes cannot join a step's statistics; it is for the "
                    "towers of one process");

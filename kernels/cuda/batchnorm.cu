@@ -25,7 +25,24 @@ struct BnForwardEval {
   }
 };
 
+// --sync-bn: y from the global batch's statistics (double, on the device).
+struct BnForwardWith {
+  BnShape s;
+  const float *x, *gamma, *beta;
+  const double *mean, *var;
+  float* y;
+  TOWERS_HD void operator()(int64_t i) const {
+    const int64_t ch = (i / s.hw) % s.c;
+    y[i] = bn_normalize(x[i], mean[ch], bn_invstd(var[ch], s.eps), gamma[ch], beta[ch]);
+  }
+};
+
 }  // namespace
+
+void batchnorm_forward_with(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
+                            const float* beta, const double* mean, const double* var, float* y) {
+  for_each_index(st, s.n * s.c * s.hw, BnForwardWith{s, x, gamma, beta, mean, var, y});
+}
 
 void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
                             const float* beta, const float* mean, const float* var, float* y) {
@@ -103,7 +120,102 @@ __global__ void __launch_bounds__(kBnLanes)
   }
 }
 
+// --sync-bn: the lane sums of channel blockIdx.x's x, or (center non-null) of its
+// (x - center)^2, as kernels::cpu::batchnorm_channel_sums takes them.
+__global__ void __launch_bounds__(kBnLanes)
+    channel_sums_kernel(BnShape s, const float* __restrict__ x, const double* __restrict__ center,
+                        double* __restrict__ out) {
+  __shared__ double lanes[kBnLanes + 1];
+  const int64_t ch = blockIdx.x, m = s.n * s.hw;
+  const double c = center != nullptr ? center[ch] : 0.0;
+  double a = 0.0;
+  if (center == nullptr) {
+    for (int64_t j = threadIdx.x; j < m; j += kBnLanes)
+      a += static_cast<double>(x[bn_index(s, ch, j)]) - c;
+  } else {
+    for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
+      const double d = static_cast<double>(x[bn_index(s, ch, j)]) - c;
+      a += d * d;
+    }
+  }
+  const double t = block_total(a, lanes);
+  if (threadIdx.x == 0) out[ch] = t;
+}
+
+// --sync-bn: the lane sums of dy and dy x xhat of channel blockIdx.x, with given statistics.
+__global__ void __launch_bounds__(kBnLanes)
+    backward_sums_kernel(BnShape s, const float* __restrict__ x, const float* __restrict__ dy,
+                         const double* __restrict__ mean, const double* __restrict__ var,
+                         double* __restrict__ sdy, double* __restrict__ sdyx) {
+  __shared__ double lanes[kBnLanes + 1];
+  const int64_t ch = blockIdx.x, m = s.n * s.hw;
+  const double mu = mean[ch], invstd = bn_invstd(var[ch], s.eps);
+  double a = 0.0, b = 0.0;
+  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
+    const int64_t i = bn_index(s, ch, j);
+    const double d = static_cast<double>(dy[i]);
+    a += d;
+    b += d * bn_xhat(x[i], mu, invstd);
+  }
+  const double ta = block_total(a, lanes);
+  const double tb = block_total(b, lanes);
+  if (threadIdx.x == 0) sdy[ch] = ta, sdyx[ch] = tb;
+}
+
+// --sync-bn: channel blockIdx.x's dx from the global sums, its gradients from the tower's own
+// sums and its state deltas from the global statistics (`global`: the global batch's shape).
+__global__ void __launch_bounds__(kBnLanes)
+    backward_with_kernel(BnShape s, BnShape global, double m, const float* __restrict__ x,
+                         const float* __restrict__ dy, const float* __restrict__ gamma,
+                         const double* __restrict__ mean, const double* __restrict__ var,
+                         const double* __restrict__ sdy, const double* __restrict__ sdyx,
+                         const double* __restrict__ own_sdy, const double* __restrict__ own_sdyx,
+                         const float* __restrict__ running_mean,
+                         const float* __restrict__ running_var, BnGrads g) {
+  const int64_t ch = blockIdx.x, count = s.n * s.hw;
+  if (threadIdx.x == 0)
+    bn_channel_outputs(global, ch, mean[ch], var[ch], own_sdy[ch], own_sdyx[ch], running_mean,
+                       running_var, g);
+  if (g.dx == nullptr) return;
+  const double mu = mean[ch], invstd = bn_invstd(var[ch], s.eps);
+  const double gi = static_cast<double>(gamma[ch]) * invstd;
+  for (int64_t j = threadIdx.x; j < count; j += kBnLanes) {
+    const int64_t i = bn_index(s, ch, j);
+    g.dx[i] = bn_dx(dy[i], bn_xhat(x[i], mu, invstd), m, gi, sdy[ch], sdyx[ch]);
+  }
+}
+
 }  // namespace
+
+void batchnorm_channel_sums(CUstream_st* st, const BnShape& s, const float* x,
+                            const double* center, double* out) {
+  if (s.c == 0) return;
+  channel_sums_kernel<<<static_cast<unsigned>(s.c), kBnLanes, 0, st>>>(s, x, center, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_backward_sums(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
+                             const double* mean, const double* var, double* sdy, double* sdyx) {
+  if (s.c == 0) return;
+  backward_sums_kernel<<<static_cast<unsigned>(s.c), kBnLanes, 0, st>>>(s, x, dy, mean, var, sdy,
+                                                                         sdyx);
+  CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_backward_with(CUstream_st* st, const BnShape& s, double m, const float* x,
+                             const float* dy, const float* gamma, const double* mean,
+                             const double* var, const double* sdy, const double* sdyx,
+                             const double* own_sdy, const double* own_sdyx,
+                             const float* running_mean, const float* running_var,
+                             const BnGrads& g) {
+  if (s.c == 0) return;
+  BnShape global = s;  // the state deltas' unbiased variance counts the global batch
+  global.n = static_cast<int64_t>(m) / s.hw;
+  backward_with_kernel<<<static_cast<unsigned>(s.c), kBnLanes, 0, st>>>(
+      s, global, m, x, dy, gamma, mean, var, sdy, sdyx, own_sdy, own_sdyx, running_mean,
+      running_var, g);
+  CUDA_CHECK_LAUNCH();
+}
 
 void batchnorm_forward_train(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
                              const float* beta, float* y) {

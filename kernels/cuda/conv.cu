@@ -65,15 +65,6 @@ struct ConvGradOutput {
   }
 };
 
-// f<int32_t> over count indices when narrow, else f<int64_t>; make(I) builds the functor.
-template <class Make>
-void launch_narrow_or_wide(CUstream_st* s, int64_t count, bool narrow, Make make) {
-  if (narrow)
-    for_each_index(s, static_cast<int32_t>(count), make(int32_t{}));
-  else
-    for_each_index(s, count, make(int64_t{}));
-}
-
 }  // namespace
 
 void im2col(CUstream_st* s, const ConvGeometry& g, int64_t n, const float* x, float* col) {
@@ -105,7 +96,7 @@ void conv_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const float* 
 }
 
 void conv_grad_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const float* y,
-                      const float* dy, bool relu, float* g, float* db) {
+                      const float* dy, bool relu, float* g, float* db, double* partials) {
   const int64_t count = n * co * p;
   launch_narrow_or_wide(s, count, fits_int32_indices(count), [&](auto i) {
     using I = decltype(i);
@@ -113,7 +104,7 @@ void conv_grad_output(CUstream_st* s, int64_t n, int64_t co, int64_t p, const fl
                              relu, g};
   });
   // db[c] = the sum of row c of g (co, n * P): g read as a (1, co, n * P) tensor.
-  bias_grad(s, 1, co, n * p, g, db, false);
+  bias_grad(s, 1, co, n * p, g, db, false, partials);
 }
 
 }  // namespace towers::kernels::cuda

@@ -14,10 +14,6 @@
 
 namespace towers::kernels::cuda {
 
-// Whether a call whose largest tensor has `largest` elements can use 32-bit indices, with room
-// for the rules' intermediate products.
-constexpr bool fits_int32_indices(int64_t largest) { return largest < (int64_t{1} << 30); }
-
 // col[idx] of the batched im2col: col is (patch, n * P), image i's columns at [i*P, (i+1)*P);
 // row (c, ky, kx) and column (i, oy, ox) read x[i, c, oy*stride - pad + ky, ox*stride - pad + kx],
 // 0 where that falls in the padding. x is (n, C, H, W).

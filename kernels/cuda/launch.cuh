@@ -76,4 +76,14 @@ void for_each_index(CUstream_st* stream, I n, const F& f) {
 
 #endif
 
+// for_each_index over count indices with the functor make(I{}) builds: I = int32_t when narrow
+// (fits_int32_indices of every index the functor forms), else int64_t.
+template <class Make>
+void launch_narrow_or_wide(CUstream_st* stream, int64_t count, bool narrow, Make make) {
+  if (narrow)
+    for_each_index(stream, static_cast<int32_t>(count), make(int32_t{}));
+  else
+    for_each_index(stream, count, make(int64_t{}));
+}
+
 }  // namespace towers::kernels::cuda

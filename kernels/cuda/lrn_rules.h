@@ -34,22 +34,26 @@ TOWERS_HD float lrn_pow_neg(float s, float beta) {
   return powf(s, -beta);
 }
 
+// The index type I is a parameter, as in conv_rules.h: the kernels take 32-bit arithmetic
+// whenever the tensor's indices fit (fits_int32_indices), and the tests run both.
+
 // Element idx of (n, c, hw): the channels c' = ch - r .. ch + r within [0, c) of its pixel.
-TOWERS_HD void lrn_window(int64_t r, int64_t c, int64_t hw, int64_t idx, int64_t& first,
-                          int64_t& lo, int64_t& hi) {
-  const int64_t pix = idx % hw, ch = (idx / hw) % c, b = idx / (c * hw);
+template <class I = int64_t>
+TOWERS_HD void lrn_window(I r, I c, I hw, I idx, I& first, I& lo, I& hi) {
+  const I pix = idx % hw, ch = (idx / hw) % c, b = idx / (c * hw);
   lo = ch - r > 0 ? ch - r : 0;
   hi = ch + r < c - 1 ? ch + r : c - 1;
   first = b * c * hw + pix;  // element (b, 0, pix); channel k is at first + k * hw
 }
 
 // y and scale of element idx: scale = bias + alpha * sum x[c']^2, y = x * scale^-beta.
-TOWERS_HD void lrn_forward_at(const LrnParams& p, int64_t c, int64_t hw, const float* x,
-                              int64_t idx, float& y, float& scale) {
-  int64_t first, lo, hi;
-  lrn_window(p.depth_radius, c, hw, idx, first, lo, hi);
+template <class I = int64_t>
+TOWERS_HD void lrn_forward_at(const LrnParams& p, I c, I hw, const float* x, I idx, float& y,
+                              float& scale) {
+  I first, lo, hi;
+  lrn_window<I>(static_cast<I>(p.depth_radius), c, hw, idx, first, lo, hi);
   float sum = 0.0f;
-  for (int64_t k = lo; k <= hi; ++k) {
+  for (I k = lo; k <= hi; ++k) {
     const float v = x[first + k * hw];
     sum += lrn_mul(v, v);
   }
@@ -58,13 +62,14 @@ TOWERS_HD void lrn_forward_at(const LrnParams& p, int64_t c, int64_t hw, const f
 }
 
 // dx of element idx: dy * scale^-beta - 2 alpha beta x * sum_{window} dy * y / scale.
-TOWERS_HD float lrn_backward_at(const LrnParams& p, int64_t c, int64_t hw, const float* x,
-                                const float* y, const float* scale, const float* dy, int64_t idx) {
-  int64_t first, lo, hi;
-  lrn_window(p.depth_radius, c, hw, idx, first, lo, hi);
+template <class I = int64_t>
+TOWERS_HD float lrn_backward_at(const LrnParams& p, I c, I hw, const float* x, const float* y,
+                                const float* scale, const float* dy, I idx) {
+  I first, lo, hi;
+  lrn_window<I>(static_cast<I>(p.depth_radius), c, hw, idx, first, lo, hi);
   float acc = 0.0f;
-  for (int64_t k = lo; k <= hi; ++k) {
-    const int64_t j = first + k * hw;
+  for (I k = lo; k <= hi; ++k) {
+    const I j = first + k * hw;
     acc += lrn_mul(dy[j], y[j]) / scale[j];
   }
   const float kk = lrn_mul(lrn_mul(-2.0f, p.alpha), p.beta);

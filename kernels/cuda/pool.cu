@@ -1,7 +1,10 @@
 // pool.cu — max-pooling on the GPU. Forward: one thread per output element; backward: one
-// thread per input element, gathering (no atomics). Rules in kernels/cuda/pool_rules.h.
+// thread per input element, gathering (no atomics); 32-bit indices where they fit. Rules in
+// kernels/cuda/pool_rules.h.
 // Global average pooling: one thread per plane forward, one per input element backward; rules
 // in kernels/global_pool_rules.h.
+#include <algorithm>
+
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/pool_rules.h"
 #include "kernels/global_pool_rules.h"
@@ -11,33 +14,35 @@ namespace towers::kernels::cuda {
 
 namespace {
 
+template <class I>
 struct MaxpoolForward {
-  int64_t h, w;
+  I h, w;
   Window rows, cols;
   const float* x;
   float *y, *argmax;
-  TOWERS_HD void operator()(int64_t i) const { body(h, w, rows, cols, x, y, argmax, i); }
-  static TOWERS_HD void body(int64_t h, int64_t w, const Window& rows, const Window& cols,
+  TOWERS_HD void operator()(I i) const { body(h, w, rows, cols, x, y, argmax, i); }
+  static TOWERS_HD void body(I h, I w, const Window& rows, const Window& cols,
                              const float* __restrict__ x, float* __restrict__ y,
-                             float* __restrict__ argmax, int64_t i) {
+                             float* __restrict__ argmax, I i) {
     float m;
-    int64_t at;
-    maxpool_at(rows, cols, h, w, x, i, m, at);
+    I at;
+    maxpool_at<I>(rows, cols, h, w, x, i, m, at);
     y[i] = m;
     if (argmax != nullptr) argmax[i] = static_cast<float>(at);
   }
 };
 
+template <class I>
 struct MaxpoolBackward {
-  int64_t h, w;
+  I h, w;
   Window rows, cols;
   const float *argmax, *dy;
   float* dx;
-  TOWERS_HD void operator()(int64_t i) const { body(h, w, rows, cols, argmax, dy, dx, i); }
-  static TOWERS_HD void body(int64_t h, int64_t w, const Window& rows, const Window& cols,
+  TOWERS_HD void operator()(I i) const { body(h, w, rows, cols, argmax, dy, dx, i); }
+  static TOWERS_HD void body(I h, I w, const Window& rows, const Window& cols,
                              const float* __restrict__ argmax, const float* __restrict__ dy,
-                             float* __restrict__ dx, int64_t i) {
-    dx[i] = maxpool_backward_at(rows, cols, h, w, argmax, dy, i);
+                             float* __restrict__ dx, I i) {
+    dx[i] = maxpool_backward_at<I>(rows, cols, h, w, argmax, dy, i);
   }
 };
 
@@ -65,14 +70,28 @@ struct GlobalAvgPoolBackward {
 
 }  // namespace
 
+// Both index in 32 bits when the input and the output fit (their indices are the largest
+// any rule forms).
 void maxpool_forward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
                      const Window& cols, const float* x, float* y, float* argmax) {
-  for_each_index(s, planes * rows.out * cols.out, MaxpoolForward{h, w, rows, cols, x, y, argmax});
+  const int64_t count = planes * rows.out * cols.out;
+  launch_narrow_or_wide(s, count, fits_int32_indices(std::max(count, planes * h * w)),
+                        [&](auto i) {
+                          using I = decltype(i);
+                          return MaxpoolForward<I>{static_cast<I>(h), static_cast<I>(w), rows,
+                                                   cols, x, y, argmax};
+                        });
 }
 
 void maxpool_backward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const Window& rows,
                       const Window& cols, const float* argmax, const float* dy, float* dx) {
-  for_each_index(s, planes * h * w, MaxpoolBackward{h, w, rows, cols, argmax, dy, dx});
+  const int64_t count = planes * h * w;
+  launch_narrow_or_wide(s, count, fits_int32_indices(std::max(count, planes * rows.out * cols.out)),
+                        [&](auto i) {
+                          using I = decltype(i);
+                          return MaxpoolBackward<I>{static_cast<I>(h), static_cast<I>(w), rows,
+                                                    cols, argmax, dy, dx};
+                        });
 }
 
 void global_avg_pool_forward(CUstream_st* s, int64_t planes, int64_t hw, const float* x, float* y) {

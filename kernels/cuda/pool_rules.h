@@ -10,22 +10,36 @@
 
 namespace towers::kernels::cuda {
 
+// A window's numbers in the index type of the call.
+template <class I>
+struct WindowOf {
+  I in, k, stride, out, pad_before;
+  TOWERS_HD explicit WindowOf(const Window& w)
+      : in(static_cast<I>(w.in)), k(static_cast<I>(w.k)), stride(static_cast<I>(w.stride)),
+        out(static_cast<I>(w.out)), pad_before(static_cast<I>(w.pad_before)) {}
+};
+
+// The index type I is a parameter, as in conv_rules.h: the kernels take 32-bit arithmetic
+// whenever every index of the call fits (fits_int32_indices), and the tests run both.
+
 // Output element idx of x (planes, h, w) -> (planes, rows.out, cols.out): y receives the
 // window's maximum and at its index within the plane, the first maximal input in row-major
 // order; padding never wins (the scan starts from -inf at the window's first input inside).
-TOWERS_HD void maxpool_at(const Window& rows, const Window& cols, int64_t h, int64_t w,
-                          const float* x, int64_t idx, float& y, int64_t& at) {
-  const int64_t out = rows.out * cols.out;
-  const int64_t plane = idx / out, o = idx - plane * out;
-  const int64_t oy = o / cols.out, ox = o - oy * cols.out;
-  const int64_t sy = oy * rows.stride - rows.pad_before, sx = ox * cols.stride - cols.pad_before;
-  const int64_t y0 = sy > 0 ? sy : 0, y1 = sy + rows.k < rows.in ? sy + rows.k : rows.in;
-  const int64_t x0 = sx > 0 ? sx : 0, x1 = sx + cols.k < cols.in ? sx + cols.k : cols.in;
+template <class I = int64_t>
+TOWERS_HD void maxpool_at(const Window& row_window, const Window& col_window, I h, I w,
+                          const float* x, I idx, float& y, I& at) {
+  const WindowOf<I> rows(row_window), cols(col_window);
+  const I out = rows.out * cols.out;
+  const I plane = idx / out, o = idx - plane * out;
+  const I oy = o / cols.out, ox = o - oy * cols.out;
+  const I sy = oy * rows.stride - rows.pad_before, sx = ox * cols.stride - cols.pad_before;
+  const I y0 = sy > 0 ? sy : 0, y1 = sy + rows.k < rows.in ? sy + rows.k : rows.in;
+  const I x0 = sx > 0 ? sx : 0, x1 = sx + cols.k < cols.in ? sx + cols.k : cols.in;
   const float* xp = x + plane * h * w;
   float m = -INFINITY;
   at = y0 * w + x0;
-  for (int64_t iy = y0; iy < y1; ++iy)
-    for (int64_t ix = x0; ix < x1; ++ix)
+  for (I iy = y0; iy < y1; ++iy)
+    for (I ix = x0; ix < x1; ++ix)
       if (xp[iy * w + ix] > m) m = xp[iy * w + ix], at = iy * w + ix;
   y = m;
 }
@@ -33,27 +47,29 @@ TOWERS_HD void maxpool_at(const Window& rows, const Window& cols, int64_t h, int
 // dx[idx] for input element (plane, iy, ix): the sum of dy over the windows that contain it and
 // whose recorded argmax (a float index within the plane) is this element, in row-major window
 // order starting from 0, the order in which the CPU twin's scatter adds them.
-TOWERS_HD float maxpool_backward_at(const Window& rows, const Window& cols, int64_t h, int64_t w,
-                                    const float* argmax, const float* dy, int64_t idx) {
-  const int64_t hw = h * w;
-  const int64_t plane = idx / hw, self = idx - plane * hw;
-  const int64_t iy = self / w, ix = self - iy * w;
+template <class I = int64_t>
+TOWERS_HD float maxpool_backward_at(const Window& row_window, const Window& col_window, I h, I w,
+                                    const float* argmax, const float* dy, I idx) {
+  const WindowOf<I> rows(row_window), cols(col_window);
+  const I hw = h * w;
+  const I plane = idx / hw, self = idx - plane * hw;
+  const I iy = self / w, ix = self - iy * w;
   // Window o covers [o * stride - pad, o * stride - pad + k): the o with
   // iy + pad - k < o * stride <= iy + pad.
-  const int64_t ty = iy + rows.pad_before, tx = ix + cols.pad_before;
-  const int64_t ly = ty - rows.k + 1, lx = tx - cols.k + 1;
-  const int64_t oy0 = ly <= 0 ? 0 : (ly + rows.stride - 1) / rows.stride;
-  const int64_t ox0 = lx <= 0 ? 0 : (lx + cols.stride - 1) / cols.stride;
-  const int64_t oy1 = ty / rows.stride + 1 < rows.out ? ty / rows.stride + 1 : rows.out;
-  const int64_t ox1 = tx / cols.stride + 1 < cols.out ? tx / cols.stride + 1 : cols.out;
-  const int64_t out = rows.out * cols.out;
+  const I ty = iy + rows.pad_before, tx = ix + cols.pad_before;
+  const I ly = ty - rows.k + 1, lx = tx - cols.k + 1;
+  const I oy0 = ly <= 0 ? 0 : (ly + rows.stride - 1) / rows.stride;
+  const I ox0 = lx <= 0 ? 0 : (lx + cols.stride - 1) / cols.stride;
+  const I oy1 = ty / rows.stride + 1 < rows.out ? ty / rows.stride + 1 : rows.out;
+  const I ox1 = tx / cols.stride + 1 < cols.out ? tx / cols.stride + 1 : cols.out;
+  const I out = rows.out * cols.out;
   const float* ap = argmax + plane * out;
   const float* dp = dy + plane * out;
   float sum = 0.0f;
-  for (int64_t oy = oy0; oy < oy1; ++oy)
-    for (int64_t ox = ox0; ox < ox1; ++ox) {
-      const int64_t o = oy * cols.out + ox;
-      if (static_cast<int64_t>(ap[o]) == self) sum += dp[o];
+  for (I oy = oy0; oy < oy1; ++oy)
+    for (I ox = ox0; ox < ox1; ++ox) {
+      const I o = oy * cols.out + ox;
+      if (static_cast<I>(ap[o]) == self) sum += dp[o];
     }
   return sum;
 }

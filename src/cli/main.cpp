@@ -184,8 +184,8 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                  "report the plain cross-entropy)")->capture_default_str();
   app.add_flag("--sync-bn", c.sync_bn,
                "BatchNorm normalizes each training step over the global batch of the sync towers "
-               "(default: each tower over its own batch, as TF's multi-GPU towers); sync CPU "
-               "towers of one process");
+               "(default: each tower over its own batch, as TF's multi-GPU towers); sync towers "
+               "of one process (GPU towers then run their steps without CUDA graphs)");
   app.add_option("--conv", c.conv,
                  "how convolutions are computed: auto (CPU: Winograd F(2x2,5x5) for 5x5 stride-1 "
                  "SAME layers of 16+ channels, else im2col; GPU: cuDNN, with deterministic "

@@ -2,11 +2,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "core/gpu.h"
 #include "core/parallel.h"
 #include "kernels/batchnorm.h"
+
+#if TOWERS_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
+#endif
 
 namespace towers {
 
@@ -124,11 +133,64 @@ void BatchNorm::backward(const BackwardArgs& a) const {
 // ---- the GPU twin ----------------------------------------------------------------------------
 namespace kc = kernels::cuda;
 
+namespace {
+// The --sync-bn path's device doubles in the call's scratch: the global mean and variance, the
+// tower's own sums of dy and dy x xhat, and the global ones (c each, 8-byte aligned).
+struct SyncBnDevice {
+  double *mean, *var, *own_sdy, *own_sdyx, *sdy, *sdyx;
+};
+SyncBnDevice sync_bn_device(const GpuExec& e, int64_t c, const std::string& who) {
+  float* f = gpu_scratch_at(e, 0, BatchNorm::sync_scratch_floats(c), who);
+  auto* d = reinterpret_cast<double*>((reinterpret_cast<uintptr_t>(f) + 7) & ~uintptr_t{7});
+  return {d, d + c, d + 2 * c, d + 3 * c, d + 4 * c, d + 5 * c};
+}
+
+// Device doubles to the host, on the call's stream, and waited for: the host adds them with
+// the other towers' next.
+void to_host(const GpuExec& e, double* host, const double* dev, int64_t count) {
+  CUDA_CHECK(cudaMemcpyAsync(host, dev, sizeof(double) * count, cudaMemcpyDeviceToHost, e.stream));
+  CUDA_CHECK(cudaStreamSynchronize(e.stream));
+}
+// Host doubles to the device, on the call's stream (taken from pageable memory before the
+// call returns, so the vector may go).
+void to_device(const GpuExec& e, double* dev, const double* host, int64_t count) {
+  CUDA_CHECK(cudaMemcpyAsync(dev, host, sizeof(double) * count, cudaMemcpyHostToDevice, e.stream));
+}
+// --sync-bn on a GPU tower: BatchNorm::global_moments with the channel sums taken on the
+// device and added through the exchange on the host, into d.mean and d.var; the same
+// arithmetic as the CPU's.
+double global_moments_gpu(const GpuExec& e, const kernels::BnShape& s, const float* x,
+                          TowerExchange& ex, const SyncBnDevice& d) {
+  const int64_t c = s.c;
+  std::vector<double> h(c + 1);
+  kc::batchnorm_channel_sums(e.stream, s, x, nullptr, d.mean);
+  to_host(e, h.data(), d.mean, c);
+  h[c] = static_cast<double>(s.n);  // the global batch's examples, summed with the rest
+  ex.sum(h.data(), c + 1);
+  const double m = h[c] * static_cast<double>(s.hw);
+  for (int64_t k = 0; k < c; ++k) h[k] /= m;
+  to_device(e, d.mean, h.data(), c);
+  kc::batchnorm_channel_sums(e.stream, s, x, d.mean, d.var);
+  to_host(e, h.data(), d.var, c);
+  ex.sum(h.data(), c);
+  for (int64_t k = 0; k < c; ++k) h[k] /= m;
+  to_device(e, d.var, h.data(), c);
+  return m;
+}
+
+}  // namespace
+
+int64_t BatchNorm::gpu_scratch(int64_t) const { return sync_scratch_floats(c_); }
+
 void BatchNorm::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
-  TOWERS_CHECK(!a.training || a.exchange == nullptr,
-               "{}: --sync-bn is built for CPU towers; a GPU tower normalizes over its own batch",
-               name());
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
+  if (a.training && a.exchange != nullptr) {
+    const SyncBnDevice d = sync_bn_device(e, c_, name());
+    global_moments_gpu(e, s, a.x, *a.exchange, d);
+    kc::batchnorm_forward_with(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], d.mean, d.var,
+                               a.y);
+    return;
+  }
   if (a.training)
     kc::batchnorm_forward_train(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.y);
   else
@@ -137,10 +199,22 @@ void BatchNorm::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
 }
 
 void BatchNorm::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
-  TOWERS_CHECK(a.exchange == nullptr,
-               "{}: --sync-bn is built for CPU towers; a GPU tower normalizes over its own batch",
-               name());
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
+  if (a.exchange != nullptr) {
+    // As the CPU path: the global statistics again, the tower's own sums of dy and dy x xhat
+    // (its share of dgamma and dbeta), and their global totals.
+    const SyncBnDevice d = sync_bn_device(e, c_, name());
+    const double m = global_moments_gpu(e, s, a.x, *a.exchange, d);
+    kc::batchnorm_backward_sums(e.stream, s, a.x, a.dy, d.mean, d.var, d.own_sdy, d.own_sdyx);
+    std::vector<double> sums(2 * c_);
+    to_host(e, sums.data(), d.own_sdy, 2 * c_);  // own_sdy and own_sdyx are adjacent
+    a.exchange->sum(sums.data(), 2 * c_);
+    to_device(e, d.sdy, sums.data(), 2 * c_);
+    kc::batchnorm_backward_with(e.stream, s, m, a.x, a.dy, a.params[kGamma], d.mean, d.var, d.sdy,
+                                d.sdyx, d.own_sdy, d.own_sdyx, a.params[kMean], a.params[kVar],
+                                bn_grads(a));
+    return;
+  }
   kc::batchnorm_backward(e.stream, s, a.x, a.dy, a.params[kGamma], a.params[kMean],
                          a.params[kVar], bn_grads(a));
 }

@@ -10,11 +10,14 @@
 // as TF's multi-GPU towers compute them; a sync update follows the mean of its towers' batch
 // statistics. Nothing is saved for backward: it recomputes the statistics from the input.
 //
-// With a TowerExchange in the call (--sync-bn, sync CPU towers) a training step normalizes
+// With a TowerExchange in the call (--sync-bn, sync towers) a training step normalizes
 // with the statistics of the global batch instead: the towers add their channel sums through
 // the exchange (the mean, the squares about it; in backward, the sums of dy and dy x xhat),
 // so N towers of B / N compute what one tower of B computes, up to the order of the additions
 // (one tower's lanes against per-tower lanes added in tower order: float-close, not bitwise).
+// A GPU tower takes its sums on the device and adds them through the same exchange on the
+// host (a copy out and in, and a wait on its stream, at each of the five sums of a step), so
+// its step cannot be a CUDA graph: CudaTower runs --sync-bn steps eagerly.
 #pragma once
 
 #include <vector>
@@ -42,7 +45,10 @@ class BatchNorm : public Layer {
 #if TOWERS_HAVE_CUDA
   void forward_gpu(const GpuExec& exec, const ForwardArgs& a) const override;
   void backward_gpu(const GpuExec& exec, const BackwardArgs& a) const override;
+  int64_t gpu_scratch(int64_t n) const override;  // the --sync-bn path's device doubles
 #endif
+  // Scratch floats of the --sync-bn GPU path for c channels: 6 x c doubles, 8-byte aligned.
+  static int64_t sync_scratch_floats(int64_t c) { return 12 * c + 2; }
 
  protected:
   Shape infer(const Shape& in) override;

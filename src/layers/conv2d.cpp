@@ -202,9 +202,19 @@ const CudnnConv& Conv2D::cudnn_plan(const GpuExec& e, int64_t n) const {
   });
 }
 
+namespace {
+// The col region, with room at its start for the bias gradient's segment sums (doubles; as
+// many for (n, co, P) as for (1, co, n x P)), which are taken before the region is used.
+int64_t col_floats(const kernels::ConvGeometry& g, int64_t co, int64_t n) {
+  const int64_t cols = n * g.out_pixels();
+  return std::max(g.patch() * cols, 2 * kc::bias_grad_partials(1, co, cols));
+}
+}  // namespace
+
 int64_t Conv2D::gpu_scratch(int64_t n) const {
   const int64_t cols = n * geo_.out_pixels();
-  return geo_.patch() * cols + cfg_.out_channels * cols;  // col + GEMM output / masked dy
+  // col + GEMM output / masked dy
+  return col_floats(geo_, cfg_.out_channels, n) + cfg_.out_channels * cols;
 }
 
 void Conv2D::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
@@ -226,8 +236,10 @@ void Conv2D::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
 void Conv2D::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
   const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
   const int64_t cols = a.n * P;
-  float* col = gpu_scratch_at(e, 0, K * cols, name());
-  float* g = gpu_scratch_at(e, K * cols, co * cols, name());
+  const int64_t col_size = col_floats(geo_, co, a.n);
+  float* col = gpu_scratch_at(e, 0, col_size, name());
+  float* g = gpu_scratch_at(e, col_size, co * cols, name());
+  auto* partials = reinterpret_cast<double*>(col);  // the scratch starts 8-byte aligned
   if (gpu_uses_cudnn(e)) {
     const CudnnConv& plan = cudnn_plan(e, a.n);
     const float* d = a.dy;  // (n, co, P), masked by the ReLU into g
@@ -235,12 +247,12 @@ void Conv2D::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
       kc::relu_backward(e.stream, co * cols, a.y, a.dy, g);
       d = g;
     }
-    kc::bias_grad(e.stream, a.n, co, P, d, a.grads[kBias], false);
+    kc::bias_grad(e.stream, a.n, co, P, d, a.grads[kBias], false, partials);
     plan.backward_filter(a.x, d, a.grads[kWeight], col);
     if (a.dx != nullptr) plan.backward_data(a.params[kWeight], d, a.dx, col);
     return;
   }
-  kc::conv_grad_output(e.stream, a.n, co, P, a.y, a.dy, cfg_.relu, g, a.grads[kBias]);
+  kc::conv_grad_output(e.stream, a.n, co, P, a.y, a.dy, cfg_.relu, g, a.grads[kBias], partials);
   kc::im2col(e.stream, geo_, a.n, a.x, col);
   // dW (co, K) = g (co, cols) * col^T (cols, K)
   kc::gemm(e.blas, false, true, co, K, cols, 1.0f, g, cols, col, cols, 0.0f, a.grads[kWeight], K);

@@ -97,7 +97,16 @@ void Dense::backward(const BackwardArgs& a) const {
 // ---- the GPU twin ----------------------------------------------------------------------------
 namespace kc = kernels::cuda;
 
-int64_t Dense::gpu_scratch(int64_t n) const { return n * cfg_.out; }  // the masked dy
+namespace {
+// Where the bias gradient's segment sums (doubles) start in the scratch: after the masked dy,
+// 8-byte aligned.
+int64_t partials_at(int64_t n, int64_t out) { return (n * out + 1) / 2 * 2; }
+}  // namespace
+
+// The masked dy, then the bias gradient's segment sums.
+int64_t Dense::gpu_scratch(int64_t n) const {
+  return partials_at(n, cfg_.out) + 2 * kc::bias_grad_partials(n, cfg_.out, 1);
+}
 
 void Dense::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
   const int64_t o = cfg_.out;
@@ -114,7 +123,11 @@ void Dense::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
     kc::relu_backward(e.stream, n * o, a.y, a.dy, masked);
     g = masked;
   }
-  kc::bias_grad(e.stream, n, o, 1, g, a.grads[kBias], false);
+  const int64_t partials = kc::bias_grad_partials(n, o, 1);
+  kc::bias_grad(e.stream, n, o, 1, g, a.grads[kBias], false,
+                partials == 0 ? nullptr
+                              : reinterpret_cast<double*>(gpu_scratch_at(
+                                    e, partials_at(n, o), 2 * partials, name())));
   // dW (o, in) = g^T (o, n) * x (n, in)
   kc::gemm(e.blas, true, false, o, in_, n, 1.0f, g, o, a.x, in_, 0.0f, a.grads[kWeight], in_);
   // dx (n, in) = g (n, o) * W (o, in)

@@ -72,16 +72,30 @@ void launch_host_loop(CUstream_st* stream, std::function<void()> loop) {
 
 // ---- bias.cu -------------------------------------------------------------------------------
 
-// Channel ch as block ch computes it: kBlock thread partials (bias_grad_partial), then the block
-// sum (block_sum, CUB's order as far as it is known).
+// Channel ch as its blocks compute it: for each segment kBlock thread partials
+// (bias_grad_segment_partial) and the block sum (block_sum, CUB's order as far as it is
+// known); with several segments, their sums added in order.
 void bias_grad(CUstream_st* s, int64_t n, int64_t c, int64_t hw, const float* dy, float* db,
-               bool accumulate) {
+               bool accumulate, double* partials) {
   if (c == 0) return;  // n * hw == 0 still writes db (zeros, or leaves it when accumulating)
+  const int64_t k = bias_grad_segments(c, n * hw);
+  TOWERS_CHECK(k == 1 || partials != nullptr,
+               "bias_grad of ({}, {}, {}) needs {} doubles of scratch", n, c, hw, c * k);
+  if (k > 1) TOWERS_CHECK(emu::on_device(partials, sizeof(double) * c * k), "bias_grad partials");
   submit(s, [=] {
     std::array<double, kBlock> part;
     for (int64_t ch = 0; ch < c; ++ch) {
-      for (int t = 0; t < kBlock; ++t) part[t] = bias_grad_partial(n, c, hw, dy, ch, t, kBlock);
-      db[ch] = bias_grad_finish(block_sum(part), accumulate ? db[ch] : 0.0f, accumulate);
+      double total = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t lo, hi;
+        bias_grad_segment<int64_t>(n * hw, k, j, lo, hi);
+        for (int t = 0; t < kBlock; ++t)
+          part[t] = bias_grad_segment_partial<int64_t>(c, hw, dy, ch, lo, hi, t, kBlock);
+        const double sum = block_sum(part);
+        if (k == 1) total = sum;
+        else partials[ch * k + j] = sum, total += sum;
+      }
+      db[ch] = bias_grad_finish(total, accumulate ? db[ch] : 0.0f, accumulate);
     }
   });
 }
@@ -196,6 +210,29 @@ void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const
   submit(st, [=] {
     for (int64_t ch = 0; ch < s.c; ++ch)
       bn_channel_backward(s, ch, x, dy, gamma, running_mean, running_var, g);
+  });
+}
+
+// --sync-bn: the CPU twins over every channel (the same lanes as the CUDA blocks).
+void batchnorm_channel_sums(CUstream_st* st, const BnShape& s, const float* x,
+                            const double* center, double* out) {
+  submit(st, [=] { cpu::batchnorm_channel_sums(s, 0, s.c, x, center, out); });
+}
+
+void batchnorm_backward_sums(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
+                             const double* mean, const double* var, double* sdy, double* sdyx) {
+  submit(st, [=] { cpu::batchnorm_backward_sums(s, 0, s.c, x, dy, mean, var, sdy, sdyx); });
+}
+
+void batchnorm_backward_with(CUstream_st* st, const BnShape& s, double m, const float* x,
+                             const float* dy, const float* gamma, const double* mean,
+                             const double* var, const double* sdy, const double* sdyx,
+                             const double* own_sdy, const double* own_sdyx,
+                             const float* running_mean, const float* running_var,
+                             const BnGrads& g) {
+  submit(st, [=] {
+    cpu::batchnorm_backward_with(s, 0, s.c, m, x, dy, gamma, mean, var, sdy, sdyx, own_sdy,
+                                 own_sdyx, running_mean, running_var, g);
   });
 }
 

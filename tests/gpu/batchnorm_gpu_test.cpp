@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -14,6 +15,7 @@
 #include "core/gpu.h"
 #include "gpu_test_util.h"
 #include "layers/batchnorm.h"
+#include "towers/tower_exchange.h"
 
 namespace towers {
 namespace {
@@ -109,6 +111,94 @@ TEST(BatchNormGpu, ForwardAndBackwardMatchCpuTwinBitwise) {
     EXPECT_EQ(d_ye, 0);
     EXPECT_EQ(d_dx, 0);
     EXPECT_EQ(d_c, 0);
+  }
+}
+
+// --sync-bn on GPU towers: the device path (channel sums on the GPU, added through the
+// exchange on the host) against the CPU path, each as two towers on two threads with uneven
+// shares of a batch. Both take the same lanes and the same host arithmetic, so every tower's
+// y, dx, gradients and state deltas agree bitwise; with one tower the sync path is the plain
+// GPU path, bitwise.
+TEST(BatchNormGpu, ItsSyncBnPathIsTheCpuTwinsBitwise) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::vector<BnCase> cases = {{"9x5x13x11", 9, {5, 13, 11}}, {"24x7", 24, {7}},
+                                     {"128x64x16x16", 128, {64, 16, 16}}};
+  uint64_t seed = 300;
+  for (const BnCase& k : cases) {
+    SCOPED_TRACE(k.name);
+    BatchNorm layer("bn", {});
+    layer.bind(k.in);
+    const int64_t c = k.in[0], per = numel(k.in), count = k.n * per;
+    const std::vector<float> x = random_floats(count, ++seed, -2.0f, 5.0f);
+    const std::vector<float> dy = random_floats(count, ++seed);
+    const std::vector<float> gamma = random_floats(c, ++seed, 0.5f, 2.0f);
+    const std::vector<float> beta = random_floats(c, ++seed);
+    const std::vector<float> rmean = random_floats(c, ++seed);
+    const std::vector<float> rvar = random_floats(c, ++seed, 0.5f, 3.0f);
+    struct Out {
+      std::vector<float> y, dx, grads;  // grads: dgamma, dbeta, dmean, dvar
+    };
+    // Examples [e0, e0 + n) as one tower of an exchange, on the CPU or the GPU.
+    auto cpu = [&](int64_t e0, int64_t n, TowerExchange* ex, float weight) {
+      Out o{std::vector<float>(n * per), std::vector<float>(n * per), std::vector<float>(4 * c)};
+      ForwardArgs f;
+      f.n = n, f.x = x.data() + e0 * per, f.y = o.y.data(), f.exchange = ex;
+      f.params = {gamma.data(), beta.data(), rmean.data(), rvar.data()};
+      layer.forward(f);
+      BackwardArgs b;
+      b.n = n, b.x = f.x, b.y = o.y.data(), b.dy = dy.data() + e0 * per, b.dx = o.dx.data();
+      b.exchange = ex, b.params = f.params, b.state_weight = weight;
+      for (int q = 0; q < 4; ++q) b.grads[q] = o.grads.data() + q * c;
+      layer.backward(b);
+      return o;
+    };
+    auto gpu = [&](int64_t e0, int64_t n, TowerExchange* ex, float weight) {
+      Stream st;
+      const std::vector<float> xs(x.begin() + e0 * per, x.begin() + (e0 + n) * per);
+      const std::vector<float> dys(dy.begin() + e0 * per, dy.begin() + (e0 + n) * per);
+      DeviceArray<float> x_d(xs), dy_d(dys), g_d(gamma), b_d(beta), m_d(rmean), v_d(rvar);
+      DeviceArray<float> y_d(n * per), dx_d(n * per), grads_d(4 * c);
+      DeviceArray<float> scratch(layer.gpu_scratch(n));
+      GpuExec e;
+      e.stream = st.s;
+      e.scratch = scratch.get();
+      e.scratch_size = scratch.size();
+      ForwardArgs f;
+      f.n = n, f.x = x_d.get(), f.y = y_d.get(), f.exchange = ex;
+      f.params = {g_d.get(), b_d.get(), m_d.get(), v_d.get()};
+      layer.forward_gpu(e, f);
+      BackwardArgs b;
+      b.n = n, b.x = x_d.get(), b.y = y_d.get(), b.dy = dy_d.get(), b.dx = dx_d.get();
+      b.exchange = ex, b.params = f.params, b.state_weight = weight;
+      for (int q = 0; q < 4; ++q) b.grads[q] = grads_d.get() + q * c;
+      layer.backward_gpu(e, b);
+      return Out{y_d.download(), dx_d.download(), grads_d.download()};
+    };
+    auto expect_same = [&](const Out& a, const Out& b, const char* what) {
+      EXPECT_EQ(count_diff(a.y, b.y), 0) << what << ": y";
+      EXPECT_EQ(count_diff(a.dx, b.dx), 0) << what << ": dx";
+      EXPECT_EQ(count_diff(a.grads, b.grads), 0) << what << ": gradients";
+    };
+    // Two towers, 4 and n - 4 examples (weights as the sync update gives them: n_i / n).
+    const int64_t n0 = 4, n1 = k.n - n0;
+    const float w0 = static_cast<float>(n0) / k.n, w1 = static_cast<float>(n1) / k.n;
+    TowerExchangeGroup cpu_ex(2), gpu_ex(2);
+    Out c0, c1, g0, g1;
+    std::thread t1([&] { c1 = cpu(n0, n1, &cpu_ex.member(1), w1); });
+    c0 = cpu(0, n0, &cpu_ex.member(0), w0);
+    t1.join();
+    std::thread t2([&] { g1 = gpu(n0, n1, &gpu_ex.member(1), w1); });
+    g0 = gpu(0, n0, &gpu_ex.member(0), w0);
+    t2.join();
+    expect_same(g0, c0, "tower 0");
+    expect_same(g1, c1, "tower 1");
+    // The towers' statistics are the global batch's: the towers' y differ from what each
+    // would compute over its own examples.
+    const Out alone = gpu(0, n0, nullptr, w0);
+    EXPECT_GT(count_diff(alone.y, g0.y), 0);
+    // One tower: the sync path is the plain path.
+    TowerExchangeGroup one(1);
+    expect_same(gpu(0, k.n, &one.member(0), 1.0f), gpu(0, k.n, nullptr, 1.0f), "one tower");
   }
 }
 

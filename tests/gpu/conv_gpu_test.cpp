@@ -13,6 +13,7 @@
 #include "conv_reference.h"
 #include "core/cuda_check.h"
 #include "gpu_test_util.h"
+#include "kernels/bias.h"
 #include "kernels/conv.h"
 
 namespace towers {
@@ -120,15 +121,16 @@ TEST(ConvGpu, GradOutputMatchesLayerMasking) {
       std::vector<float> want, db_want;  // (co, n * P), (co); the whole batch as one chunk
       testing::conv_grad_output_reference(n, co, P, y, dy, relu, want, db_want);
       DeviceArray<float> y_d(y), dy_d(dy), g_d(co * cols), db_d(co);
+      DeviceArray<double> partials(kernels::cuda::bias_grad_partials(1, co, cols));
       kernels::cuda::conv_grad_output(st.s, n, co, P, y_d.get(), dy_d.get(), relu, g_d.get(),
-                                      db_d.get());
+                                      db_d.get(), partials.get());
       EXPECT_EQ(max_rel_error(g_d.download(), want), 0.0);  // a select: exact
       const std::vector<float> db = db_d.download();
       const double err = max_rel_error(db, db_want);  // double sums in another order
       EXPECT_LT(err, 1e-5);
       // Deterministic: a second run gives the same bits.
       kernels::cuda::conv_grad_output(st.s, n, co, P, y_d.get(), dy_d.get(), relu, g_d.get(),
-                                      db_d.get());
+                                      db_d.get(), partials.get());
       EXPECT_EQ(max_rel_error(db_d.download(), db), 0.0);
     }
 }

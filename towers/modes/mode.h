@@ -68,7 +68,7 @@ struct EngineConfig {
   int all_towers = 0;
   // --sync-bn: BatchNorm's training statistics over the global batch of the sync towers (a
   // TowerExchange among them, towers/tower_exchange.h) instead of each tower's own batch. Sync
-  // CPU towers of one process, without backup towers.
+  // towers of one process (CPU or GPU), without backup towers.
   bool sync_bn = false;
   // --input device: every tower holds the training set on its GPU and makes its batches there
   // from the host's plans (Tower::compute_gradients_planned). GPU towers.
