@@ -167,7 +167,7 @@ if [[ " $phases " == *" bench "* ]]; then
     rm -f "$m"
     extra=()
     [ "$bn" = sync ] && extra=(--sync-bn)
-    timeout 120 "$build/towers" train --device cuda --params mirrored --model models/airbench.json \
+    timeout 120 "$build/towers" train --device cuda --gpus 1 --params mirrored --model models/airbench.json \
       --dataset synthetic --synthetic-size 8192 --towers 2 --batch 256 --steps 40 \
       --optimizer momentum --nesterov --lr 0.01 "${extra[@]}" --eval-every 0 --quiet --metrics "$m" \
       > "$out/sync_bn_gpu_$bn.txt" 2>&1

@@ -27,7 +27,7 @@ void bias_add(CUstream_st* s, int64_t n, int64_t c, int64_t hw, const float* bia
 // the shape alone, so the sums (and their bits) do not depend on the GPU.
 inline int64_t bias_grad_segments(int64_t c, int64_t terms) {
   if (c <= 0 || terms <= 0) return 1;
-  int64_t k = (terms + 2047) / 2048;
+  int64_t k = terms / 2048;
   const int64_t by_blocks = (512 + c - 1) / c;
   if (k > by_blocks) k = by_blocks;
   if (k > 64) k = 64;

@@ -475,7 +475,8 @@ TEST(BiasRules, SegmentsCoverEveryTermOnce) {
   EXPECT_EQ(kc::bias_grad_segments(64, 128 * 576), 8);  // the CIFAR-10 net's conv1, batch 128
   EXPECT_EQ(kc::bias_grad_segments(384, 128), 1);       // a dense layer: one block per channel
   EXPECT_EQ(kc::bias_grad_segments(3, 320000), 64);     // capped
-  EXPECT_EQ(kc::bias_grad_segments(64, 2048), 1);       // too few terms to split
+  EXPECT_EQ(kc::bias_grad_segments(64, 4095), 1);       // too few terms to split
+  EXPECT_EQ(kc::bias_grad_segments(64, 4096), 2);
   EXPECT_EQ(kc::bias_grad_partials(128, 384, 1), 0);
   EXPECT_EQ(kc::bias_grad_partials(128, 64, 576), 64 * 8);
   for (int64_t terms : {1, 7, 2049, 4608, 73728})
@@ -491,7 +492,7 @@ TEST(BiasRules, SegmentsCoverEveryTermOnce) {
       EXPECT_EQ(next, terms) << terms << " terms in " << k << " segments";
     }
   uint64_t seed = 1100;
-  for (const BiasCase& k : {BiasCase{3, 5, 1500}, BiasCase{16, 64, 144}}) {
+  for (const BiasCase& k : {BiasCase{3, 5, 1500}, BiasCase{32, 64, 144}}) {
     SCOPED_TRACE(describe(k));
     const std::vector<float> dy = random_floats(k.n * k.c * k.hw, ++seed);
     std::vector<float> want(k.c), got(k.c);
