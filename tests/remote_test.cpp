@@ -728,6 +728,8 @@ TEST(RemoteCli, BadFlagsAreNamed) {
            " --clip-grad-norm 1", "--clip-grad-norm"},
       {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " + token +
            " --tls-cert " + token, "--tls-key"},
+      {"train --model mlp --steps 1 --mode async --cluster " + cluster + " --task worker:0 "
+           "--token-file " + token + " --staleness-aware-lr", "--staleness-aware-lr with a cluster"},
       {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " + token +
            " --rpc-piece-kib 0", "--rpc-piece-kib 0: pieces of 1 KiB to 256 MiB"},
       {"ps --cluster " + cluster + " --task worker:0 --token-file " + token, "the task must be ps:I"},
@@ -788,6 +790,35 @@ TEST(RemoteCli, AsyncRunFinishesWhenAWorkerIsKilled) {
   ASSERT_EQ(summary.size(), 1u);
   EXPECT_EQ(summary[0]["lost_workers"], nlohmann::json::array({1}));
   EXPECT_GE(summary[0]["steps"].get<int64_t>(), 600);
+}
+
+// Async across workers: a step's staleness is what the shards saw at its apply, the other
+// worker's pushes included. Worker 1's steps take 40 ms more than worker 0's, so worker 0
+// pushes while every step of worker 1 runs: worker 1's pushes are stale, and its metrics say
+// so, step by step and in the summary's histogram (before, each worker counted only its own
+// process's updates and recorded 0).
+TEST(RemoteCli, AsyncWorkersRecordTheStalenessTheShardsSaw) {
+  const std::string dir = test_path("launch");
+  std::string out;
+  ASSERT_EQ(run_towers(fmt::format("launch --ps 2 --workers 2 --out {} -- train --model mlp "
+                                   "--dataset synthetic --synthetic-size 2000 --batch 16 --mode "
+                                   "async --lr 0.01 --slow-tower 0:5 --slow-tower 1:45 --steps 120 "
+                                   "--eval-every 0 --log-every 1", dir), &out), 0) << out;
+  const auto steps = metrics_events(dir + "/worker-1.jsonl", "step");
+  const auto summary = metrics_events(dir + "/worker-1.jsonl", "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  ASSERT_FALSE(steps.empty());
+  int64_t most = 0, stale = 0;
+  for (const auto& s : steps) {
+    most = std::max(most, s["staleness"].get<int64_t>());
+    stale += s["staleness"].get<int64_t>() > 0;
+  }
+  EXPECT_GE(most, 1) << out;
+  EXPECT_GT(stale, static_cast<int64_t>(steps.size()) / 2);
+  EXPECT_EQ(summary[0]["max_staleness"].get<int64_t>(), most);
+  int64_t counted = 0;
+  for (const auto& [k, v] : summary[0]["staleness_histogram"].items()) counted += v.get<int64_t>();
+  EXPECT_EQ(counted, static_cast<int64_t>(steps.size()));
 }
 
 // Plain sync cannot go on without a worker: the chief stops with an error that names it.

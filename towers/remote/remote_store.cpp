@@ -306,6 +306,14 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
   } else {
     int64_t seen = version_.load();
     while (seen < v && !version_.compare_exchange_weak(seen, v)) {}
+    // The staleness the shards saw when they applied the push: the updates of every worker
+    // applied between this tower's pull and its push (the largest over the shards). The
+    // mode's estimate from this process's version cannot see the other workers' pushes.
+    if (!skip) {
+      int64_t staleness = 0;
+      for (const PushReply& r : reps) staleness = std::max<int64_t>(staleness, r.staleness());
+      rec.staleness = staleness;
+    }
   }
   ++pushes_;
   push_ns_ += ns_since(t0);
