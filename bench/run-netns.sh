@@ -34,6 +34,7 @@ cleanup() {
     ip netns del "$ns" 2>/dev/null || true
   done
   ip link del "$br" 2>/dev/null || true
+  [ -z "${token:-}" ] || rm -f "$token"
 }
 # Everything it makes is named twr-*; a previous run's leftovers go first.
 cleanup
@@ -63,10 +64,11 @@ shape() {  # on|off: worker 1's link shaped to $rate in both directions, or not
 }
 mkdir -p "$out"
 out=$(realpath "$out")
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$out/token"
+token=$(mktemp)  # the run's secret stays out of OUT
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$token"
 port=7070
 flags=(--model fashion --dataset synthetic --synthetic-size 8192 --batch 128 --steps "$steps"
-       --threads-per-tower 1 --eval-every 0 --seed 1 --quiet --token-file "$out/token")
+       --threads-per-tower 1 --eval-every 0 --seed 1 --quiet --token-file "$token")
 
 run() {  # name, shaping, train flags...
   local name=$1 shaping=$2; shift 2
@@ -76,7 +78,7 @@ run() {  # name, shaping, train flags...
 JSON
   shape "$shaping"
   ip netns exec $ns_ps "$towers" ps --cluster "$out/$name.cluster.json" --task ps:0 \
-    --token-file "$out/token" --bind "${addr[$ns_ps]}" > "$out/$name.ps.log" 2>&1 &
+    --token-file "$token" --bind "${addr[$ns_ps]}" > "$out/$name.ps.log" 2>&1 &
   local ps=$!
   local pids=()
   for w in 0 1; do
