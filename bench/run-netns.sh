@@ -12,8 +12,10 @@
 # Prints, and writes to OUT/summary.txt, each worker's images/s, the run's updates, its pushes,
 # the gradients the shard dropped as late, the largest staleness, and push and pull times per
 # call.
-# Needs root (CAP_NET_ADMIN) and the kernel's veth, bridge and tbf; without them it says what
-# is missing and exits 2, having changed nothing.
+# Needs root (CAP_NET_ADMIN) and the kernel's veth, bridge and tbf; without a bridge it says so
+# and exits 2, having changed nothing, and it removes what it made however it ends. A host whose
+# firewall filters bridged traffic (br_netfilter with a FORWARD policy of DROP) stops the calls:
+# each worker then fails after --rpc-timeout, and each run after 600 s at most.
 #   bench/run-netns.sh [BUILD_DIR] [OUT_DIR]     STEPS=N (default 40), RATE (default 200mbit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +29,12 @@ towers="$build/towers"
 ns_ps=twr-ps0 ns_w0=twr-w0 ns_w1=twr-w1 br=twr-br
 declare -A addr=([$ns_ps]=10.77.0.10 [$ns_w0]=10.77.0.20 [$ns_w1]=10.77.0.21)
 cleanup() {
-  for ns in $ns_ps $ns_w0 $ns_w1; do ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true; done
-  sleep 0.2
+  for sig in TERM KILL; do
+    for ns in $ns_ps $ns_w0 $ns_w1; do
+      ip netns pids "$ns" 2>/dev/null | xargs -r kill -s "$sig" 2>/dev/null || true
+    done
+    sleep 0.5
+  done
   for ns in $ns_ps $ns_w0 $ns_w1; do
     ip link del "${ns}-h" 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
@@ -56,7 +62,8 @@ tc_w1() {  # tc qdisc ARGS... on both ends of worker 1's link
     tc qdisc "$1" dev "${ns_w1}-h" root "${@:2}"
 }
 shape() {  # on|off: worker 1's link shaped to $rate in both directions, or not
-  tc_w1 del 2>/dev/null || true
+  ip netns exec "$ns_w1" tc qdisc del dev eth0 root 2>/dev/null || true
+  tc qdisc del dev "${ns_w1}-h" root 2>/dev/null || true
   if [ "$1" = on ] && ! tc_w1 add tbf rate "$rate" burst 256kb latency 200ms; then
     echo "run-netns: tc tbf failed (the kernel lacks sch_tbf?)" >&2
     exit 2
@@ -84,7 +91,7 @@ JSON
   for w in 0 1; do
     local ns=$ns_w0
     [ "$w" = 1 ] && ns=$ns_w1
-    ip netns exec "$ns" "$towers" train --cluster "$out/$name.cluster.json" --task "worker:$w" \
+    timeout 600 ip netns exec "$ns" "$towers" train --cluster "$out/$name.cluster.json" --task "worker:$w" \
       "${flags[@]}" "$@" --metrics "$out/$name.worker-$w.jsonl" > "$out/$name.worker-$w.log" 2>&1 &
     pids+=($!)
   done

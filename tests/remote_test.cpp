@@ -793,16 +793,17 @@ TEST(RemoteCli, AsyncRunFinishesWhenAWorkerIsKilled) {
 }
 
 // Async across workers: a step's staleness is what the shards saw at its apply, the other
-// worker's pushes included. Worker 1's steps take 40 ms more than worker 0's, so worker 0
+// worker's pushes included. Worker 1's steps take 45 ms more than worker 0's, so worker 0
 // pushes while every step of worker 1 runs: worker 1's pushes are stale, and its metrics say
 // so, step by step and in the summary's histogram (before, each worker counted only its own
-// process's updates and recorded 0).
+// process's updates and recorded 0). The run is long enough (400 updates, at least 6 s for
+// worker 0 alone) that worker 1 joins it, however slowly it starts.
 TEST(RemoteCli, AsyncWorkersRecordTheStalenessTheShardsSaw) {
   const std::string dir = test_path("launch");
   std::string out;
   ASSERT_EQ(run_towers(fmt::format("launch --ps 2 --workers 2 --out {} -- train --model mlp "
                                    "--dataset synthetic --synthetic-size 2000 --batch 16 --mode "
-                                   "async --lr 0.01 --slow-tower 0:5 --slow-tower 1:45 --steps 120 "
+                                   "async --lr 0.01 --slow-tower 0:15 --slow-tower 1:60 --steps 400 "
                                    "--eval-every 0 --log-every 1", dir), &out), 0) << out;
   const auto steps = metrics_events(dir + "/worker-1.jsonl", "step");
   const auto summary = metrics_events(dir + "/worker-1.jsonl", "summary");

@@ -305,9 +305,10 @@ void validate(const TrainConfig& c) {
                    "parameter-server shards (--params host)", c.params);
     TOWERS_REQUIRE(c.clip_grad_norm == 0.0, "--clip-grad-norm with a cluster: the global norm "
                    "of a round is not known to any one worker; leave it off");
-    TOWERS_REQUIRE(!c.staleness_aware_lr, "--staleness-aware-lr with a cluster: a push's "
-                   "staleness counts the other workers' updates, which only the shards see once "
-                   "they apply it, after its learning rate is sent; leave it off");
+    TOWERS_REQUIRE(!c.staleness_aware_lr || c.mode == "sync",
+                   "--staleness-aware-lr with a cluster in --mode {}: a push's staleness counts "
+                   "the other workers' updates, which only the shards see once they apply it, "
+                   "after its learning rate is sent; leave it off", c.mode);
     TOWERS_REQUIRE(c.replicas_to_aggregate <= ct.cluster.workers(),
                    "--replicas-to-aggregate {} with a cluster counts workers, and {} has {}",
                    c.replicas_to_aggregate, ct.cluster.origin, ct.cluster.workers());

@@ -185,6 +185,7 @@ void RemoteParameterStore::attach(const std::vector<Tower*>& towers) {
   pulled_.clear();
   for (size_t i = 0; i < towers.size(); ++i) pulled_.emplace_back(layout_.total());
   version_read_.assign(towers.size(), version_.load());
+  shard_read_.assign(towers.size(), std::vector<int64_t>(shards_->size(), version_.load()));
   reset_clocks(static_cast<int>(towers.size()));
 }
 
@@ -209,7 +210,7 @@ int64_t RemoteParameterStore::pull(Tower& tower) {
   const auto t0 = Clock::now();
   const int ti = tower_index(tower);
   float* dst = pulled_[ti].data();
-  const int64_t v = fetch(dst, ti);
+  const int64_t v = fetch(dst, ti, &shard_read_[ti]);
   version_read_[ti] = v;
   tower.load_params(dst);
   ++pulls_;
@@ -217,7 +218,7 @@ int64_t RemoteParameterStore::pull(Tower& tower) {
   return v;
 }
 
-int64_t RemoteParameterStore::fetch(float* dst, int ti) {
+int64_t RemoteParameterStore::fetch(float* dst, int ti, std::vector<int64_t>* shard_versions) {
   TOWERS_CHECK(piece_ > 0, "the remote store pulls before it has joined the shards");
   PullRequest req;
   req.set_layout_hash(hash_);
@@ -235,6 +236,7 @@ int64_t RemoteParameterStore::fetch(float* dst, int ti) {
   const std::vector<int64_t> versions = adopting_rollbacks(
       [&] { return shards_->pull_streams(req, ranges_, dst, cfg_.rpc_timeout); });
   const int64_t v = *std::min_element(versions.begin(), versions.end());
+  if (shard_versions != nullptr) *shard_versions = versions;
   if (cfg_.mode != "sync") {
     int64_t seen = version_.load();
     while (seen < v && !version_.compare_exchange_weak(seen, v)) {}
@@ -271,6 +273,9 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
     std::vector<std::vector<grpc::ByteBuffer>> out(n);
     for (int i = 0; i < n; ++i) {
       const Range& g = ranges_[i];
+      // async, ssp: the version this tower read from shard i, from which the shard counts
+      // the updates applied since (the shards' versions move apart while pushes are applied)
+      if (cfg_.mode != "sync") r.set_round(shard_read_.at(ti).at(i));
       if (skip) {
         out[i].push_back(encode(r));
         continue;
@@ -306,14 +311,13 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
   } else {
     int64_t seen = version_.load();
     while (seen < v && !version_.compare_exchange_weak(seen, v)) {}
-    // The staleness the shards saw when they applied the push: the updates of every worker
-    // applied between this tower's pull and its push (the largest over the shards). The
-    // mode's estimate from this process's version cannot see the other workers' pushes.
-    if (!skip) {
-      int64_t staleness = 0;
-      for (const PushReply& r : reps) staleness = std::max<int64_t>(staleness, r.staleness());
-      rec.staleness = staleness;
-    }
+    // The staleness the shards saw when they applied (or skipped) the push: the updates of
+    // every worker applied on a shard between this tower's pull and its push (the largest
+    // over the shards). The mode's estimate from this process's version cannot see the other
+    // workers' pushes.
+    int64_t staleness = 0;
+    for (const PushReply& r : reps) staleness = std::max<int64_t>(staleness, r.staleness());
+    rec.staleness = staleness;
   }
   ++pushes_;
   push_ns_ += ns_since(t0);

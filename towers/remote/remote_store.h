@@ -120,7 +120,7 @@ class RemoteParameterStore final : public ParameterStore {
   template <class Call>
   auto adopting_rollbacks(Call call) -> decltype(call());
   // The parameters into dst, for tower ti (ssp: its clock; -1: the slowest tower's).
-  int64_t fetch(float* dst, int ti);
+  int64_t fetch(float* dst, int ti, std::vector<int64_t>* versions = nullptr);
   int tower_index(const Tower& t) const;
 
   RemoteConfig cfg_;
@@ -139,6 +139,9 @@ class RemoteParameterStore final : public ParameterStore {
   std::vector<Tower*> towers_;
   std::vector<HostBuffer> pulled_;         // per tower: the parameters as pulled
   std::vector<int64_t> version_read_;      // per tower: the version of its last pull
+  // per tower: each shard's version at its last pull (async, ssp: the round of each shard's
+  // push, from which the shard counts the staleness)
+  std::vector<std::vector<int64_t>> shard_read_;
   std::unique_ptr<std::atomic<int64_t>[]> clocks_;  // per tower; read by other towers' pushes
   int n_clocks_ = 0;
   std::atomic<bool> stop_{false}, finished_{false};
