@@ -11,27 +11,19 @@ namespace towers::kernels::cuda {
 
 namespace {
 
-struct BnForwardEval {
+// y from given statistics: the running ones (float, evaluation) or, under --sync-bn, the
+// global batch's (double, on the device).
+template <class Stat>
+struct BnNormalize {
   BnShape s;
-  const float *x, *gamma, *beta, *mean, *var;
+  const float *x, *gamma, *beta;
+  const Stat *mean, *var;
   float* y;
   TOWERS_HD void operator()(int64_t i) const { body(s, x, gamma, beta, mean, var, y, i); }
   static TOWERS_HD void body(const BnShape& s, const float* __restrict__ x,
                              const float* __restrict__ gamma, const float* __restrict__ beta,
-                             const float* __restrict__ mean, const float* __restrict__ var,
+                             const Stat* __restrict__ mean, const Stat* __restrict__ var,
                              float* __restrict__ y, int64_t i) {
-    const int64_t ch = (i / s.hw) % s.c;
-    y[i] = bn_normalize(x[i], mean[ch], bn_invstd(var[ch], s.eps), gamma[ch], beta[ch]);
-  }
-};
-
-// --sync-bn: y from the global batch's statistics (double, on the device).
-struct BnForwardWith {
-  BnShape s;
-  const float *x, *gamma, *beta;
-  const double *mean, *var;
-  float* y;
-  TOWERS_HD void operator()(int64_t i) const {
     const int64_t ch = (i / s.hw) % s.c;
     y[i] = bn_normalize(x[i], mean[ch], bn_invstd(var[ch], s.eps), gamma[ch], beta[ch]);
   }
@@ -41,12 +33,12 @@ struct BnForwardWith {
 
 void batchnorm_forward_with(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
                             const float* beta, const double* mean, const double* var, float* y) {
-  for_each_index(st, s.n * s.c * s.hw, BnForwardWith{s, x, gamma, beta, mean, var, y});
+  for_each_index(st, s.n * s.c * s.hw, BnNormalize<double>{s, x, gamma, beta, mean, var, y});
 }
 
 void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
                             const float* beta, const float* mean, const float* var, float* y) {
-  for_each_index(st, s.n * s.c * s.hw, BnForwardEval{s, x, gamma, beta, mean, var, y});
+  for_each_index(st, s.n * s.c * s.hw, BnNormalize<float>{s, x, gamma, beta, mean, var, y});
 }
 
 #if defined(__CUDACC__)  // per-channel blocks; emulator twins in tests/emu/emu_kernels.cpp

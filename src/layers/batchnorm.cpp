@@ -23,6 +23,29 @@ namespace {
 // Channels per CPU task: each channel is one thread's in-order sums, so any split is exact.
 constexpr int64_t kChannelsPerTask = 4;
 
+// The host's part of --sync-bn's global statistics, for the CPU and GPU paths alike (so
+// theirs agree bitwise): sums(center, out) writes this tower's s.c channel sums of x (center
+// null) or of (x - center)^2 to host memory out; the exchange adds the towers' in tower order,
+// the examples' count with the first. Fills mean and (biased) var; returns the global batch's
+// elements per channel.
+template <class Sums>
+double exchange_moments(const kernels::BnShape& s, TowerExchange& ex, std::vector<double>& mean,
+                        std::vector<double>& var, Sums sums) {
+  const int64_t c = s.c;
+  mean.assign(c + 1, 0.0);
+  sums(nullptr, mean.data());
+  mean[c] = static_cast<double>(s.n);  // the global batch's examples, summed with the rest
+  ex.sum(mean.data(), c + 1);
+  const double m = mean[c] * static_cast<double>(s.hw);
+  mean.resize(c);
+  for (double& v : mean) v /= m;
+  var.assign(c, 0.0);
+  sums(mean.data(), var.data());
+  ex.sum(var.data(), c);
+  for (double& v : var) v /= m;
+  return m;
+}
+
 kernels::BnGrads bn_grads(const BackwardArgs& a) {
   kernels::BnGrads g;
   g.dx = a.dx;
@@ -63,22 +86,11 @@ std::vector<ParamSpec> BatchNorm::params() const {
 // per channel; returns the global batch's elements per channel.
 double BatchNorm::global_moments(const kernels::BnShape& s, const float* x, TowerExchange& ex,
                                  std::vector<double>& mean, std::vector<double>& var) const {
-  mean.assign(c_ + 1, 0.0);
-  for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
-    kernels::cpu::batchnorm_channel_sums(s, c0, c1, x, nullptr, mean.data());
+  return exchange_moments(s, ex, mean, var, [&](const double* center, double* out) {
+    for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
+      kernels::cpu::batchnorm_channel_sums(s, c0, c1, x, center, out);
+    });
   });
-  mean[c_] = static_cast<double>(s.n);  // the global batch's examples, summed with the rest
-  ex.sum(mean.data(), c_ + 1);
-  const double m = mean[c_] * static_cast<double>(hw_);
-  mean.resize(c_);
-  for (double& v : mean) v /= m;
-  var.assign(c_, 0.0);
-  for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
-    kernels::cpu::batchnorm_channel_sums(s, c0, c1, x, mean.data(), var.data());
-  });
-  ex.sum(var.data(), c_);
-  for (double& v : var) v /= m;
-  return m;
 }
 
 void BatchNorm::forward(const ForwardArgs& a) const {
@@ -157,24 +169,17 @@ void to_device(const GpuExec& e, double* dev, const double* host, int64_t count)
   CUDA_CHECK(cudaMemcpyAsync(dev, host, sizeof(double) * count, cudaMemcpyHostToDevice, e.stream));
 }
 // --sync-bn on a GPU tower: BatchNorm::global_moments with the channel sums taken on the
-// device and added through the exchange on the host, into d.mean and d.var; the same
-// arithmetic as the CPU's.
+// device and copied out for the exchange; the statistics end in d.mean and d.var.
 double global_moments_gpu(const GpuExec& e, const kernels::BnShape& s, const float* x,
                           TowerExchange& ex, const SyncBnDevice& d) {
-  const int64_t c = s.c;
-  std::vector<double> h(c + 1);
-  kc::batchnorm_channel_sums(e.stream, s, x, nullptr, d.mean);
-  to_host(e, h.data(), d.mean, c);
-  h[c] = static_cast<double>(s.n);  // the global batch's examples, summed with the rest
-  ex.sum(h.data(), c + 1);
-  const double m = h[c] * static_cast<double>(s.hw);
-  for (int64_t k = 0; k < c; ++k) h[k] /= m;
-  to_device(e, d.mean, h.data(), c);
-  kc::batchnorm_channel_sums(e.stream, s, x, d.mean, d.var);
-  to_host(e, h.data(), d.var, c);
-  ex.sum(h.data(), c);
-  for (int64_t k = 0; k < c; ++k) h[k] /= m;
-  to_device(e, d.var, h.data(), c);
+  std::vector<double> mean, var;
+  const double m = exchange_moments(s, ex, mean, var, [&](const double* center, double* out) {
+    if (center != nullptr) to_device(e, d.mean, center, s.c);
+    double* sums = center != nullptr ? d.var : d.mean;
+    kc::batchnorm_channel_sums(e.stream, s, x, center != nullptr ? d.mean : nullptr, sums);
+    to_host(e, out, sums, s.c);
+  });
+  to_device(e, d.var, var.data(), s.c);
   return m;
 }
 

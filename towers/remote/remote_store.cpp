@@ -184,7 +184,6 @@ void RemoteParameterStore::attach(const std::vector<Tower*>& towers) {
   towers_ = towers;
   pulled_.clear();
   for (size_t i = 0; i < towers.size(); ++i) pulled_.emplace_back(layout_.total());
-  version_read_.assign(towers.size(), version_.load());
   shard_read_.assign(towers.size(), std::vector<int64_t>(shards_->size(), version_.load()));
   reset_clocks(static_cast<int>(towers.size()));
 }
@@ -211,7 +210,6 @@ int64_t RemoteParameterStore::pull(Tower& tower) {
   const int ti = tower_index(tower);
   float* dst = pulled_[ti].data();
   const int64_t v = fetch(dst, ti, &shard_read_[ti]);
-  version_read_[ti] = v;
   tower.load_params(dst);
   ++pulls_;
   pull_ns_ += ns_since(t0);
@@ -249,15 +247,16 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
   const int n = shards_->size();
   std::vector<PushReply> reps(n);
   const int ti = rec.tower >= 0 ? rec.tower : 0;
-  const int64_t round = cfg_.mode == "sync" ? version_.load() : version_read_.at(ti);
   {
     // The gradient is lent to gRPC, not copied: `lender` waits, before this block ends, until
     // gRPC has let go of it.
     PushRequest r;  // the same small fields for every shard
     r.set_layout_hash(hash_);
     r.set_worker(cfg_.rank);
-    r.set_round(round);
-    if (cfg_.mode == "sync") r.set_generation(generation_.load());
+    if (cfg_.mode == "sync") {  // async, ssp: each shard's round below
+      r.set_round(version_.load());
+      r.set_generation(generation_.load());
+    }
     r.set_lr(rec.lr);
     r.set_skip(skip);
     r.set_loss_sum(rec.loss * static_cast<double>(rec.examples));

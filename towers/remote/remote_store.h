@@ -138,7 +138,6 @@ class RemoteParameterStore final : public ParameterStore {
   std::mutex rollback_mu_;  // one roll_back at a time
   std::vector<Tower*> towers_;
   std::vector<HostBuffer> pulled_;         // per tower: the parameters as pulled
-  std::vector<int64_t> version_read_;      // per tower: the version of its last pull
   // per tower: each shard's version at its last pull (async, ssp: the round of each shard's
   // push, from which the shard counts the staleness)
   std::vector<std::vector<int64_t>> shard_read_;
