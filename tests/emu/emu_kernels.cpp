@@ -2,7 +2,7 @@
 // on the emulated device (emu_runtime.h): the block reductions (bias gradients, the non-finite
 // check, standardize), batch normalization's per-channel blocks, the GEMM, and the debug
 // kernels. Each runs the checks of its .cu launcher, then a host loop over the rules its CUDA
-// kernel runs, submitted to the stream (run at once, or recorded while the thread captures).
+// kernel runs, submitted to the stream (queued, or recorded while the thread captures).
 // Every closure captures by value: a recorded one runs at graph replay, after the launcher has
 // returned, when only the device pointers it names are still valid.
 //
@@ -236,7 +236,8 @@ void batchnorm_backward_with(CUstream_st* st, const BnShape& s, double m, const 
   });
 }
 
-// The emulator runs every operation in issue order, so a delay could not expose anything.
+// The emulator already runs each stream as late and as far out of issue order as its waits
+// allow (emu_runtime.cpp): a delay would add nothing.
 void spin_delay(CUstream_st*, int64_t) {}
 // Its "device code" is these host loops: always there.
 std::string device_code_missing() { return {}; }

@@ -3,29 +3,62 @@
 // rules a real GPU enforces and towers must respect: copies stay inside live allocations,
 // nothing synchronises or allocates while a stream is being captured, captured copies touch
 // only page-locked host memory, and a capture ends on the stream that began it.
+//
+// Streams run late and out of order: an operation is queued on its stream and runs only when
+// something needs it done (a synchronisation of its stream or of the device, a copy to pageable
+// memory, a free), in its stream's order and after the operations of other streams its stream
+// waits for (cudaStreamWaitEvent); among the operations that may run, the one issued last runs
+// first (run_until). Every such order is one a GPU may take, and this one breaks the work that
+// lacks a wait: a consumer runs before the producer it did not wait for, a writer overwrites
+// a buffer before the reader it did not wait for, the host's next writes to a buffer land
+// before a queued copy of it. TOWERS_EMU_STREAMS=issue runs every operation when it is issued
+// instead (the order of issue, a valid order that hides missing waits).
 #include "tests/emu/emu_runtime.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include <nccl.h>
 
+namespace {
+// One stream's queue. An operation is work, or a wait for another queue to have run its first
+// `seq` operations (cudaStreamWaitEvent, recorded when it was issued).
+struct Queue;
+struct Op {
+  std::function<void()> work;
+  std::shared_ptr<Queue> after;
+  int64_t after_seq = 0;
+  int64_t id = 0;  // the order of issue over every stream
+};
+struct Queue {
+  std::deque<Op> ops;
+  int64_t issued = 0, done = 0;
+  bool busy = false;  // a thread is running its front operation
+};
+}  // namespace
+
 struct CUstream_st {
   int device = 0;
+  std::shared_ptr<Queue> q = std::make_shared<Queue>();
 };
 struct CUevent_st {
-  int unused = 0;
+  std::shared_ptr<Queue> q;  // recorded on (null: never recorded)
+  int64_t seq = 0;           // complete once q has run this many operations
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
 };
 struct CUgraphExec_st {
-  std::vector<std::function<void()>> ops;
+  // Shared with launches still queued: a graph may be destroyed while its launch waits.
+  std::shared_ptr<const std::vector<std::function<void()>>> ops;
 };
 struct cublasContext {
   cudaStream_t stream = nullptr;
@@ -44,6 +77,96 @@ thread_local int current_device = 0;
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local CUgraph_st* capture = nullptr;  // the graph this thread is recording
 thread_local cudaStream_t capture_origin = nullptr;
+
+// The lazy streams (see the top): every live queue, and the lock and signal of their state.
+std::mutex run_mu;
+std::condition_variable run_cv;
+std::vector<std::weak_ptr<Queue>> queues;
+int64_t issued_ops = 0;
+
+bool issue_order() {
+  static const bool on = [] {
+    const char* env = std::getenv("TOWERS_EMU_STREAMS");
+    return env != nullptr && std::string(env) == "issue";
+  }();
+  return on;
+}
+
+// Runs operations until q has run `seq` of them. Each step runs one operation that may run now
+// (the front of a queue that no thread is running, whose wait, if it is one, is met), and of
+// those the one issued last, whatever its stream: so a stream runs ahead of the work its
+// missing wait would have waited for, and a write that lacks a wait on an earlier reader runs
+// before that reader. Operations run outside the lock, one at a time per queue, on whichever
+// thread needs them.
+void run_until(const std::shared_ptr<Queue>& q, int64_t seq) {
+  std::unique_lock<std::mutex> l(run_mu);
+  std::vector<std::shared_ptr<Queue>> live;
+  while (q->done < seq) {
+    live.clear();
+    std::erase_if(queues, [](const std::weak_ptr<Queue>& w) { return w.expired(); });
+    for (const auto& w : queues)
+      if (auto r = w.lock()) live.push_back(r);
+    Queue* best = nullptr;
+    for (const auto& r : live) {
+      if (r->busy || r->ops.empty()) continue;
+      const Op& f = r->ops.front();
+      if (f.after && f.after->done < f.after_seq) continue;
+      if (best == nullptr || f.id > best->ops.front().id) best = r.get();
+    }
+    if (best == nullptr) {  // what is left waits for operations other threads are running
+      run_cv.wait(l);
+      continue;
+    }
+    Op op = std::move(best->ops.front());
+    best->ops.pop_front();
+    best->busy = true;
+    l.unlock();
+    try {
+      if (op.work) op.work();
+    } catch (...) {
+      l.lock();
+      best->busy = false;
+      ++best->done;
+      run_cv.notify_all();
+      throw;
+    }
+    l.lock();
+    best->busy = false;
+    ++best->done;
+    run_cv.notify_all();
+  }
+}
+
+void run_all_of(const std::shared_ptr<Queue>& q) {
+  int64_t issued;
+  {
+    std::lock_guard<std::mutex> l(run_mu);
+    issued = q->issued;
+  }
+  run_until(q, issued);
+}
+
+// Everything issued on every stream (cudaDeviceSynchronize, and what implies it).
+void run_everything() {
+  std::vector<std::shared_ptr<Queue>> live;
+  {
+    std::lock_guard<std::mutex> l(run_mu);
+    std::erase_if(queues, [](const std::weak_ptr<Queue>& w) { return w.expired(); });
+    for (const auto& w : queues)
+      if (auto q = w.lock()) live.push_back(q);
+  }
+  for (const auto& q : live) run_all_of(q);
+}
+
+void enqueue(cudaStream_t s, Op op) {
+  {
+    std::lock_guard<std::mutex> l(run_mu);
+    op.id = ++issued_ops;
+    s->q->ops.push_back(std::move(op));
+    ++s->q->issued;
+  }
+  if (issue_order()) run_all_of(s->q);
+}
 
 int device_count() {
   const char* env = std::getenv("TOWERS_EMU_GPUS");
@@ -92,11 +215,16 @@ cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 
 namespace towers::emu {
 
-void submit(cudaStream_t, std::function<void()> work) {
-  if (capture != nullptr)
+void submit(cudaStream_t s, std::function<void()> work) {
+  if (capture != nullptr) {
     capture->ops.push_back(std::move(work));
-  else
+  } else if (s == nullptr) {
+    // The legacy default stream: after the work of every stream (towers never issues here).
+    run_everything();
     work();
+  } else {
+    enqueue(s, Op{std::move(work), nullptr, 0});
+  }
 }
 
 cudaStream_t stream_of(cublasHandle_t h) { return h->stream; }
@@ -147,7 +275,9 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
-  return capture ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+  if (capture) return fail(cudaErrorStreamCaptureUnsupported);
+  run_everything();
+  return cudaSuccess;
 }
 cudaError_t cudaGetLastError() {
   cudaError_t e = last_error;
@@ -185,6 +315,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 cudaError_t cudaFree(void* p) {
   if (capture) return fail(cudaErrorStreamCaptureUnsupported);
   if (p == nullptr) return cudaSuccess;
+  run_everything();  // cudaFree synchronises the device
   std::lock_guard<std::mutex> l(mu);
   auto it = device_.find(static_cast<const char*>(p));
   if (it == device_.end()) return fail(cudaErrorInvalidValue);
@@ -201,6 +332,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
+  run_everything();  // as cudaFree
   std::lock_guard<std::mutex> l(mu);
   pinned_.erase(static_cast<const char*>(p));
   std::free(p);
@@ -213,6 +345,7 @@ cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* p) {
+  run_everything();  // queued copies may still name the range
   std::lock_guard<std::mutex> l(mu);
   return pinned_.erase(static_cast<const char*>(p)) ? cudaSuccess : fail(cudaErrorInvalidValue);
 }
@@ -225,7 +358,27 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s) {
   if (cudaError_t e = check_copy(dst, src, bytes, kind)) return fail(e);
-  if (bytes > 0) towers::emu::submit(s, [=] { std::memcpy(dst, src, bytes); });
+  if (bytes == 0) return cudaSuccess;
+  const bool host_src = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost;
+  const bool host_dst = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost;
+  bool pageable_src, pageable_dst;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    pageable_src = host_src && !inside(pinned_, src, bytes);
+    pageable_dst = host_dst && !inside(pinned_, dst, bytes);
+  }
+  if (capture == nullptr && s != nullptr && pageable_dst) {
+    // CUDA: a copy to pageable memory returns once it is done, after the stream's earlier work.
+    run_all_of(s->q);
+    std::memcpy(dst, src, bytes);
+  } else if (capture == nullptr && pageable_src) {
+    // CUDA stages pageable source memory before the call returns: the caller may reuse it.
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    towers::emu::submit(s, [=] { std::memcpy(dst, staged->data(), bytes); });
+  } else {
+    towers::emu::submit(s, [=] { std::memcpy(dst, src, bytes); });
+  }
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
@@ -249,16 +402,22 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 // ---- streams, events, graphs -----------------------------------------------------------------
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
   *s = new CUstream_st{current_device};
+  std::lock_guard<std::mutex> l(run_mu);
+  queues.push_back((*s)->q);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  run_all_of(s->q);  // CUDA finishes a destroyed stream's work
   delete s;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
-  // Work has run as it was issued; a synchronisation inside a capture is an error on a GPU.
-  return capture ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  // A synchronisation inside a capture is an error on a GPU.
+  if (capture) return fail(cudaErrorStreamCaptureUnsupported);
+  if (s == nullptr) run_everything();
+  else run_all_of(s->q);
+  return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
   *e = new CUevent_st{};
@@ -268,11 +427,28 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  return e ? cudaSuccess : fail(cudaErrorInvalidValue);
+// Inside a capture, records and waits order the graph's nodes, which the emulator replays in
+// the order they were captured: they need no entry of their own.
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (e == nullptr || s == nullptr) return fail(cudaErrorInvalidValue);
+  if (capture) return cudaSuccess;
+  std::lock_guard<std::mutex> l(run_mu);
+  e->q = s->q;
+  e->seq = s->q->issued;
+  return cudaSuccess;
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned int) {
-  return e ? cudaSuccess : fail(cudaErrorInvalidValue);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  if (e == nullptr || s == nullptr) return fail(cudaErrorInvalidValue);
+  if (capture || e->q == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
+  std::shared_ptr<Queue> after;
+  int64_t seq;
+  {
+    std::lock_guard<std::mutex> l(run_mu);
+    after = e->q;
+    seq = e->seq;
+  }
+  if (after != s->q) enqueue(s, Op{nullptr, after, seq});
+  return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
   if (capture) return fail(cudaErrorStreamCaptureUnsupported);
@@ -289,7 +465,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) {
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t g, unsigned long long) {
   if (g == nullptr) return fail(cudaErrorInvalidValue);
-  *exec = new CUgraphExec_st{g->ops};
+  *exec = new CUgraphExec_st{std::make_shared<const std::vector<std::function<void()>>>(g->ops)};
   return cudaSuccess;
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t g) {
@@ -302,8 +478,8 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
   if (e == nullptr) return fail(cudaErrorInvalidValue);
-  towers::emu::submit(s, [e] {
-    for (const auto& op : e->ops) op();
+  towers::emu::submit(s, [ops = e->ops] {
+    for (const auto& op : *ops) op();
   });
   return cudaSuccess;
 }
@@ -383,9 +559,12 @@ ncclResult_t ncclGroupEnd() {
   if (--group_depth == 0) run_group();
   return ncclSuccess;
 }
+// The all-reduce runs once its group is complete, each rank after its stream's earlier work
+// (run here): later work on the streams sees the sums.
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
   if (type != ncclFloat || op != ncclSum) return ncclInvalidArgument;
+  if (s != nullptr && !capture) run_all_of(s->q);
   group.push_back({static_cast<const float*>(send), static_cast<float*>(recv), count, comm->rank});
   if (group_depth == 0) run_group();
   return ncclSuccess;

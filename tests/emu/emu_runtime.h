@@ -12,10 +12,13 @@
 // stream concurrency and cuBLAS itself are not exercised; the GPU suite on a real GPU is.
 //
 // Semantics: TOWERS_EMU_GPUS emulated devices (default 1), which do not check which device's
-// memory a kernel touches; device memory is host memory; every operation runs at once,
-// in the order it is issued, which is one valid order of the streams it was issued on. While a
-// stream capture is active on a thread, every operation that thread issues is recorded into
-// the graph instead (towers captures fork/join patterns: the copy stream joins the capture).
+// memory a kernel touches; device memory is host memory. Streams run lazily: an operation
+// runs only when something needs it (a synchronisation, a wait of a stream being run, a copy
+// to pageable memory, a free), in its stream's order and after what its stream waits for, so
+// a missing wait shows as wrong results (TOWERS_EMU_STREAMS=issue runs each at once instead).
+// While a stream capture is active on a thread, every operation that thread issues is recorded
+// into the graph instead, and a launch of the graph replays them in the order they were
+// captured (towers captures fork/join patterns: the copy stream joins the capture).
 #pragma once
 
 #include <cmath>
@@ -29,7 +32,8 @@
 
 namespace towers::emu {
 
-// Runs work now, or records it while the calling thread is capturing.
+// Queues work on s (runs it later, when s is run), or records it while the calling thread is
+// capturing.
 void submit(cudaStream_t s, std::function<void()> work);
 // The stream a cuBLAS handle was bound to with cublasSetStream.
 cudaStream_t stream_of(cublasHandle_t h);

@@ -177,8 +177,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TowerGpu, ::testing::Values("cifar10", "fashion
 // gradients: with random labels the true gradient is a small residue of large terms that
 // cancel, conv1's most of all (73,728 positions per weight at batch 128), and after two
 // updates the two summation orders were seen 1.3e-3 apart on an H100, rounding, not a bug.
-// The emulator runs operations in issue order and cannot show ordering bugs; it runs batch 128
-// once, for the arithmetic.
+// On the emulator, which runs the streams late and out of issue order as far as their waits
+// allow (a missing wait shows without a delay), it runs batch 128 once.
 TEST(TowerGpu, ProductionBatchMatchesTheCpuTowerWithPoisonAndDelays) {
   TOWERS_SKIP_WITHOUT_GPU();
   auto g = twin_model("cifar10");
