@@ -10,7 +10,9 @@
 //                        input 1 and 2, each step's batch comes from the training pipeline
 //                        (the tutorial's transform of 32x32 images, cropped to 24): augmented
 //                        by the host and copied in (--input host), or drawn by the host and
-//                        made on the GPU (--input device).
+//                        made on the GPU (--input device); with branches 1, each layer's
+//                        weight gradients run on a second stream beside its input gradient
+//                        (--backward-branches: parallel branches of the graph).
 //   BM_GpuComputeOnly    forward+backward alone (no host apply), graph vs plain launches: the
 //                        launch overhead a graph removes.
 //   BM_HostMomentumApply the momentum apply on the host parameters alone (the host's share).
@@ -155,13 +157,16 @@ BENCHMARK_CAPTURE(BM_GpuModelStep, resnet_small_cifar, std::string("resnet-small
 // --params mirrored: the same step with the parameters and momentum on the GPU, the update the
 // last kernels of the step's graph; nothing crosses PCIe but the batch and the losses.
 // Args: batch, tf32 (0/1), cudnn (1: cuDNN convolutions, 0: im2col + cuBLAS), input (0: one
-// fixed batch of floats; 1: the host pipeline's batches; 2: the device-input pipeline's plans).
+// fixed batch of floats; 1: the host pipeline's batches; 2: the device-input pipeline's plans),
+// branches (0/1: --backward-branches).
 void time_mirrored_step(benchmark::State& state, const std::string& model, int64_t batch,
-                        bool tf32, bool cudnn, int64_t input) {
+                        bool tf32, bool cudnn, int64_t input, bool branches) {
   if (skip_without_gpus(state)) return;
   auto g = model_conv(model, cudnn);
   const int64_t total = g->layout().total();
-  CudaTower tower(*g, batch, placement(true, tf32));
+  TowerPlacement where = placement(true, tf32);
+  where.backward_branches = branches;
+  CudaTower tower(*g, batch, where);
   std::vector<float> params(total), init(total);
   g->layout().initialize(params.data(), 1);
   init = params;
@@ -213,26 +218,28 @@ void time_mirrored_step(benchmark::State& state, const std::string& model, int64
 }
 void BM_GpuMirroredStep(benchmark::State& state) {
   time_mirrored_step(state, "cifar10", state.range(0), state.range(1) != 0, state.range(2) != 0,
-                     state.range(3));
+                     state.range(3), state.range(4) != 0);
 }
-BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn", "input"})
-    ->Args({128, 0, 1, 0})->Args({128, 1, 1, 0})->Args({512, 0, 1, 0})->Args({512, 1, 1, 0})
-    ->Args({128, 0, 0, 0})->Args({512, 0, 0, 0})
-    ->Args({128, 0, 1, 1})->Args({128, 0, 1, 2})->Args({512, 0, 1, 1})->Args({512, 0, 1, 2})
+BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn", "input", "branches"})
+    ->Args({128, 0, 1, 0, 0})->Args({128, 1, 1, 0, 0})->Args({512, 0, 1, 0, 0})
+    ->Args({512, 1, 1, 0, 0})->Args({128, 0, 0, 0, 0})->Args({512, 0, 0, 0, 0})
+    ->Args({128, 0, 1, 1, 0})->Args({128, 0, 1, 2, 0})->Args({512, 0, 1, 1, 0})
+    ->Args({512, 0, 1, 2, 0})
+    ->Args({128, 0, 1, 0, 1})->Args({128, 1, 1, 0, 1})->Args({512, 0, 1, 0, 1})
     ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
 
 // BM_GpuModelStep's nets with mirrored parameters (BatchNorm's running statistics updated on
 // the GPU with the momentum), batch 512: the step bench/run-gpu.sh puts next to PyTorch's.
-// Args: tf32 (0/1).
+// Args: tf32 (0/1), branches (0/1).
 void BM_GpuMirroredModelStep(benchmark::State& state, const std::string& model) {
-  time_mirrored_step(state, model, 512, state.range(0) != 0, true, 0);
+  time_mirrored_step(state, model, 512, state.range(0) != 0, true, 0, state.range(1) != 0);
 }
 BENCHMARK_CAPTURE(BM_GpuMirroredModelStep, airbench, std::string("airbench"))
-    ->ArgName("tf32")->Arg(0)->Arg(1)->UseRealTime()->MinTime(2.0)->Repetitions(3)
-    ->ReportAggregatesOnly(true);
+    ->ArgNames({"tf32", "branches"})->Args({0, 0})->Args({1, 0})->Args({0, 1})->Args({1, 1})
+    ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
 BENCHMARK_CAPTURE(BM_GpuMirroredModelStep, resnet_small_cifar, std::string("resnet-small-cifar"))
-    ->ArgName("tf32")->Arg(0)->Arg(1)->UseRealTime()->MinTime(2.0)->Repetitions(3)
-    ->ReportAggregatesOnly(true);
+    ->ArgNames({"tf32", "branches"})->Args({0, 0})->Args({1, 0})->Args({0, 1})
+    ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
 
 // Forward + backward on the device only: the same step without the host's share.
 // Args: graphs (0/1), cudnn (0/1).

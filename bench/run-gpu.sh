@@ -135,7 +135,7 @@ fi
 
 # 3. Speed: towers, then the PyTorch peer on the same GPU, then a kernel-time profile.
 if [[ " $phases " == *" bench "* ]]; then
-  timeout "${BENCH_S:-300}" "$build/bench/gpu_bench" --benchmark_out="$out/gpu_bench.json" \
+  timeout "${BENCH_S:-400}" "$build/bench/gpu_bench" --benchmark_out="$out/gpu_bench.json" \
     --benchmark_out_format=json > "$out/gpu_bench.txt" 2>&1
   note "gpu_bench exit $?"
   grep -E '_median|BM_(Param|Grad)' "$out/gpu_bench.txt" | sed 's/^/  /' | tee -a "$summary"

@@ -13,6 +13,7 @@
 
 // The CUDA types host code may name without including CUDA headers.
 struct CUstream_st;    // cudaStream_t
+struct CUevent_st;     // cudaEvent_t
 struct cublasContext;  // cublasHandle_t
 struct cudnnContext;   // cudnnHandle_t
 

@@ -102,6 +102,9 @@ class CudaTower final : public Tower {
   PinnedBuffer grads_host_, images_pin_, labels_pin_, row_loss_h_, row_correct_h_, noise_pin_;
   GpuPlans plans_;  // the layers' per-batch-size plans (cuDNN), before exec_ which points here
   GpuExec exec_;
+  // --backward-branches: the lane exec_.lane points to, and its scratch.
+  GpuLane lane_;
+  DeviceBuffer lane_scratch_;
   cudaEvent_t inputs_ready_ = nullptr, copies_done_ = nullptr;
   std::vector<cudaEvent_t> layer_done_;  // per layer with variables: its gradients are final
   bool grads_to_host_ = true;

@@ -43,6 +43,18 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
   noise_pin_ = PinnedBuffer(sizeof(kernels::StepNoise));
   exec_ = GpuExec{dev_.compute(), dev_.blas(), scratch_.data(), scratch_.size(), dev_.dnn(),
                   &plans_, dev_.tf32()};
+  if (p.backward_branches) {
+    dev_.make_lane();
+    int64_t lane_scratch = 0;
+    for (const auto& l : graph.layers())
+      lane_scratch = std::max(lane_scratch, l->gpu_lane_scratch(max_batch));
+    lane_scratch_ = DeviceBuffer(dev_, std::max<int64_t>(lane_scratch, 1));
+    lane_ = GpuLane{dev_.lane(), dev_.lane_blas(), dev_.lane_dnn(), lane_scratch_.data(),
+                    lane_scratch_.size(), nullptr, nullptr, p.test_backward_delay_ns};
+    CUDA_CHECK(cudaEventCreateWithFlags(&lane_.fork, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&lane_.join, cudaEventDisableTiming));
+    exec_.lane = &lane_;
+  }
   CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming));
   layer_done_.resize(graph.layers().size(), nullptr);
@@ -58,6 +70,8 @@ CudaTower::~CudaTower() {
   release_activations();
   for (cudaEvent_t e : layer_done_)
     if (e) cudaEventDestroy(e);
+  if (lane_.fork) cudaEventDestroy(lane_.fork);
+  if (lane_.join) cudaEventDestroy(lane_.join);
   if (inputs_ready_) cudaEventDestroy(inputs_ready_);
   if (copies_done_) cudaEventDestroy(copies_done_);
 }

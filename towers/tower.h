@@ -35,6 +35,9 @@ struct TowerPlacement {
   int gpu = 0;               // CUDA ordinal
   bool tf32 = false;         // cuBLAS TF32 tensor-core math
   bool cuda_graphs = true;   // replay each step's forward+backward as one CUDA graph
+  // GPU: each layer's weight and bias gradients on a second stream, beside its input gradient
+  // (parallel branches of the step's graph; core/gpu.h GpuLane).
+  bool backward_branches = false;
   // Tests only: a spin kernel of this many ns on the compute stream before each layer's
   // backward, so that a gradient copy that does not wait for its layer reads stale data.
   int64_t test_backward_delay_ns = 0;

@@ -52,6 +52,7 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
     p.gpu = cuda ? i % cfg_.gpus : 0;
     p.tf32 = cfg_.tf32;
     p.cuda_graphs = cfg_.cuda_graphs;
+    p.backward_branches = cfg_.backward_branches;
     towers_.push_back(make(graph, batch, p));
   }
   if (cfg_.sync_bn && cfg_.towers > 1) {

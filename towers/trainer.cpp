@@ -171,9 +171,10 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(parsed_reduce, "--reduce: unknown reduction '{}' (known: host, nccl)", c.reduce);
   const Reduce reduce = *parsed_reduce;
   TOWERS_REQUIRE(c.gpus >= 0, "--gpus must be >= 0 (0 = all), got {}", c.gpus);
-  TOWERS_REQUIRE(c.device == "cuda" ||
-                     (c.gpus == 0 && !c.tf32 && c.cuda_graphs && reduce == Reduce::Host),
-                 "--gpus, --tf32, --no-cuda-graphs and --reduce nccl need --device cuda");
+  TOWERS_REQUIRE(c.device == "cuda" || (c.gpus == 0 && !c.tf32 && c.cuda_graphs &&
+                                         !c.backward_branches && reduce == Reduce::Host),
+                 "--gpus, --tf32, --no-cuda-graphs, --backward-branches and --reduce nccl need "
+                 "--device cuda");
   TOWERS_REQUIRE(reduce == Reduce::Host ||
                      (mode == Mode::Sync &&
                       (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate == c.towers)),
@@ -344,6 +345,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"sync_every", c.sync_every},
           {"tf32", c.tf32},
           {"cuda_graphs", c.cuda_graphs},
+          {"backward_branches", c.backward_branches},
           {"input", c.input},
           {"mode", c.mode},
           {"replicas_to_aggregate", c.replicas_to_aggregate},
@@ -407,6 +409,7 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   ec.reduce = *reduce_named(c.reduce);
   ec.tf32 = c.tf32;
   ec.cuda_graphs = c.cuda_graphs;
+  ec.backward_branches = c.backward_branches;
   ec.device_input = c.input == "device";
   TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,
                  "--reduce nccl: {} towers on {} GPU(s); NCCL needs one tower per GPU (use "

@@ -139,6 +139,9 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_flag("--tf32", c.tf32, "cuda: TF32 tensor-core GEMMs (faster, about 1e-3 relative error)");
   app.add_flag("!--no-cuda-graphs", c.cuda_graphs,
                "cuda: launch each kernel of a step instead of replaying a captured CUDA graph");
+  app.add_flag("--backward-branches", c.backward_branches,
+               "cuda: compute each layer's weight and bias gradients on a second stream, beside "
+               "its input gradient (parallel branches of the step's graph; more device scratch)");
   std::string mode_help = "mode:";
   for (const towers::ModeInfo& m : towers::modes())
     mode_help += fmt::format("\n  {:<10}{}", m.name, m.summary);

@@ -67,14 +67,27 @@ class CudaDevice final : public Device {
   // The device's cuDNN handle, bound to the compute stream, made on first use (a CudaTower
   // asks for it at set-up; a bare device in a test need not).
   cudnnContext* dnn();
+  // A second lane on this GPU for a tower's backward branches (--backward-branches, core/gpu.h):
+  // a stream, a cuBLAS handle with a workspace of its own and this device's math mode, and a
+  // cuDNN handle, both bound to that stream. make_lane() makes them (once); until then the
+  // accessors return null.
+  void make_lane();
+  cudaStream_t lane() const { return lane_; }
+  cublasHandle_t lane_blas() const { return lane_blas_; }
+  cudnnContext* lane_dnn() const { return lane_dnn_; }
 
  private:
+  cublasHandle_t blas_on(cudaStream_t stream, void** workspace);
   int ordinal_;
   bool tf32_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* blas_workspace_ = nullptr;
   cudnnContext* dnn_ = nullptr;
+  cudaStream_t lane_ = nullptr;
+  cublasHandle_t lane_blas_ = nullptr;
+  void* lane_blas_workspace_ = nullptr;
+  cudnnContext* lane_dnn_ = nullptr;
 };
 
 // Page-locked host memory from cudaMallocHost: the landing buffers of gradients, the staging

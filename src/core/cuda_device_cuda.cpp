@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/cuda_check.h"
+#include "core/gpu.h"
 #include "kernels/debug.h"
 
 namespace towers {
@@ -125,43 +126,86 @@ CudaDevice::CudaDevice(int ordinal, bool tf32) : ordinal_(ordinal), tf32_(tf32) 
   }
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  CUBLAS_CHECK(cublasCreate(&blas_));
-  CUBLAS_CHECK(cublasSetStream(blas_, compute_));
-  // A workspace of our own: cuBLAS then never allocates during a call, which CUDA graph
-  // capture requires.
-  blas_workspace_ = CudaMemoryPool::of(ordinal_).allocate(kBlasWorkspace);
-  CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspace));
-  CUBLAS_CHECK(cublasSetMathMode(blas_, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  blas_ = blas_on(compute_, &blas_workspace_);
+}
+
+// A cuBLAS handle bound to stream, with this device's math mode and a workspace of its own
+// (*workspace): cuBLAS then never allocates during a call, which CUDA graph capture requires.
+// Every handle gets the same workspace size, so every handle picks the same kernels.
+cublasHandle_t CudaDevice::blas_on(cudaStream_t stream, void** workspace) {
+  cublasHandle_t h = nullptr;
+  CUBLAS_CHECK(cublasCreate(&h));
+  CUBLAS_CHECK(cublasSetStream(h, stream));
+  *workspace = CudaMemoryPool::of(ordinal_).allocate(kBlasWorkspace);
+  CUBLAS_CHECK(cublasSetWorkspace(h, *workspace, kBlasWorkspace));
+  CUBLAS_CHECK(cublasSetMathMode(h, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  return h;
 }
 
 CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
   if (compute_) cudaStreamSynchronize(compute_);
   if (copy_) cudaStreamSynchronize(copy_);
+  if (lane_) cudaStreamSynchronize(lane_);
   if (blas_) cublasDestroy(blas_);
   if (dnn_) cudnnDestroy(dnn_);
+  if (lane_blas_) cublasDestroy(lane_blas_);
+  if (lane_dnn_) cudnnDestroy(lane_dnn_);
   if (blas_workspace_) CudaMemoryPool::of(ordinal_).release(blas_workspace_);
+  if (lane_blas_workspace_) CudaMemoryPool::of(ordinal_).release(lane_blas_workspace_);
   if (compute_) cudaStreamDestroy(compute_);
   if (copy_) cudaStreamDestroy(copy_);
+  if (lane_) cudaStreamDestroy(lane_);
 }
+
+namespace {
+cudnnContext* cudnn_on(int ordinal, cudaStream_t stream) {
+  cudnnHandle_t h = nullptr;
+  cudnnStatus_t st = cudnnCreate(&h);
+  if (st != CUDNN_STATUS_SUCCESS)
+    TOWERS_SYSTEM_FAIL("cuda:{}: cudnnCreate failed: {} (GPU towers need cuDNN 9: "
+                       "libcudnn.so.9 and its sub-libraries on the library path)",
+                       ordinal, cudnnGetErrorString(st));
+  st = cudnnSetStream(h, stream);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    cudnnDestroy(h);
+    TOWERS_SYSTEM_FAIL("cuda:{}: cudnnSetStream failed: {}", ordinal, cudnnGetErrorString(st));
+  }
+  return h;
+}
+}  // namespace
 
 cudnnContext* CudaDevice::dnn() {
   if (dnn_ == nullptr) {
     activate();
-    cudnnHandle_t h = nullptr;
-    cudnnStatus_t st = cudnnCreate(&h);
-    if (st != CUDNN_STATUS_SUCCESS)
-      TOWERS_SYSTEM_FAIL("cuda:{}: cudnnCreate failed: {} (GPU towers need cuDNN 9: "
-                         "libcudnn.so.9 and its sub-libraries on the library path)",
-                         ordinal_, cudnnGetErrorString(st));
-    st = cudnnSetStream(h, compute_);
-    if (st != CUDNN_STATUS_SUCCESS) {
-      cudnnDestroy(h);
-      TOWERS_SYSTEM_FAIL("cuda:{}: cudnnSetStream failed: {}", ordinal_, cudnnGetErrorString(st));
-    }
-    dnn_ = h;
+    dnn_ = cudnn_on(ordinal_, compute_);
   }
   return dnn_;
+}
+
+void CudaDevice::make_lane() {
+  if (lane_ != nullptr) return;
+  activate();
+  CUDA_CHECK(cudaStreamCreateWithFlags(&lane_, cudaStreamNonBlocking));
+  // The main handle's workspace size and math mode: a branch computes the bits the main
+  // stream would.
+  lane_blas_ = blas_on(lane_, &lane_blas_workspace_);
+  lane_dnn_ = cudnn_on(ordinal_, lane_);
+}
+
+GpuExec fork_lane(const GpuExec& e) {
+  if (e.lane == nullptr) return e;
+  const GpuLane& l = *e.lane;
+  CUDA_CHECK(cudaEventRecord(l.fork, e.stream));
+  CUDA_CHECK(cudaStreamWaitEvent(l.stream, l.fork, 0));
+  kernels::cuda::spin_delay(l.stream, l.test_delay_ns);
+  return GpuExec{l.stream, l.blas, l.scratch, l.scratch_size, l.dnn, e.plans, e.tf32, nullptr};
+}
+
+void join_lane(const GpuExec& e) {
+  if (e.lane == nullptr) return;
+  CUDA_CHECK(cudaEventRecord(e.lane->join, e.lane->stream));
+  CUDA_CHECK(cudaStreamWaitEvent(e.stream, e.lane->join, 0));
 }
 
 std::string CudaDevice::name() const {

@@ -54,7 +54,10 @@ class CudnnConv {
   // Queued on the handle's stream (cudnnSetStream); ws is the workspace (workspace_bytes()).
   // Each overwrites its output: y (n, out, OH, OW); dw (out, C, KH, KW); dx (n, C, H, W).
   void forward(const float* x, const float* w, float* y, void* ws) const;
-  void backward_filter(const float* x, const float* dy, float* dw, void* ws) const;
+  // on: another handle of the same GPU to queue it on (a tower's lane, core/gpu.h); the plan
+  // and its algorithm are the same.
+  void backward_filter(const float* x, const float* dy, float* dw, void* ws,
+                       cudnnContext* on = nullptr) const;
   void backward_data(const float* w, const float* dy, float* dx, void* ws) const;
 
   // The most any of the three chosen algorithms needs.

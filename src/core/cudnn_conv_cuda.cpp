@@ -189,10 +189,11 @@ void CudnnConv::forward(const float* x, const float* w, float* y, void* ws) cons
                                       m.fwd_ws, &zero, m.y, y));
 }
 
-void CudnnConv::backward_filter(const float* x, const float* dy, float* dw, void* ws) const {
+void CudnnConv::backward_filter(const float* x, const float* dy, float* dw, void* ws,
+                                cudnnContext* on) const {
   const Impl& m = *impl_;
   const float one = 1.0f, zero = 0.0f;
-  CUDNN_CHECK(cudnnConvolutionBackwardFilter(m.handle, &one, m.x, x, m.y, dy, m.bwd_filter,
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(on != nullptr ? on : m.handle, &one, m.x, x, m.y, dy, m.bwd_filter,
                                              m.bwd_filter_algo, ws, m.bwd_filter_ws, &zero, m.w,
                                              dw));
 }

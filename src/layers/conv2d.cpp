@@ -217,6 +217,12 @@ int64_t Conv2D::gpu_scratch(int64_t n) const {
   return col_floats(geo_, cfg_.out_channels, n) + cfg_.out_channels * cols;
 }
 
+// The weight-gradient branch's col region (its im2col, or cuDNN's workspace, and the bias
+// gradient's segment sums).
+int64_t Conv2D::gpu_lane_scratch(int64_t n) const {
+  return col_floats(geo_, cfg_.out_channels, n);
+}
+
 void Conv2D::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
   const int64_t K = geo_.patch(), P = geo_.out_pixels(), co = cfg_.out_channels;
   const int64_t cols = a.n * P;
@@ -239,7 +245,9 @@ void Conv2D::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
   const int64_t col_size = col_floats(geo_, co, a.n);
   float* col = gpu_scratch_at(e, 0, col_size, name());
   float* g = gpu_scratch_at(e, col_size, co * cols, name());
-  auto* partials = reinterpret_cast<double*>(col);  // the scratch starts 8-byte aligned
+  // The weight gradient (and the bias gradient, where it is not fused into the masking) is a
+  // branch on the exec's lane, w, with a col region of its own, beside the input gradient on
+  // the main stream; without a lane w is e, and the branch runs first on the one stream.
   if (gpu_uses_cudnn(e)) {
     const CudnnConv& plan = cudnn_plan(e, a.n);
     const float* d = a.dy;  // (n, co, P), masked by the ReLU into g
@@ -247,20 +255,28 @@ void Conv2D::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
       kc::relu_backward(e.stream, co * cols, a.y, a.dy, g);
       d = g;
     }
-    kc::bias_grad(e.stream, a.n, co, P, d, a.grads[kBias], false, partials);
-    plan.backward_filter(a.x, d, a.grads[kWeight], col);
+    const GpuExec w = fork_lane(e);
+    float* wcol = gpu_scratch_at(w, 0, col_size, name());
+    // The segment sums at the region's start (8-byte aligned), taken before it is workspace.
+    kc::bias_grad(w.stream, a.n, co, P, d, a.grads[kBias], false, reinterpret_cast<double*>(wcol));
+    plan.backward_filter(a.x, d, a.grads[kWeight], wcol, w.dnn);
     if (a.dx != nullptr) plan.backward_data(a.params[kWeight], d, a.dx, col);
+    join_lane(e);
     return;
   }
-  kc::conv_grad_output(e.stream, a.n, co, P, a.y, a.dy, cfg_.relu, g, a.grads[kBias], partials);
-  kc::im2col(e.stream, geo_, a.n, a.x, col);
+  kc::conv_grad_output(e.stream, a.n, co, P, a.y, a.dy, cfg_.relu, g, a.grads[kBias],
+                       reinterpret_cast<double*>(col));  // the scratch starts 8-byte aligned
+  const GpuExec w = fork_lane(e);
+  float* wcol = gpu_scratch_at(w, 0, K * cols, name());
+  kc::im2col(w.stream, geo_, a.n, a.x, wcol);
   // dW (co, K) = g (co, cols) * col^T (cols, K)
-  kc::gemm(e.blas, false, true, co, K, cols, 1.0f, g, cols, col, cols, 0.0f, a.grads[kWeight], K);
+  kc::gemm(w.blas, false, true, co, K, cols, 1.0f, g, cols, wcol, cols, 0.0f, a.grads[kWeight], K);
   if (a.dx != nullptr) {
-    // dcol (K, cols) = W^T (K, co) * g (co, cols), into the col buffer
+    // dcol (K, cols) = W^T (K, co) * g (co, cols), into the main col buffer
     kc::gemm(e.blas, true, false, K, cols, co, 1.0f, a.params[kWeight], K, g, cols, 0.0f, col, cols);
     kc::col2im(e.stream, geo_, a.n, col, a.dx);
   }
+  join_lane(e);
 }
 #endif  // TOWERS_HAVE_CUDA
 

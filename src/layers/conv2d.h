@@ -51,6 +51,7 @@ class Conv2D : public Layer {
   void backward(const BackwardArgs& a) const override;
 #if TOWERS_HAVE_CUDA
   int64_t gpu_scratch(int64_t n) const override;
+  int64_t gpu_lane_scratch(int64_t n) const override;
   void forward_gpu(const GpuExec& exec, const ForwardArgs& a) const override;
   void backward_gpu(const GpuExec& exec, const BackwardArgs& a) const override;
   // Whether calls on exec go through cuDNN (else im2col + cuBLAS); see conv2d.cpp.

@@ -108,6 +108,9 @@ int64_t Dense::gpu_scratch(int64_t n) const {
   return partials_at(n, cfg_.out) + 2 * kc::bias_grad_partials(n, cfg_.out, 1);
 }
 
+// The weight-gradient branch keeps the segment sums where the main stream would.
+int64_t Dense::gpu_lane_scratch(int64_t n) const { return gpu_scratch(n); }
+
 void Dense::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
   const int64_t o = cfg_.out;
   // y (n, o) = x (n, in) * W^T (in, o), then + b and the ReLU in place
@@ -123,16 +126,20 @@ void Dense::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
     kc::relu_backward(e.stream, n * o, a.y, a.dy, masked);
     g = masked;
   }
+  // The bias and weight gradients are a branch on the exec's lane, w, beside the input
+  // gradient on the main stream (without a lane w is e: the branch runs first).
+  const GpuExec w = fork_lane(e);
   const int64_t partials = kc::bias_grad_partials(n, o, 1);
-  kc::bias_grad(e.stream, n, o, 1, g, a.grads[kBias], false,
+  kc::bias_grad(w.stream, n, o, 1, g, a.grads[kBias], false,
                 partials == 0 ? nullptr
                               : reinterpret_cast<double*>(gpu_scratch_at(
-                                    e, partials_at(n, o), 2 * partials, name())));
+                                    w, partials_at(n, o), 2 * partials, name())));
   // dW (o, in) = g^T (o, n) * x (n, in)
-  kc::gemm(e.blas, true, false, o, in_, n, 1.0f, g, o, a.x, in_, 0.0f, a.grads[kWeight], in_);
+  kc::gemm(w.blas, true, false, o, in_, n, 1.0f, g, o, a.x, in_, 0.0f, a.grads[kWeight], in_);
   // dx (n, in) = g (n, o) * W (o, in)
   if (a.dx != nullptr)
     kc::gemm(e.blas, false, false, n, in_, o, 1.0f, g, o, a.params[kWeight], in_, 0.0f, a.dx, in_);
+  join_lane(e);
 }
 #endif  // TOWERS_HAVE_CUDA
 

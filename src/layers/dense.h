@@ -24,6 +24,7 @@ class Dense : public Layer {
   void backward(const BackwardArgs& a) const override;
 #if TOWERS_HAVE_CUDA
   int64_t gpu_scratch(int64_t n) const override;
+  int64_t gpu_lane_scratch(int64_t n) const override;
   void forward_gpu(const GpuExec& exec, const ForwardArgs& a) const override;
   void backward_gpu(const GpuExec& exec, const BackwardArgs& a) const override;
 #endif

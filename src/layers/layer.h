@@ -109,8 +109,11 @@ class Layer {
   virtual void backward(const BackwardArgs& a) const = 0;
 
   // The GPU twins (CUDA builds): the same contract on device pointers, queued on exec.stream
-  // (nothing waits for it). gpu_scratch is the device scratch a call on n examples needs.
+  // (nothing waits for it). gpu_scratch is the device scratch a call on n examples needs;
+  // gpu_lane_scratch what a backward on n examples needs on the exec's lane (core/gpu.h), for
+  // the branch it forks there.
   virtual int64_t gpu_scratch(int64_t /*n*/) const { return 0; }
+  virtual int64_t gpu_lane_scratch(int64_t /*n*/) const { return 0; }
   virtual void forward_gpu(const GpuExec& exec, const ForwardArgs& a) const;
   virtual void backward_gpu(const GpuExec& exec, const BackwardArgs& a) const;
 

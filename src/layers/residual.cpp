@@ -145,6 +145,12 @@ int64_t Residual::gpu_scratch(int64_t n) const {
   return s;
 }
 
+int64_t Residual::gpu_lane_scratch(int64_t n) const {
+  int64_t s = 0;
+  for (const auto& l : inner_) s = std::max(s, l->gpu_lane_scratch(n));
+  return s;
+}
+
 void Residual::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
   const Slices s = slices(a.saved, a.n);
   for (size_t k = 0; k < inner_.size(); ++k) inner_[k]->forward_gpu(e, inner_forward(k, a, s));

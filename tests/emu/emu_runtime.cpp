@@ -41,7 +41,17 @@ struct Op {
 struct Queue {
   std::deque<Op> ops;
   int64_t issued = 0, done = 0;
-  bool busy = false;  // a thread is running its front operation
+  bool busy = false;      // a thread is running its front operation
+  bool blocking = false;  // a blocking stream's: the legacy default stream waits for it
+};
+// A captured operation: work queued on a stream of the capture, or an event recorded or waited
+// on one. Streams and events are kept as names only: a replay maps each captured stream to a
+// queue of its own.
+struct Node {
+  enum Kind { Work, Record, Wait } kind = Work;
+  const void* stream = nullptr;
+  std::function<void()> work;
+  const void* event = nullptr;
 };
 }  // namespace
 
@@ -54,11 +64,10 @@ struct CUevent_st {
   int64_t seq = 0;           // complete once q has run this many operations
 };
 struct CUgraph_st {
-  std::vector<std::function<void()>> ops;
+  std::vector<Node> nodes;
 };
 struct CUgraphExec_st {
-  // Shared with launches still queued: a graph may be destroyed while its launch waits.
-  std::shared_ptr<const std::vector<std::function<void()>>> ops;
+  std::shared_ptr<const std::vector<Node>> nodes;
 };
 struct cublasContext {
   cudaStream_t stream = nullptr;
@@ -137,6 +146,13 @@ void run_until(const std::shared_ptr<Queue>& q, int64_t seq) {
   }
 }
 
+// Under run_mu: op at the end of q.
+void push_locked(Queue& q, Op op) {
+  op.id = ++issued_ops;
+  q.ops.push_back(std::move(op));
+  ++q.issued;
+}
+
 void run_all_of(const std::shared_ptr<Queue>& q) {
   int64_t issued;
   {
@@ -146,24 +162,24 @@ void run_all_of(const std::shared_ptr<Queue>& q) {
   run_until(q, issued);
 }
 
-// Everything issued on every stream (cudaDeviceSynchronize, and what implies it).
-void run_everything() {
+// Everything issued on every stream (cudaDeviceSynchronize, and what implies it), or on the
+// blocking ones (what the legacy default stream waits for: its own work, synchronous copies).
+void run_everything(bool blocking_only = false) {
   std::vector<std::shared_ptr<Queue>> live;
   {
     std::lock_guard<std::mutex> l(run_mu);
     std::erase_if(queues, [](const std::weak_ptr<Queue>& w) { return w.expired(); });
     for (const auto& w : queues)
-      if (auto q = w.lock()) live.push_back(q);
+      if (auto q = w.lock(); q && (q->blocking || !blocking_only)) live.push_back(q);
   }
   for (const auto& q : live) run_all_of(q);
 }
+void run_blocking() { run_everything(true); }
 
 void enqueue(cudaStream_t s, Op op) {
   {
     std::lock_guard<std::mutex> l(run_mu);
-    op.id = ++issued_ops;
-    s->q->ops.push_back(std::move(op));
-    ++s->q->issued;
+    push_locked(*s->q, std::move(op));
   }
   if (issue_order()) run_all_of(s->q);
 }
@@ -217,10 +233,11 @@ namespace towers::emu {
 
 void submit(cudaStream_t s, std::function<void()> work) {
   if (capture != nullptr) {
-    capture->ops.push_back(std::move(work));
+    capture->nodes.push_back({Node::Work, s, std::move(work), nullptr});
   } else if (s == nullptr) {
-    // The legacy default stream: after the work of every stream (towers never issues here).
-    run_everything();
+    // The legacy default stream: after the work of the blocking streams (towers never issues
+    // here; its streams are non-blocking).
+    run_blocking();
     work();
   } else {
     enqueue(s, Op{std::move(work), nullptr, 0});
@@ -352,6 +369,7 @@ cudaError_t cudaHostUnregister(void* p) {
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (capture) return fail(cudaErrorStreamCaptureUnsupported);
   if (cudaError_t e = check_copy(dst, src, bytes, kind)) return fail(e);
+  run_blocking();  // on the legacy default stream
   if (bytes > 0) std::memcpy(dst, src, bytes);  // a 0-byte copy may name null pointers
   return cudaSuccess;
 }
@@ -387,6 +405,7 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
     std::lock_guard<std::mutex> l(mu);
     if (!inside(device_, p, bytes)) return fail(cudaErrorInvalidValue);
   }
+  run_blocking();  // on the legacy default stream
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
@@ -400,13 +419,16 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 }
 
 // ---- streams, events, graphs -----------------------------------------------------------------
-cudaError_t cudaStreamCreate(cudaStream_t* s) {
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   *s = new CUstream_st{current_device};
+  (*s)->q->blocking = (flags & cudaStreamNonBlocking) == 0;
   std::lock_guard<std::mutex> l(run_mu);
   queues.push_back((*s)->q);
   return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  return cudaStreamCreateWithFlags(s, cudaStreamDefault);
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   run_all_of(s->q);  // CUDA finishes a destroyed stream's work
   delete s;
@@ -415,7 +437,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   // A synchronisation inside a capture is an error on a GPU.
   if (capture) return fail(cudaErrorStreamCaptureUnsupported);
-  if (s == nullptr) run_everything();
+  if (s == nullptr) run_blocking();
   else run_all_of(s->q);
   return cudaSuccess;
 }
@@ -427,19 +449,27 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
   return cudaSuccess;
 }
-// Inside a capture, records and waits order the graph's nodes, which the emulator replays in
-// the order they were captured: they need no entry of their own.
+// Inside a capture, records and waits become nodes of the graph (its dependencies at replay).
+// On the legacy default stream (0), a record is complete once the blocking streams have run,
+// and a wait is the host's.
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  if (e == nullptr || s == nullptr) return fail(cudaErrorInvalidValue);
-  if (capture) return cudaSuccess;
+  if (e == nullptr) return fail(cudaErrorInvalidValue);
+  if (capture) {
+    capture->nodes.push_back({Node::Record, s, nullptr, e});
+    return cudaSuccess;
+  }
+  if (s == nullptr) run_blocking();
   std::lock_guard<std::mutex> l(run_mu);
-  e->q = s->q;
-  e->seq = s->q->issued;
+  e->q = s == nullptr ? nullptr : s->q;
+  e->seq = s == nullptr ? 0 : s->q->issued;
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
-  if (e == nullptr || s == nullptr) return fail(cudaErrorInvalidValue);
-  if (capture || e->q == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
+  if (e == nullptr) return fail(cudaErrorInvalidValue);
+  if (capture) {
+    capture->nodes.push_back({Node::Wait, s, nullptr, e});
+    return cudaSuccess;
+  }
   std::shared_ptr<Queue> after;
   int64_t seq;
   {
@@ -447,7 +477,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
     after = e->q;
     seq = e->seq;
   }
-  if (after != s->q) enqueue(s, Op{nullptr, after, seq});
+  if (after == nullptr) return cudaSuccess;  // never recorded, or complete: nothing to wait for
+  if (s == nullptr) run_until(after, seq);
+  else if (after != s->q) enqueue(s, Op{nullptr, after, seq});
   return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
@@ -465,7 +497,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) {
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t g, unsigned long long) {
   if (g == nullptr) return fail(cudaErrorInvalidValue);
-  *exec = new CUgraphExec_st{std::make_shared<const std::vector<std::function<void()>>>(g->ops)};
+  *exec = new CUgraphExec_st{std::make_shared<const std::vector<Node>>(g->nodes)};
   return cudaSuccess;
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t g) {
@@ -478,9 +510,38 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
   if (e == nullptr) return fail(cudaErrorInvalidValue);
-  towers::emu::submit(s, [ops = e->ops] {
-    for (const auto& op : *ops) op();
-  });
+  if (capture) return fail(cudaErrorStreamCaptureUnsupported);  // towers never nests graphs
+  // Each captured stream replays on a queue of its own, which starts after s's work so far;
+  // the captured records and waits are the dependencies between them, and s goes on once
+  // every queue of the graph has run: the graph's nodes run in any order its edges allow.
+  std::shared_ptr<Queue> sq = s->q;
+  {
+    std::lock_guard<std::mutex> l(run_mu);
+    const int64_t start = sq->issued;
+    std::map<const void*, std::shared_ptr<Queue>> lanes;
+    std::map<const void*, std::pair<std::shared_ptr<Queue>, int64_t>> recorded;
+    auto lane = [&](const void* stream) -> Queue& {
+      std::shared_ptr<Queue>& q = lanes[stream];
+      if (!q) {
+        q = std::make_shared<Queue>();
+        queues.push_back(q);
+        push_locked(*q, Op{nullptr, sq, start});
+      }
+      return *q;
+    };
+    for (const Node& n : *e->nodes) {
+      Queue& q = lane(n.stream);
+      if (n.kind == Node::Work) {
+        push_locked(q, Op{n.work, nullptr, 0});
+      } else if (n.kind == Node::Record) {
+        recorded[n.event] = {lanes[n.stream], q.issued};
+      } else if (auto it = recorded.find(n.event); it != recorded.end() && it->second.first.get() != &q) {
+        push_locked(q, Op{nullptr, it->second.first, it->second.second});
+      }
+    }
+    for (const auto& [stream, q] : lanes) push_locked(*sq, Op{nullptr, q, q->issued});
+  }
+  if (issue_order()) run_all_of(sq);
   return cudaSuccess;
 }
 

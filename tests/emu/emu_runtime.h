@@ -16,9 +16,10 @@
 // runs only when something needs it (a synchronisation, a wait of a stream being run, a copy
 // to pageable memory, a free), in its stream's order and after what its stream waits for, so
 // a missing wait shows as wrong results (TOWERS_EMU_STREAMS=issue runs each at once instead).
-// While a stream capture is active on a thread, every operation that thread issues is recorded
-// into the graph instead, and a launch of the graph replays them in the order they were
-// captured (towers captures fork/join patterns: the copy stream joins the capture).
+// While a stream capture is active on a thread, every operation that thread issues, and every
+// event it records or waits for, is recorded into the graph instead; a launch of the graph
+// replays each captured stream on a queue of its own, ordered by those records and waits
+// (towers captures fork/join patterns: the copy stream and a tower's lane join the capture).
 #pragma once
 
 #include <cmath>
