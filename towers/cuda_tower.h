@@ -70,6 +70,9 @@ class CudaTower final : public Tower {
   int64_t planned_steps() const { return planned_steps_; }  // compute_gradients_planned calls
   const void* held_train_data() const { return train_d_.get(); }  // null: none held
   int64_t graph_replays() const { return replays_; }
+  // --backward-branches: the branches the layers forked onto the lane (queued eagerly or into
+  // a capture; replays do not count).
+  int64_t lane_forks() const { return lane_.forks; }
   // Plans the layers made on this tower (one per cuDNN convolution and batch size).
   int64_t gpu_plans() const { return static_cast<int64_t>(plans_.size()); }
 

@@ -66,6 +66,7 @@ CudaTower::~CudaTower() {
   cudaSetDevice(dev_.ordinal());
   cudaStreamSynchronize(dev_.compute());
   cudaStreamSynchronize(dev_.copy());
+  if (lane_.stream != nullptr) cudaStreamSynchronize(lane_.stream);  // before its scratch goes
   drop_graph();
   release_activations();
   for (cudaEvent_t e : layer_done_)
@@ -318,10 +319,17 @@ void CudaTower::capture(int64_t n, float grad_scale) {
   try {
     enqueue_step(n, grad_scale);
   } catch (...) {
-    // Rejoin the copy stream (it may have joined the capture) before ending the capture, so
-    // that both streams are usable again; the capture itself is discarded.
+    // Rejoin the copy stream and the lane (either may have joined the capture; a layer that
+    // threw between its fork and its join left the lane in it) before ending the capture, so
+    // that every stream is usable again; the capture itself is discarded.
     cudaEventRecord(copies_done_, k);
     cudaStreamWaitEvent(c, copies_done_, 0);
+    cudaStreamCaptureStatus lane_status = cudaStreamCaptureStatusNone;
+    if (exec_.lane != nullptr && cudaStreamIsCapturing(lane_.stream, &lane_status) == cudaSuccess &&
+        lane_status == cudaStreamCaptureStatusActive) {
+      cudaEventRecord(lane_.join, lane_.stream);
+      cudaStreamWaitEvent(c, lane_.join, 0);
+    }
     cudaStreamEndCapture(c, &g);
     if (g != nullptr) cudaGraphDestroy(g);
     cudaGetLastError();

@@ -199,6 +199,7 @@ GpuExec fork_lane(const GpuExec& e) {
   CUDA_CHECK(cudaEventRecord(l.fork, e.stream));
   CUDA_CHECK(cudaStreamWaitEvent(l.stream, l.fork, 0));
   kernels::cuda::spin_delay(l.stream, l.test_delay_ns);
+  ++l.forks;
   return GpuExec{l.stream, l.blas, l.scratch, l.scratch_size, l.dnn, e.plans, e.tf32, nullptr};
 }
 

@@ -80,6 +80,8 @@ struct GpuLane {
   // Tests only: a spin kernel of this many ns at the start of each branch, so that work which
   // does not wait for the branch's end reads unfinished gradients.
   int64_t test_delay_ns = 0;
+  // Branches forked (queued, not replayed: a captured step counts once), for tests.
+  mutable int64_t forks = 0;
 };
 
 // Everything a layer's GPU path needs: the tower's compute stream and cuBLAS handle (bound to

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -310,6 +311,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
     case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
     default: return "emulated CUDA error";
   }
@@ -488,11 +490,58 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
   capture_origin = s;
   return cudaSuccess;
 }
+namespace {
+// Whether every stream with work in the capture is joined back into its origin: its last node
+// is a record of an event that the origin, or a stream joined itself, waits for later (CUDA
+// refuses to end a capture otherwise, with cudaErrorStreamCaptureUnjoined).
+bool all_joined(const std::vector<Node>& nodes, const void* origin) {
+  std::map<const void*, size_t> last;  // each stream's last node
+  for (size_t i = 0; i < nodes.size(); ++i) last[nodes[i].stream] = i;
+  std::set<const void*> joined{origin};
+  auto joins = [&](size_t i) {  // node i, a record, is waited for by a joined stream
+    for (size_t j = i + 1; j < nodes.size(); ++j) {
+      if (nodes[j].event != nodes[i].event) continue;
+      if (nodes[j].kind == Node::Record) return false;  // recorded again: later waits see that
+      if (nodes[j].kind == Node::Wait && joined.count(nodes[j].stream) > 0) return true;
+    }
+    return false;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& [stream, at] : last) {
+      if (joined.count(stream) > 0) continue;
+      // Its records after which it has no work or wait of its own.
+      for (size_t i = at + 1; i-- > 0;) {
+        if (nodes[i].stream != stream) continue;
+        if (nodes[i].kind != Node::Record) break;
+        if (joins(i)) {
+          joined.insert(stream);
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  for (const auto& [stream, at] : last)
+    if (joined.count(stream) == 0) return false;
+  return true;
+}
+}  // namespace
+
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) {
   if (!capture || s != capture_origin) return fail(cudaErrorStreamCaptureUnmatched);
-  *g = capture;
+  const bool joined = all_joined(capture->nodes, capture_origin);
+  *g = joined ? capture : nullptr;
+  if (!joined) delete capture;
   capture = nullptr;
   capture_origin = nullptr;
+  return joined ? cudaSuccess : fail(cudaErrorStreamCaptureUnjoined);
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  bool in = capture != nullptr && s == capture_origin;
+  if (capture != nullptr)
+    for (const Node& n : capture->nodes) in = in || n.stream == s;
+  *status = in ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t g, unsigned long long) {

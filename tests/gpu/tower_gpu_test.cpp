@@ -199,6 +199,13 @@ TEST(TowerGpu, BackwardBranchesAreBitwiseOneStream) {
       }
       EXPECT_EQ(two.graph_captures(), 1);
       EXPECT_EQ(two.graph_replays(), 2);  // the captured step and the next
+      // Every convolution and dense layer branched, in the eager step and in the capture.
+      int64_t with_weights = 0;
+      for (const auto& l : g->layers())
+        with_weights += l->gpu_lane_scratch(n) > 0 ? 1 : 0;
+      EXPECT_GT(with_weights, 0);
+      EXPECT_GE(two.lane_forks(), 2 * with_weights);
+      EXPECT_EQ(one.lane_forks(), 0);
     }
   }
 }
