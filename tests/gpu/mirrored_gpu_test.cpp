@@ -606,6 +606,23 @@ TEST(MirroredCli, AsyncWithSyncEveryCheckpointsAndResumesLikeTheHostRun) {
   ASSERT_EQ(run_towers(run + "--params mirrored --towers 2 --sync-every 3", &out), 0) << out;
 }
 
+// --backward-branches through the CLI, the engine and the mirrored store (the update inside the
+// step's graph after the joined branches): a sync run of two towers on one GPU ends with the
+// checkpoint of the same run on one stream, bit for bit, and its config records the flag.
+TEST(MirroredCli, BackwardBranchesTrainBitwiseLikeOneStream) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string one = test_path("one"), two = test_path("two"), m = test_path("m.jsonl");
+  const std::string run = kRun + "--params mirrored --towers 2 --gpus 1 ";
+  std::string out;
+  ASSERT_EQ(run_towers(run + "--checkpoint-dir " + one, &out), 0) << out;
+  ASSERT_EQ(run_towers(run + "--backward-branches --metrics " + m + " --checkpoint-dir " + two,
+                       &out), 0) << out;
+  EXPECT_TRUE(same_tensors(load(one), load(two)));
+  auto config = metrics_events(m, "config");
+  ASSERT_EQ(config.size(), 1u);
+  EXPECT_EQ(config[0]["config"]["backward_branches"], true);
+}
+
 TEST(MirroredCli, TowersOnSeveralGpusWithoutNcclAreAClearError) {
   TOWERS_SKIP_WITHOUT_GPU();
   const size_t have = list_gpus().gpus.size();
