@@ -124,14 +124,16 @@ TEST(DeviceInputGpu, TowersOnAGpuShareOneCopyOfTheSet) {
 }
 
 // A run of GPU towers on the host store (sync: two towers, lockstep batches; async: one tower,
-// its own stream of batches), its batches made on the host or on the device. The parameters
-// after `steps` updates, and how many steps the towers made from plans.
+// its own stream of batches), its batches made on the host or on the device, its layers'
+// backward on one stream or branched (--backward-branches). The parameters after `steps`
+// updates, how many steps the towers made from plans, and how many branches they forked.
 struct Trained {
   std::vector<float> params;
   int64_t planned_steps = 0;
+  int64_t lane_forks = 0;
 };
 Trained train(const data::AugmentConfig& config, bool device_input, int64_t steps,
-              Mode mode = Mode::Sync) {
+              Mode mode = Mode::Sync, bool branches = false) {
   auto g = build_model("mlp");
   const Shape& in = g->input_shape();
   const data::DataSplit d = data::make_synthetic(in[0], in[1] + 4, in[2] + 4, 10, 400, 10, 3);
@@ -143,6 +145,7 @@ Trained train(const data::AugmentConfig& config, bool device_input, int64_t step
   ec.towers = mode == Mode::Sync ? 2 : 1;
   ec.device = DeviceKind::Cuda;
   ec.device_input = device_input;
+  ec.backward_branches = branches;
   LocalParameterStore store(params.data(), opt, store_access(ec), false, true);
   Trained r;
   {
@@ -153,8 +156,10 @@ Trained train(const data::AugmentConfig& config, bool device_input, int64_t step
     hooks.side_work = [](int64_t) {};
     hooks.stop_requested = [] { return false; };
     group.run(d.train, config, 9, 0, steps, 0, hooks);
-    for (int i = 0; i < ec.towers; ++i)
+    for (int i = 0; i < ec.towers; ++i) {
       r.planned_steps += dynamic_cast<CudaTower&>(group.tower(i)).planned_steps();
+      r.lane_forks += dynamic_cast<CudaTower&>(group.tower(i)).lane_forks();
+    }
   }
   r.params = params;
   return r;
@@ -162,6 +167,17 @@ Trained train(const data::AugmentConfig& config, bool device_input, int64_t step
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+}
+
+// The engine hands --backward-branches to its towers (each forks its dense layers' gradients),
+// and two sync towers on the host store end where one stream per tower ends, bit for bit.
+TEST(DeviceInputGpu, TowersOfTheEngineBranchLikeOneStream) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const data::AugmentConfig config = data::tutorial_train_config(28);
+  const Trained one = train(config, false, 6), branched = train(config, false, 6, Mode::Sync, true);
+  EXPECT_EQ(one.lane_forks, 0);
+  EXPECT_GT(branched.lane_forks, 0);
+  EXPECT_TRUE(same_bits(one.params, branched.params));
 }
 
 TEST(DeviceInputGpu, TrainingMatchesHostInput) {
