@@ -49,8 +49,9 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
     for (const auto& l : graph.layers())
       lane_scratch = std::max(lane_scratch, l->gpu_lane_scratch(max_batch));
     lane_scratch_ = DeviceBuffer(dev_, std::max<int64_t>(lane_scratch, 1));
-    lane_ = GpuLane{dev_.lane(), dev_.lane_blas(), dev_.lane_dnn(), lane_scratch_.data(),
-                    lane_scratch_.size(), nullptr, nullptr, p.test_backward_delay_ns};
+    lane_.exec = GpuExec{dev_.lane(), dev_.lane_blas(), lane_scratch_.data(),
+                         lane_scratch_.size(), dev_.lane_dnn(), &plans_, dev_.tf32()};
+    lane_.test_delay_ns = p.test_backward_delay_ns;
     CUDA_CHECK(cudaEventCreateWithFlags(&lane_.fork, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&lane_.join, cudaEventDisableTiming));
     exec_.lane = &lane_;
@@ -66,7 +67,8 @@ CudaTower::~CudaTower() {
   cudaSetDevice(dev_.ordinal());
   cudaStreamSynchronize(dev_.compute());
   cudaStreamSynchronize(dev_.copy());
-  if (lane_.stream != nullptr) cudaStreamSynchronize(lane_.stream);  // before its scratch goes
+  // The lane, before its scratch goes back to the pool.
+  if (lane_.exec.stream != nullptr) cudaStreamSynchronize(lane_.exec.stream);
   drop_graph();
   release_activations();
   for (cudaEvent_t e : layer_done_)
@@ -325,9 +327,10 @@ void CudaTower::capture(int64_t n, float grad_scale) {
     cudaEventRecord(copies_done_, k);
     cudaStreamWaitEvent(c, copies_done_, 0);
     cudaStreamCaptureStatus lane_status = cudaStreamCaptureStatusNone;
-    if (exec_.lane != nullptr && cudaStreamIsCapturing(lane_.stream, &lane_status) == cudaSuccess &&
+    if (exec_.lane != nullptr &&
+        cudaStreamIsCapturing(lane_.exec.stream, &lane_status) == cudaSuccess &&
         lane_status == cudaStreamCaptureStatusActive) {
-      cudaEventRecord(lane_.join, lane_.stream);
+      cudaEventRecord(lane_.join, lane_.exec.stream);
       cudaStreamWaitEvent(c, lane_.join, 0);
     }
     cudaStreamEndCapture(c, &g);

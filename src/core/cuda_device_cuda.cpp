@@ -197,15 +197,15 @@ GpuExec fork_lane(const GpuExec& e) {
   if (e.lane == nullptr) return e;
   const GpuLane& l = *e.lane;
   CUDA_CHECK(cudaEventRecord(l.fork, e.stream));
-  CUDA_CHECK(cudaStreamWaitEvent(l.stream, l.fork, 0));
-  kernels::cuda::spin_delay(l.stream, l.test_delay_ns);
+  CUDA_CHECK(cudaStreamWaitEvent(l.exec.stream, l.fork, 0));
+  kernels::cuda::spin_delay(l.exec.stream, l.test_delay_ns);
   ++l.forks;
-  return GpuExec{l.stream, l.blas, l.scratch, l.scratch_size, l.dnn, e.plans, e.tf32, nullptr};
+  return l.exec;
 }
 
 void join_lane(const GpuExec& e) {
   if (e.lane == nullptr) return;
-  CUDA_CHECK(cudaEventRecord(e.lane->join, e.lane->stream));
+  CUDA_CHECK(cudaEventRecord(e.lane->join, e.lane->exec.stream));
   CUDA_CHECK(cudaStreamWaitEvent(e.stream, e.lane->join, 0));
 }
 

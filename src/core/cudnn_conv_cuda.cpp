@@ -193,9 +193,9 @@ void CudnnConv::backward_filter(const float* x, const float* dy, float* dw, void
                                 cudnnContext* on) const {
   const Impl& m = *impl_;
   const float one = 1.0f, zero = 0.0f;
-  CUDNN_CHECK(cudnnConvolutionBackwardFilter(on != nullptr ? on : m.handle, &one, m.x, x, m.y, dy, m.bwd_filter,
-                                             m.bwd_filter_algo, ws, m.bwd_filter_ws, &zero, m.w,
-                                             dw));
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(on != nullptr ? on : m.handle, &one, m.x, x, m.y,
+                                             dy, m.bwd_filter, m.bwd_filter_algo, ws,
+                                             m.bwd_filter_ws, &zero, m.w, dw));
 }
 
 void CudnnConv::backward_data(const float* w, const float* dy, float* dx, void* ws) const {

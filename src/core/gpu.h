@@ -62,33 +62,12 @@ class GpuPlans {
   std::map<std::pair<const void*, int64_t>, std::shared_ptr<void>> plans_;
 };
 
-// A tower's second lane on its GPU (--backward-branches): a stream with cuBLAS and cuDNN
-// handles of its own bound to it, device scratch of its own, and the two events of a fork and
-// a join. A layer's backward forks the lane after the work both branches read (the error,
-// masked by the ReLU), computes its weight and bias gradients there while the input gradient
-// runs on the main stream, and joins the lane before it returns: in a CUDA graph, two parallel
-// branches. Nothing outside the layer sees the branch, so the lane's scratch is the layer's
-// alone between its fork and its join (Layer::gpu_lane_scratch).
-struct GpuLane {
-  CUstream_st* stream = nullptr;
-  cublasContext* blas = nullptr;
-  cudnnContext* dnn = nullptr;
-  float* scratch = nullptr;
-  int64_t scratch_size = 0;
-  CUevent_st* fork = nullptr;
-  CUevent_st* join = nullptr;
-  // Tests only: a spin kernel of this many ns at the start of each branch, so that work which
-  // does not wait for the branch's end reads unfinished gradients.
-  int64_t test_delay_ns = 0;
-  // Branches forked (queued, not replayed: a captured step counts once), for tests.
-  mutable int64_t forks = 0;
-};
-
 // Everything a layer's GPU path needs: the tower's compute stream and cuBLAS handle (bound to
 // that stream), device scratch of scratch_size floats that the call may overwrite, and, on a
 // tower, its cuDNN handle (bound to the same stream), its plans and its precision. Without a
 // cuDNN handle (a bare exec in a test) convolutions run as im2col + cuBLAS. With a lane, a
 // layer's backward may branch onto it (fork_lane, join_lane).
+struct GpuLane;
 struct GpuExec {
   CUstream_st* stream = nullptr;
   cublasContext* blas = nullptr;
@@ -98,6 +77,25 @@ struct GpuExec {
   GpuPlans* plans = nullptr;
   bool tf32 = false;
   const GpuLane* lane = nullptr;
+};
+
+// A tower's second lane on its GPU (--backward-branches): an exec of its own (a stream with
+// cuBLAS and cuDNN handles bound to it, device scratch of its own, the tower's plans and
+// precision) and the two events of a fork and a join. A layer's backward forks the lane after
+// the work both branches read (the error, masked by the ReLU), computes its weight and bias
+// gradients there while the input gradient runs on the main stream, and joins the lane before
+// it returns: in a CUDA graph, two parallel branches. Nothing outside the layer sees the
+// branch, so the lane's scratch is the layer's alone between its fork and its join
+// (Layer::gpu_lane_scratch).
+struct GpuLane {
+  GpuExec exec;  // its own lane: none
+  CUevent_st* fork = nullptr;
+  CUevent_st* join = nullptr;
+  // Tests only: a spin kernel of this many ns at the start of each branch, so that work which
+  // does not wait for the branch's end reads unfinished gradients.
+  int64_t test_delay_ns = 0;
+  // Branches forked (queued, not replayed: a captured step counts once), for tests.
+  mutable int64_t forks = 0;
 };
 
 // CUDA builds (core/cuda_device_cuda.cpp). fork_lane: an exec on e's lane (its stream, handles

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -108,14 +109,19 @@ bool issue_order() {
 // missing wait would have waited for, and a write that lacks a wait on an earlier reader runs
 // before that reader. Operations run outside the lock, one at a time per queue, on whichever
 // thread needs them.
+// Under run_mu: the queues still alive (of blocking streams only, if asked).
+std::vector<std::shared_ptr<Queue>> live_queues_locked(bool blocking_only = false) {
+  std::erase_if(queues, [](const std::weak_ptr<Queue>& w) { return w.expired(); });
+  std::vector<std::shared_ptr<Queue>> live;
+  for (const auto& w : queues)
+    if (auto q = w.lock(); q && (q->blocking || !blocking_only)) live.push_back(q);
+  return live;
+}
+
 void run_until(const std::shared_ptr<Queue>& q, int64_t seq) {
   std::unique_lock<std::mutex> l(run_mu);
-  std::vector<std::shared_ptr<Queue>> live;
   while (q->done < seq) {
-    live.clear();
-    std::erase_if(queues, [](const std::weak_ptr<Queue>& w) { return w.expired(); });
-    for (const auto& w : queues)
-      if (auto r = w.lock()) live.push_back(r);
+    const std::vector<std::shared_ptr<Queue>> live = live_queues_locked();
     Queue* best = nullptr;
     for (const auto& r : live) {
       if (r->busy || r->ops.empty()) continue;
@@ -131,19 +137,17 @@ void run_until(const std::shared_ptr<Queue>& q, int64_t seq) {
     best->ops.pop_front();
     best->busy = true;
     l.unlock();
+    std::exception_ptr failed;
     try {
       if (op.work) op.work();
     } catch (...) {
-      l.lock();
-      best->busy = false;
-      ++best->done;
-      run_cv.notify_all();
-      throw;
+      failed = std::current_exception();
     }
     l.lock();
     best->busy = false;
     ++best->done;
     run_cv.notify_all();
+    if (failed) std::rethrow_exception(failed);
   }
 }
 
@@ -169,9 +173,7 @@ void run_everything(bool blocking_only = false) {
   std::vector<std::shared_ptr<Queue>> live;
   {
     std::lock_guard<std::mutex> l(run_mu);
-    std::erase_if(queues, [](const std::weak_ptr<Queue>& w) { return w.expired(); });
-    for (const auto& w : queues)
-      if (auto q = w.lock(); q && (q->blocking || !blocking_only)) live.push_back(q);
+    live = live_queues_locked(blocking_only);
   }
   for (const auto& q : live) run_all_of(q);
 }
