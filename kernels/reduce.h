@@ -29,6 +29,15 @@ void scale(CUstream_st* s, int64_t n, float alpha, float* x);
 // *flag = 1 if any of x[0..n) is not finite (NaN or infinite), else 0: a step's per-example
 // losses, checked on the device before its update.
 void any_nonfinite(CUstream_st* s, int64_t n, const double* x, int32_t* flag);
+// The guard of an update (--clip-grad-norm, --on-divergence skip-step) on the device: *norm =
+// the L2 norm of the kept ranges of x[0, n) (nkeep [begin, end) pairs in device memory), in
+// the order of kernels/norm_rules.h, so the host's bits; *scale = norm_clip_scale(*norm,
+// bound); and, where flag is not null, *flag = 1 when the norm is not finite (else it is left
+// as it is). partials: norm_chunks(n) doubles of device scratch.
+void norm_guard(CUstream_st* s, int64_t n, const float* x, const int64_t* keep, int64_t nkeep,
+                double bound, double* partials, double* norm, float* scale, int32_t* flag);
+// x *= *alpha, alpha read from device memory when the kernel runs (a captured step's clip).
+void scale_at(CUstream_st* s, int64_t n, const float* alpha, float* x);
 }  // namespace cuda
 
 }  // namespace towers::kernels

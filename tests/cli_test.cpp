@@ -289,7 +289,6 @@ TEST(CliBadInput, NonsenseFlags) {
   expect_error(run_towers(kQuick + "--steps 5 --mode async --sync-every 4" + m),
                {"--sync-every", "--params host"});
   expect_error(run_towers(gpu + "--towers 3 --replicas-to-aggregate 2" + m), {"--params mirrored", "--replicas-to-aggregate"});
-  expect_error(run_towers(gpu + "--clip-grad-norm 1" + m), {"--params mirrored", "--clip-grad-norm"});
   expect_error(run_towers(gpu + "--mode async --ema 0.99" + m), {"--params mirrored", "--ema", "async"});
   const std::string plain = "train --model mlp --dataset synthetic --synthetic-size 200 --quiet ";
   expect_error(run_towers(plain + "--steps 5 --lr -0.1" + m), {"--lr", "-0.1"});

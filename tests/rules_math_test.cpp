@@ -2,6 +2,7 @@
 // the row-major -> column-major gemm mapping of cuda::gemm against cpu::gemm, the optimizer
 // rules and the tree-sum rule the CUDA kernels run per element against the CPU updates, and
 // sum_rows (the host half of cuda::softmax_xent) against cpu::softmax_xent.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -10,6 +11,7 @@
 
 #include "core/rng.h"
 #include "kernels/gemm.h"
+#include "kernels/norm_rules.h"
 #include "kernels/optimizer.h"
 #include "kernels/optimizer_rules.h"
 #include "kernels/reduce.h"
@@ -227,6 +229,87 @@ TEST(ReduceRules, TreeIsPairwiseNotSequential) {
   auto q = pointers(three);
   kernels::tree_sum_rule(q.data(), 3, 0);
   EXPECT_EQ(three[0][0], 7.0f);
+}
+
+// ---- the gradient norm's order (norm_rules.h) -----------------------------------------------
+
+// Kept ranges that start and end mid-row, one shorter than a row, one across a chunk's end, and
+// gaps between them; the last chunk is short and ends mid-row.
+std::vector<int64_t> norm_keep() {
+  using kernels::kNormChunk;
+  return {3, 700, 701, 702, 1000, kNormChunk + 4000, kNormChunk + 4016, 2 * kNormChunk + 77,
+          2 * kNormChunk + 300, 2 * kNormChunk + 555};
+}
+
+// Wide magnitudes, so that the order of the additions shows in the last bits.
+std::vector<float> norm_values(int64_t n, uint64_t seed) {
+  std::vector<float> x = randoms(n, seed);
+  Rng rng(seed + 1);
+  for (float& v : x) v *= std::ldexp(1.0f, static_cast<int>(rng.uniform(-20.0f, 20.0f)));
+  return x;
+}
+
+TEST(NormRules, TheHostWalkOfAChunkIsItsLanesBitwise) {
+  using namespace kernels;
+  const int64_t n = 2 * kNormChunk + 555;
+  const std::vector<float> x = norm_values(n, 71);
+  const std::vector<int64_t> keep = norm_keep();
+  const std::vector<int64_t> all = {0, n};
+  for (int64_t k = 0; k < norm_chunks(n); ++k) {
+    const int64_t b = k * kNormChunk, e = std::min(n, b + kNormChunk);
+    for (const auto* ranges : {&keep, &all}) {
+      const int64_t nr = static_cast<int64_t>(ranges->size() / 2);
+      std::vector<double> lanes(kNormLanes);
+      for (int l = 0; l < kNormLanes; ++l) lanes[l] = norm_lane(x.data(), b, e, l, ranges->data(), nr);
+      const double by_lanes = norm_lanes_total(lanes.data());
+      const double walked = norm_chunk(x.data(), b, e, ranges->data(), nr);
+      EXPECT_EQ(std::memcmp(&by_lanes, &walked, sizeof(double)), 0)
+          << "chunk " << k << ": " << by_lanes << " vs " << walked;
+      EXPECT_GT(walked, 0.0);
+    }
+  }
+  EXPECT_EQ(norm_chunk(x.data(), 0, kNormChunk, nullptr, 0), 0.0);
+  EXPECT_EQ(norm_lane(x.data(), 0, kNormChunk, 5, keep.data(), 0), 0.0);
+}
+
+// The order is a summation order and nothing else: the kept elements' sum of squares, to
+// double rounding, and the elements outside the ranges (here NaN) are never read.
+TEST(NormRules, TheNormSumsTheSquaresOfTheKeptElementsOnly) {
+  using namespace kernels;
+  const int64_t n = 2 * kNormChunk + 555;
+  std::vector<float> x = norm_values(n, 72);
+  const std::vector<int64_t> keep = norm_keep();
+  long double want = 0.0L;
+  std::vector<bool> kept(n, false);
+  for (size_t r = 0; r < keep.size(); r += 2)
+    for (int64_t j = keep[r]; j < keep[r + 1]; ++j) {
+      kept[j] = true;
+      want += static_cast<long double>(x[j]) * x[j];
+    }
+  for (int64_t j = 0; j < n; ++j)
+    if (!kept[j]) x[j] = std::nanf("");
+  const int64_t nkeep = static_cast<int64_t>(keep.size() / 2);
+  double lanes_way = 0.0, walk_way = 0.0;
+  for (int64_t k = 0; k < norm_chunks(n); ++k) {
+    const int64_t b = k * kNormChunk, e = std::min(n, b + kNormChunk);
+    std::vector<double> lanes(kNormLanes);
+    for (int l = 0; l < kNormLanes; ++l) lanes[l] = norm_lane(x.data(), b, e, l, keep.data(), nkeep);
+    lanes_way += norm_lanes_total(lanes.data());
+    walk_way += norm_chunk(x.data(), b, e, keep.data(), nkeep);
+  }
+  EXPECT_NEAR(lanes_way, static_cast<double>(want), 1e-12 * static_cast<double>(want));
+  EXPECT_NEAR(walk_way, static_cast<double>(want), 1e-12 * static_cast<double>(want));
+}
+
+TEST(NormRules, TheClipScaleIsTheBoundOverTheNormAboveTheBoundOnly) {
+  using kernels::norm_clip_scale;
+  EXPECT_EQ(norm_clip_scale(4.0, 1.0), 0.25f);
+  EXPECT_EQ(norm_clip_scale(3.0, 1.0), static_cast<float>(1.0 / 3.0));
+  EXPECT_EQ(norm_clip_scale(1.0, 1.0), 1.0f);  // at the bound: not clipped
+  EXPECT_EQ(norm_clip_scale(0.5, 1.0), 1.0f);
+  EXPECT_EQ(norm_clip_scale(4.0, 0.0), 1.0f);  // no bound
+  EXPECT_EQ(norm_clip_scale(std::nan(""), 1.0), 1.0f);  // not finite: skipped, not clipped
+  EXPECT_EQ(norm_clip_scale(INFINITY, 1.0), 1.0f);
 }
 
 // ---- softmax cross-entropy: the host sums ----------------------------------------------------

@@ -4,6 +4,7 @@
 
 #if TOWERS_HAVE_CUDA
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <mutex>
 #include <type_traits>
@@ -17,6 +18,7 @@
 #include "core/cuda_device.h"
 #include "core/parallel.h"
 #include "core/tensor.h"
+#include "kernels/norm_rules.h"
 #include "kernels/optimizer.h"
 #include "kernels/reduce.h"
 #include "towers/cuda_tower.h"
@@ -43,6 +45,11 @@ struct MirroredParameterStore::Impl {
     // to flag_h (1: not applied).
     PinnedBuffer args_h, flag_h;
     DeviceBuffer args_d, flag_d;
+    // The update's guard (--clip-grad-norm, --on-divergence skip-step), when on: on the GPU,
+    // in doubles, the norm, the clip scale (a float), the chunks' partial sums and the
+    // trainable ranges (int64 pairs); the norm comes back to norm_h.
+    DeviceBuffer guard_d;
+    PinnedBuffer norm_h;
     // The order a step must keep: pull (prepared), the step (stepped), push or skip. A step
     // outside it would apply an update the host never counts.
     bool prepared = false;  // args_h holds the scalars of the next update
@@ -61,6 +68,9 @@ struct MirroredParameterStore::Impl {
   Reduce reduce;
   std::function<float(int64_t)> lr_at;
   int64_t sync_every;  // 0: sync
+  double clip;         // --clip-grad-norm's bound (0: off)
+  bool check;          // --on-divergence skip-step: a gradient whose norm is not finite is skipped
+  std::vector<int64_t> keep;  // the trainable ranges, as the norm covers them
   std::vector<const Variable*> trainable;  // the variables the rule updates, layout order
   std::vector<const Variable*> state;      // running averages (ParamSpec::state_rate)
   kernels::OptRule rule;
@@ -74,14 +84,19 @@ struct MirroredParameterStore::Impl {
   // Several sync towers: an NCCL all-reduce (one per GPU), or the tree on their one GPU.
   std::unique_ptr<NcclReducer> nccl;
   cudaEvent_t summed = nullptr;
+  bool reduced = false;  // the update's sum is on the devices, not yet applied
+  bool guarded = false;  // and guard has run on it (gradient_norm)
 
   // Async and SSP: the host copy's lock, and the updates folded into it since the run began.
   std::mutex host_mu;
   int64_t folded = 0;
   int64_t start = 0;  // the run's first version
 
-  Impl(float* p, Optimizer& o, Reduce r, std::function<float(int64_t)> lr, int64_t k)
-      : params(p), opt(o), reduce(r), lr_at(std::move(lr)), sync_every(k) {
+  Impl(float* p, Optimizer& o, Reduce r, std::function<float(int64_t)> lr, int64_t k, double bound,
+       bool chk)
+      : params(p), opt(o), reduce(r), lr_at(std::move(lr)), sync_every(k), clip(bound),
+        check(chk), keep(o.layout().trainable_ranges()) {
+    TOWERS_CHECK(clip >= 0.0 && std::isfinite(clip), "a clip bound of {}", clip);
     for (const Variable& v : opt.layout().variables()) {
       if (v.spec.trainable) trainable.push_back(&v);
       else if (v.spec.state_rate != 0.0f) state.push_back(&v);
@@ -107,6 +122,38 @@ struct MirroredParameterStore::Impl {
   }
 
   bool local() const { return sync_every > 0; }
+  bool guards() const { return clip > 0.0 || check; }
+
+  // The guard's buffers on r's GPU (guard_d's layout above).
+  void make_guard(Replica& r) {
+    CudaDevice& d = r.tower->device();
+    const int64_t doubles = 2 + kernels::norm_chunks(opt.layout().total()) +
+                            static_cast<int64_t>(keep.size());
+    r.guard_d = DeviceBuffer(d, 2 * doubles);
+    r.norm_h = PinnedBuffer(sizeof(double));
+    d.activate();
+    CUDA_CHECK(cudaMemcpy(keep_d(r), keep.data(), sizeof(int64_t) * keep.size(),
+                          cudaMemcpyHostToDevice));
+  }
+  static double* norm_d(Replica& r) { return reinterpret_cast<double*>(r.guard_d.data()); }
+  static float* scale_d(Replica& r) { return r.guard_d.data() + 2; }
+  static double* partials_d(Replica& r) { return norm_d(r) + 2; }
+  int64_t* keep_d(Replica& r) const {
+    return reinterpret_cast<int64_t*>(partials_d(r) + kernels::norm_chunks(opt.layout().total()));
+  }
+
+  // Queues on s, for gradient g on r's GPU: its norm (back to r.norm_h), and, with a bound, g's
+  // trainable variables scaled by the clip; flag (if not null) set when the norm is not finite.
+  void guard(Replica& r, cudaStream_t s, float* g, int32_t* flag) {
+    kernels::cuda::norm_guard(s, opt.layout().total(), g, keep_d(r),
+                              static_cast<int64_t>(keep.size() / 2), clip, partials_d(r),
+                              norm_d(r), scale_d(r), flag);
+    if (clip > 0.0)
+      for (const Variable* v : trainable)
+        kernels::cuda::scale_at(s, v->size, scale_d(r), g + v->offset);
+    CUDA_CHECK(cudaMemcpyAsync(r.norm_h.as<void>(), norm_d(r), sizeof(double),
+                               cudaMemcpyDeviceToHost, s));
+  }
 
   float* slot(Replica& r, int k, int64_t offset) {
     return k < nslots ? r.slots[k].data() + offset : nullptr;
@@ -181,7 +228,8 @@ struct MirroredParameterStore::Impl {
                                cudaMemcpyHostToDevice, s));
     kernels::cuda::any_nonfinite(s, n, row_loss, flag);
     float* w = r.tower->device_params();
-    const float* g = r.tower->device_grads();
+    float* g = r.tower->device_grads();
+    if (guards()) guard(r, s, g, flag);
     beside_rule(r, s, g, true, {}, wargs, flag);
     for (size_t k = 0; k < trainable.size(); ++k) {
       const Variable* v = trainable[k];
@@ -265,6 +313,31 @@ struct MirroredParameterStore::Impl {
     d.copy_in(r.tower->device_params(), w, total);
   }
 
+  // Several sync towers: the update's sum, once, on the devices: NCCL's all-reduce in place
+  // (every replica then holds its copy of the sum), or the tree in tower order into the first
+  // tower's gradients on their one GPU (the host store's sum, bit for bit).
+  void sum_towers() {
+    if (reduced) return;
+    if (nccl) {
+      nccl->all_reduce();
+    } else {
+      CudaTower& t0 = *reps[0]->tower;
+      t0.device().activate();
+      std::vector<float*> blocks;
+      for (auto& r : reps) blocks.push_back(r->tower->device_grads());
+      kernels::cuda::tree_sum(t0.device().compute(), blocks.data(),
+                              static_cast<int64_t>(blocks.size()), opt.layout().total());
+    }
+    reduced = true;
+  }
+
+  void sync_replicas() {
+    for (auto& r : reps) {
+      r->tower->device().activate();
+      CUDA_CHECK(cudaStreamSynchronize(r->tower->device().compute()));
+    }
+  }
+
   // The host's copies: the parameters (every replica's steps folded in, in async and SSP;
   // else the first replica's) and the first replica's slots.
   void to_host() {
@@ -292,14 +365,16 @@ struct MirroredParameterStore::Impl {
     if (summed) cudaEventDestroy(summed);
     summed = nullptr;
     reps.clear();
-    in_step = false;
+    in_step = reduced = guarded = false;
   }
 };
 
 MirroredParameterStore::MirroredParameterStore(float* params, Optimizer& opt, Reduce reduce,
                                                std::function<float(int64_t)> lr_at,
-                                               int64_t sync_every)
-    : impl_(std::make_unique<Impl>(params, opt, reduce, std::move(lr_at), sync_every)) {}
+                                               int64_t sync_every, double clip_grad_norm,
+                                               bool check_grad_norm)
+    : impl_(std::make_unique<Impl>(params, opt, reduce, std::move(lr_at), sync_every,
+                                   clip_grad_norm, check_grad_norm)) {}
 
 // A TowerGroup detaches before its towers (and their devices) go, so replicas remain here only
 // where the store goes first (a benchmark that attached towers itself): give them back.
@@ -350,6 +425,7 @@ void MirroredParameterStore::attach(const std::vector<Tower*>& towers) {
         d.copy_in(r.slots[k].data(), m.opt.slot(m.opt.slot_names()[k]), total);
       }
       d.copy_in(r.tower->device_params(), m.params, total);
+      if (m.guards()) m.make_guard(r);
       r.tower->set_grads_to_host(false);
     }
     m.in_step = m.local() || n == 1;
@@ -426,18 +502,13 @@ int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuD
   } else {
     const kernels::RuleArgs a = m.opt.next_rule_args(rec.lr);
     const kernels::WrapperArgs wa = m.opt.wrapper_args(m.opt.updates() + 1);
+    m.sum_towers();
     if (m.nccl) {
-      m.nccl->all_reduce();  // in place; each replica applies its own copy of the sum
       for (auto& r : m.reps) m.apply(*r, r->tower->device_grads(), a, wa);
     } else {
-      // One GPU: the tree in tower order into the first tower's gradients (the host store's
-      // sum, bit for bit), which every replica then reads.
+      // One GPU: every replica reads the sum in the first tower's gradients.
       CudaTower& t0 = *m.reps[0]->tower;
       t0.device().activate();
-      std::vector<float*> blocks;
-      for (auto& r : m.reps) blocks.push_back(r->tower->device_grads());
-      kernels::cuda::tree_sum(t0.device().compute(), blocks.data(),
-                              static_cast<int64_t>(blocks.size()), m.opt.layout().total());
       CUDA_CHECK(cudaEventRecord(m.summed, t0.device().compute()));
       for (auto& r : m.reps) {
         CUDA_CHECK(cudaStreamWaitEvent(r->tower->device().compute(), m.summed, 0));
@@ -445,10 +516,8 @@ int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuD
       }
     }
     // Every replica done before any tower's next step overwrites a gradient another reads.
-    for (auto& r : m.reps) {
-      r->tower->device().activate();
-      CUDA_CHECK(cudaStreamSynchronize(r->tower->device().compute()));
-    }
+    m.sync_replicas();
+    m.reduced = m.guarded = false;
   }
   m.opt.count_update();
   return advance();
@@ -466,7 +535,38 @@ int64_t MirroredParameterStore::skip(UpdateRecord& rec) {
     return v;
   }
   if (m.in_step) m.stepped(*m.reps[0], false);
+  m.reduced = m.guarded = false;  // a sum gradient_norm made is dropped
   return advance();
+}
+
+bool MirroredParameterStore::guards_on_towers(double bound, bool check) const {
+  return impl_->clip == bound && impl_->check == check;
+}
+
+double MirroredParameterStore::gradient_norm(const UpdateRecord& rec) {
+  Impl& m = *impl_;
+  TOWERS_CHECK(m.guards(), "a mirrored store made without a gradient guard");
+  if (m.local() || m.in_step) {
+    // The step measured (and clipped) its gradient, and has ended.
+    const int i = m.local() ? rec.tower : 0;
+    TOWERS_CHECK(i >= 0 && i < static_cast<int>(m.reps.size()), "the norm of tower {} of {}", i,
+                 m.reps.size());
+    Impl::Replica& r = *m.reps[i];
+    TOWERS_CHECK(r.prepared && r.stepped, "a gradient norm before the step that measures it");
+    return *r.norm_h.as<double>();
+  }
+  // Several sync towers: the sum now, its guard on every copy of it, read back.
+  if (!m.guarded) {
+    m.sum_towers();
+    for (auto& r : m.reps) {
+      if (!m.nccl && r != m.reps[0]) continue;  // one GPU: the sum is the first tower's
+      r->tower->device().activate();
+      m.guard(*r, r->tower->device().compute(), r->tower->device_grads(), nullptr);
+    }
+    m.sync_replicas();
+    m.guarded = true;
+  }
+  return *m.reps[0]->norm_h.as<double>();
 }
 
 const float* MirroredParameterStore::host_params() {
@@ -483,7 +583,8 @@ namespace towers {
 struct MirroredParameterStore::Impl {};
 
 MirroredParameterStore::MirroredParameterStore(float*, Optimizer&, Reduce,
-                                               std::function<float(int64_t)>, int64_t) {
+                                               std::function<float(int64_t)>, int64_t, double,
+                                               bool) {
   TOWERS_BAD_INPUT("--params mirrored: this towers was built without CUDA");
 }
 MirroredParameterStore::~MirroredParameterStore() = default;
@@ -494,6 +595,8 @@ void MirroredParameterStore::detach() {}
 int64_t MirroredParameterStore::pull(Tower&) { return version(); }
 int64_t MirroredParameterStore::push(const float*, UpdateRecord&, CpuDevice&) { return advance(); }
 int64_t MirroredParameterStore::skip(UpdateRecord&) { return advance(); }
+bool MirroredParameterStore::guards_on_towers(double, bool) const { return false; }
+double MirroredParameterStore::gradient_norm(const UpdateRecord&) { return 0.0; }
 const float* MirroredParameterStore::host_params() { return nullptr; }
 
 }  // namespace towers

@@ -6,12 +6,15 @@
 // Sync (sync_every = 0): every tower's gradient goes into every update.
 // One tower: the update is part of the tower's step, the last kernels of its CUDA graph
 // (CudaTower::set_step_epilogue):
-//     forward -> loss -> backward -> [scalars H2D] -> loss check -> optimizer, per variable
+//     forward -> loss -> backward -> [scalars H2D] -> loss check -> [norm, clip] -> optimizer,
+//     per variable
 // The scalars of the update (learning rate, Adam's bias correction, each variable's weight
 // decay, the wrappers') are written to page-locked memory by pull, before the step, and copied
 // to the device by the step itself, so one captured graph serves every step. If any example's
 // loss is not finite the optimizer kernels write nothing, as the host-parameter path skips such
-// an update. "optimizer" is the whole of Optimizer::apply, in its order and rounding: update
+// an update. With --clip-grad-norm or --on-divergence skip-step the step also takes its
+// gradient's norm, in the host's order (kernels/norm_rules.h), clips the gradient by it, and
+// writes nothing when it is not finite; the norm comes back with the step's losses. "optimizer" is the whole of Optimizer::apply, in its order and rounding: update
 // 1 starts the wrappers' slots (--ema, --lookahead), then the rule, the state variables'
 // running averages (from the steps' deltas, which travel with the gradients), Lookahead's
 // move when due, the average.
@@ -58,8 +61,11 @@ class MirroredParameterStore final : public InProcessStore {
   // on several GPUs average (Nccl: one tower per GPU). lr_at(v): the learning rate of the
   // update that makes version v + 1 (the schedule), needed before the step that applies it.
   // sync_every: 0 for sync mode, K >= 1 for async and SSP (local SGD, above).
+  // clip_grad_norm (> 0) and check_grad_norm: the update's guard (--clip-grad-norm,
+  // --on-divergence skip-step), on the GPUs (guards_on_towers).
   MirroredParameterStore(float* params, Optimizer& opt, Reduce reduce,
-                         std::function<float(int64_t)> lr_at, int64_t sync_every = 0);
+                         std::function<float(int64_t)> lr_at, int64_t sync_every = 0,
+                         double clip_grad_norm = 0.0, bool check_grad_norm = false);
   ~MirroredParameterStore() override;
 
   UpdateAccess access() const override;
@@ -76,6 +82,12 @@ class MirroredParameterStore final : public InProcessStore {
   // rec.lr becomes the learning rate the step applied).
   int64_t push(const float* grads, UpdateRecord& rec, CpuDevice& host) override;
   int64_t skip(UpdateRecord& rec) override;
+  // True for the guard the store was made with. Then each update's gradient norm is taken on
+  // the GPU, in the host's order (kernels/norm_rules.h), and the gradient clipped there: by
+  // the step itself where the update is inside it (the norm comes back with the step), else
+  // on the sum of several sync towers, which gradient_norm makes and push then applies.
+  bool guards_on_towers(double bound, bool check) const override;
+  double gradient_norm(const UpdateRecord& rec) override;
   // Async and SSP: called while no tower is in a step (side work, the end of the run).
   const float* host_params() override;
 

@@ -28,6 +28,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/check.h"
 #include "optim/optimizer.h"
 #include "towers/tower.h"
 
@@ -64,6 +65,15 @@ class ParameterStore {
   // (every tower copies its gradient out). true: every tower leaves its gradient on its own
   // device, and push(nullptr, ...) averages the towers' gradients there itself (sync mode).
   virtual bool gradients_on_towers() const { return false; }
+  // A store whose gradients stay on the towers may guard its updates there: true when it was
+  // made to measure each update's gradient norm (check) and to clip it to `bound` (> 0) as
+  // the host does (kernels/norm_rules.h), with the same bits. Then, before each push or skip,
+  // gradient_norm(rec) returns the norm of the gradient that push would apply (rec: the
+  // update being made; the sync average, or rec.tower's own), and push applies it clipped.
+  virtual bool guards_on_towers(double /*bound*/, bool /*check*/) const { return false; }
+  virtual double gradient_norm(const UpdateRecord& /*rec*/) {
+    TOWERS_FAIL("this parameter store does not measure gradients on the towers");
+  }
   // A tower group's towers, from their making to their end: a store that keeps state on their
   // devices makes it in attach and gives it back (after refreshing its host copy) in detach.
   virtual void attach(const std::vector<Tower*>& /*towers*/) {}

@@ -17,6 +17,7 @@
 #include "core/parallel.h"
 #include "core/gpu.h"
 #include "core/rng.h"
+#include "kernels/norm_rules.h"
 #include "towers/nccl_reduce.h"
 #include "towers/tower_exchange.h"
 
@@ -74,8 +75,10 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
                  "a store that keeps the gradients on the towers has no backup towers");
     TOWERS_CHECK(cfg_.mode == Mode::Sync || !cfg_.staleness_aware_lr,
                  "a store that applies inside the step sets the learning rate at the pull");
-    TOWERS_CHECK(cfg_.clip_grad_norm == 0.0 && !cfg_.check_grad_norm,
-                 "a store that averages on the towers has no host gradient to clip or check");
+    TOWERS_CHECK((cfg_.clip_grad_norm == 0.0 && !cfg_.check_grad_norm) ||
+                     store_.guards_on_towers(cfg_.clip_grad_norm, cfg_.check_grad_norm),
+                 "a store that averages on the towers and does not clip or check the gradient "
+                 "there");
     store_.attach(ts);
     return;
   }
@@ -104,19 +107,15 @@ uint64_t step_key(uint64_t seed, int64_t step) {
 }
 
 // The L2 norm of x over the trainable variables (a state variable's delta is no gradient), in
-// double, over fixed chunks summed in chunk order: the same bits for any number of threads.
+// double, in the order of kernels/norm_rules.h: chunks of fixed size, each in its lanes, the
+// chunks' totals added in chunk order. The same bits for any number of threads, and those a
+// store that keeps the gradients on a GPU computes there (MirroredParameterStore).
 double l2_norm(const float* x, const ParameterLayout& layout) {
-  constexpr int64_t kChunk = 1 << 15;
-  const auto& vars = layout.variables();
-  std::vector<double> part(static_cast<size_t>(ceil_div(layout.total(), kChunk)), 0.0);
-  for_chunks(layout.total(), kChunk, [&](int64_t k, int64_t b, int64_t e) {
-    double s = 0.0;
-    for (const Variable& v : vars) {
-      if (!v.spec.trainable) continue;
-      for (int64_t j = std::max(b, v.offset); j < std::min(e, v.offset + v.size); ++j)
-        s += static_cast<double>(x[j]) * x[j];
-    }
-    part[k] = s;
+  const std::vector<int64_t> keep = layout.trainable_ranges();
+  const int64_t nkeep = static_cast<int64_t>(keep.size() / 2);
+  std::vector<double> part(static_cast<size_t>(kernels::norm_chunks(layout.total())), 0.0);
+  for_chunks(layout.total(), kernels::kNormChunk, [&](int64_t k, int64_t b, int64_t e) {
+    part[k] = kernels::norm_chunk(x, b, e, keep.data(), nkeep);
   });
   double s = 0.0;
   for (double p : part) s += p;
@@ -128,9 +127,12 @@ void TowerGroup::guarded_push(const float* grads, int tower, UpdateRecord& rec) 
   CpuDevice& host = towers_[tower]->host();
   const int64_t total = graph_.layout().total();
   bool finite = std::isfinite(rec.loss);
-  // grads is null when the store averages the towers' gradients itself (then neither is set).
+  // grads is null when the store keeps the gradients on the towers: it measures the norm, and
+  // clips, there (guards_on_towers).
   if (finite && (cfg_.clip_grad_norm > 0.0 || cfg_.check_grad_norm)) {
-    rec.grad_norm = host.execute([&] { return l2_norm(grads, graph_.layout()); });
+    rec.grad_norm = grads != nullptr
+                        ? host.execute([&] { return l2_norm(grads, graph_.layout()); })
+                        : store_.gradient_norm(rec);
     finite = std::isfinite(rec.grad_norm);
   }
   if (!finite) {
@@ -138,13 +140,13 @@ void TowerGroup::guarded_push(const float* grads, int tower, UpdateRecord& rec) 
     rec.version = store_.skip(rec);
     return;
   }
-  if (cfg_.clip_grad_norm > 0.0 && rec.grad_norm > cfg_.clip_grad_norm) {
-    // Scaled to the bound, into a buffer of the pushing tower: the gradient buffer belongs to
+  if (grads != nullptr && cfg_.clip_grad_norm > 0.0 && rec.grad_norm > cfg_.clip_grad_norm) {
+    // Scaled to the bound (norm_clip_scale), into a buffer of the pushing tower: the gradient buffer belongs to
     // a tower or to the sum. Towers push one update at a time each.
     HostBuffer& buf = clipped_[tower];
     if (buf.size() != total) buf = HostBuffer(total);
     float* dst = buf.data();
-    const float scale = static_cast<float>(cfg_.clip_grad_norm / rec.grad_norm);
+    const float scale = kernels::norm_clip_scale(rec.grad_norm, cfg_.clip_grad_norm);
     host.execute([&] {
       for_chunks(total, 1 << 15, [&](int64_t, int64_t b, int64_t e) {
         for (int64_t j = b; j < e; ++j) dst[j] = grads[j] * scale;

@@ -197,9 +197,6 @@ void validate(const TrainConfig& c) {
     TOWERS_REQUIRE(!c.staleness_aware_lr || mode == Mode::Sync,
                    "--params mirrored applies each async step's update inside the step, at the "
                    "learning rate of its start: --staleness-aware-lr needs --params host");
-    TOWERS_REQUIRE(c.clip_grad_norm == 0.0 && c.on_divergence == "stop",
-                   "--params mirrored checks each step's loss on the GPU but not its gradient "
-                   "norm: --clip-grad-norm and --on-divergence skip-step need --params host");
   }
   TOWERS_REQUIRE(c.sync_every >= 0, "--sync-every must be at least 1 step (0: the default, 1), got {}",
                  c.sync_every);
@@ -605,7 +602,8 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
   } else if (c_.params == "mirrored")
     store_ = std::make_unique<MirroredParameterStore>(
         params_.data(), *opt_, ec_.reduce, [this](int64_t v) { return lr_at(v); },
-        ec_.mode == Mode::Sync ? 0 : std::max<int64_t>(c_.sync_every, 1));
+        ec_.mode == Mode::Sync ? 0 : std::max<int64_t>(c_.sync_every, 1), ec_.clip_grad_norm,
+        ec_.check_grad_norm);
   else
     store_ = std::make_unique<LocalParameterStore>(params_.data(), *opt_, store_access(ec_),
                                                    store_locking(ec_),

@@ -31,6 +31,16 @@ const Variable& ParameterLayout::find(const std::string& name) const {
   TOWERS_FAIL("no variable named '{}'", name);
 }
 
+std::vector<int64_t> ParameterLayout::trainable_ranges() const {
+  std::vector<int64_t> r;
+  for (const Variable& v : vars_) {  // in offset order, as the constructor lays them out
+    if (!v.spec.trainable || v.size == 0) continue;
+    r.push_back(v.offset);
+    r.push_back(v.offset + v.size);
+  }
+  return r;
+}
+
 void ParameterLayout::initialize(float* params, uint64_t seed) const {
   std::fill(params, params + total_, 0.0f);
   for (const Variable& v : vars_) {

@@ -47,6 +47,10 @@ class ParameterLayout {
   int64_t total() const { return total_; }  // floats, padding included
   int64_t count() const;                    // parameters, padding excluded
   const Variable& find(const std::string& name) const;  // throws naming the variable
+  // The trainable variables' elements as [begin, end) pairs in offset order, flattened (begin
+  // of the first, end of the first, begin of the second, ...): what a gradient's norm covers
+  // (kernels/norm_rules.h), without state variables and padding.
+  std::vector<int64_t> trainable_ranges() const;
 
   // Fills params (total() floats) from each variable's initialiser; padding stays 0.
   // Draws for a variable depend only on (seed, its name), not on the other variables.

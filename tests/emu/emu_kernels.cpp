@@ -27,6 +27,7 @@
 #include "kernels/batchnorm_rules.h"
 #include "kernels/bias.h"
 #include "kernels/debug.h"
+#include "kernels/norm_rules.h"
 #include "kernels/cuda/bias_rules.h"
 #include "kernels/cuda/launch.cuh"  // kBlock, launch_host_loop
 #include "kernels/cuda/augment_rules.h"
@@ -148,6 +149,33 @@ void any_nonfinite(CUstream_st* s, int64_t n, const double* x, int32_t* flag) {
     int32_t bad = 0;
     for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
     *flag = bad;
+  });
+}
+
+// Chunk k as block k computes it: each lane by norm_lane, the lanes in order; then the chunks
+// in order, the root, the scale and the flag, as the one-thread kernel does.
+void norm_guard(CUstream_st* s, int64_t n, const float* x, const int64_t* keep, int64_t nkeep,
+                double bound, double* partials, double* norm, float* scale, int32_t* flag) {
+  const int64_t chunks = norm_chunks(n);
+  TOWERS_CHECK(chunks < (int64_t{1} << 31), "norm_guard: {} floats are too many chunks", n);
+  TOWERS_CHECK(emu::on_device(partials, sizeof(double) * chunks) &&
+                   emu::on_device(norm, sizeof(double)) && emu::on_device(scale, sizeof(float)) &&
+                   (nkeep == 0 || emu::on_device(keep, sizeof(int64_t) * 2 * nkeep)) &&
+                   (flag == nullptr || emu::on_device(flag, sizeof(int32_t))),
+               "norm_guard: its buffers must be device memory");
+  submit(s, [=] {
+    std::array<double, kNormLanes> lanes;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const int64_t b = k * kNormChunk, e = std::min(n, b + kNormChunk);
+      for (int l = 0; l < kNormLanes; ++l) lanes[l] = norm_lane(x, b, e, l, keep, nkeep);
+      partials[k] = norm_lanes_total(lanes.data());
+    }
+    double t = 0.0;
+    for (int64_t k = 0; k < chunks; ++k) t += partials[k];
+    const double r = std::sqrt(t);
+    *norm = r;
+    *scale = norm_clip_scale(r, bound);
+    if (flag != nullptr && !std::isfinite(r)) *flag = 1;
   });
 }
 

@@ -7,8 +7,10 @@
 // standardization run in the host input pipeline, and sync averaging is the host tree sum or
 // NCCL. They are for device-resident parameters and a GPU input pipeline; until then a bug in
 // them cannot reach a training run, and a pass here says nothing about training.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "gpu_test_util.h"  // TOWERS_SKIP_WITHOUT_GPU, DeviceArray, random_floats, max_rel_error
 #include "kernels/optimizer.h"
 #include "optimizer_cases.h"
+#include "kernels/norm_rules.h"
 #include "kernels/reduce.h"
 #include "kernels/softmax_xent.h"
 #include "kernels/standardize.h"
@@ -228,6 +231,52 @@ TEST(ScaleGpu, BitwiseEqualToHostMultiply) {
     for (float& v : x) v *= alpha;  // one IEEE multiply either side
     EXPECT_TRUE(same_bits(x_d.download(), x)) << "alpha " << alpha;
   }
+}
+
+// The update's guard on the device (--clip-grad-norm, --on-divergence skip-step) against the
+// host's norm of the same kept ranges (norm_rules.h), then the clip it makes.
+TEST(NormGuardGpu, TheNormIsTheHostsBitwiseAndTheClipScalesTheKeptRanges) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  using kernels::kNormChunk;
+  Stream s;
+  const int64_t n = 3 * kNormChunk + 77;
+  std::vector<float> x = random_floats(n, 81, -3.0f, 3.0f);
+  const std::vector<int64_t> keep = {5, 1000, 1003, kNormChunk + 9, 2 * kNormChunk, n - 1};
+  const int64_t nkeep = static_cast<int64_t>(keep.size() / 2);
+  for (int64_t j = 1000; j < 1003; ++j) x[j] = std::nanf("");  // outside the ranges: never read
+  double host = 0.0;
+  for (int64_t k = 0; k < kernels::norm_chunks(n); ++k)
+    host += kernels::norm_chunk(x.data(), k * kNormChunk, std::min(n, (k + 1) * kNormChunk),
+                                keep.data(), nkeep);
+  host = std::sqrt(host);
+  ASSERT_TRUE(std::isfinite(host));
+  DeviceArray<float> x_d(x);
+  DeviceArray<int64_t> keep_d(keep);
+  DeviceArray<double> partials(kernels::norm_chunks(n)), norm(1);
+  DeviceArray<float> scale(1);
+  DeviceArray<int32_t> flag(std::vector<int32_t>{0});
+  const double bound = host / 4;
+  kernels::cuda::norm_guard(s, n, x_d.get(), keep_d.get(), nkeep, bound, partials.get(),
+                            norm.get(), scale.get(), flag.get());
+  const double got = norm.download()[0];
+  EXPECT_EQ(std::memcmp(&got, &host, sizeof(double)), 0) << got << " vs " << host;
+  const float want_scale = kernels::norm_clip_scale(host, bound);
+  EXPECT_EQ(scale.download()[0], want_scale);
+  EXPECT_LT(want_scale, 0.5f);
+  EXPECT_EQ(flag.download()[0], 0);
+  // The clip, read from the device's scale: one IEEE multiply, as the host's.
+  kernels::cuda::scale_at(s, keep[1] - keep[0], scale.get(), x_d.get() + keep[0]);
+  const std::vector<float> clipped = x_d.download();
+  for (int64_t j = keep[0]; j < keep[1]; ++j) ASSERT_EQ(clipped[j], x[j] * want_scale) << j;
+  EXPECT_EQ(std::memcmp(clipped.data(), x.data(), sizeof(float) * keep[0]), 0);
+  // A kept element that is not finite: the norm is not, the flag is set, nothing is clipped.
+  x[kNormChunk + 3] = std::numeric_limits<float>::infinity();
+  x_d.upload(x);
+  kernels::cuda::norm_guard(s, n, x_d.get(), keep_d.get(), nkeep, bound, partials.get(),
+                            norm.get(), scale.get(), flag.get());
+  EXPECT_FALSE(std::isfinite(norm.download()[0]));
+  EXPECT_EQ(scale.download()[0], 1.0f);
+  EXPECT_EQ(flag.download()[0], 1);
 }
 
 // Zero sizes return before any launch: host-side only, runs wherever CUDA is built.

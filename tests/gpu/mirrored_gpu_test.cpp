@@ -57,6 +57,8 @@ struct Recipe {
   int64_t sync_every = 0;  // mirrored, async and ssp
   double ema = 0.0;        // the optimizer's wrappers
   int lookahead_k = 0;
+  double clip = 0.0;       // --clip-grad-norm
+  bool check = false;      // --on-divergence skip-step
 };
 
 // A run of s.steps updates on synthetic data, with a learning rate that changes every step
@@ -80,11 +82,13 @@ Trained train(const Recipe& s) {
   ec.device = DeviceKind::Cuda;
   ec.gpus = s.gpus;
   ec.reduce = s.reduce;
+  ec.clip_grad_norm = s.clip;
+  ec.check_grad_norm = s.check;
   auto lr_at = [lr = s.lr](int64_t v) { return lr / static_cast<float>(1 + v); };
   std::unique_ptr<ParameterStore> store;
   if (s.mirrored)
     store = std::make_unique<MirroredParameterStore>(params.data(), opt, s.reduce, lr_at,
-                                                     s.sync_every);
+                                                     s.sync_every, s.clip, s.check);
   else
     store = std::make_unique<LocalParameterStore>(params.data(), opt, store_access(ec), false,
                                                   true);
@@ -133,6 +137,9 @@ void expect_bitwise_equal(const Trained& host, const Trained& mirrored) {
     EXPECT_EQ(host.updates[u].skipped, mirrored.updates[u].skipped) << "update " << u;
     EXPECT_EQ(host.updates[u].lr, mirrored.updates[u].lr) << "update " << u;
     EXPECT_EQ(host.updates[u].staleness, mirrored.updates[u].staleness) << "update " << u;
+    const double na = host.updates[u].grad_norm, nb = mirrored.updates[u].grad_norm;
+    EXPECT_TRUE(std::memcmp(&na, &nb, sizeof(double)) == 0 || (std::isnan(na) && std::isnan(nb)))
+        << "update " << u << ": gradient norm " << na << " vs " << nb;
   }
   EXPECT_EQ(host.optimizer_updates, mirrored.optimizer_updates);
   // Every replica, read from its GPU before the store copied anything back, holds the host
@@ -276,23 +283,76 @@ TEST(MirroredStore, TowersOfHalfTheBatchMatchOneTowerOfTheBatch) {
   EXPECT_LT(worst, 1e-4);
 }
 
+// Also with the gradient's norm measured and clipped on the GPU: a step skipped for its loss
+// never reaches the norm, one whose norm is not finite is skipped for it, as on the host.
 TEST(MirroredStore, AStepWhoseLossIsNotFiniteIsNotApplied) {
   TOWERS_SKIP_WITHOUT_GPU();
-  Recipe s;
-  s.lr = 1e7f;  // diverges within a few steps
-  s.steps = 8;
-  s.ema = 0.9;  // the wrappers' kernels skip a skipped update too
-  s.lookahead_k = 2;
-  const Trained host = train(s);
-  s.mirrored = true;
-  const Trained mirrored = train(s);
-  int skipped = 0;
-  for (const UpdateRecord& u : mirrored.updates) skipped += u.skipped;
-  ASSERT_GT(skipped, 0) << "the run should diverge at lr 1e7";
-  for (float p : mirrored.params) ASSERT_TRUE(std::isfinite(p));
-  // The GPU skipped exactly the updates the host store skipped, and so holds the same bits.
-  expect_bitwise_equal(host, mirrored);
-  EXPECT_EQ(mirrored.optimizer_updates, s.steps - skipped);
+  for (bool guard : {false, true}) {
+    SCOPED_TRACE(guard ? "with the norm checked and clipped" : "the loss checked");
+    Recipe s;
+    s.lr = 1e7f;  // diverges within a few steps
+    s.steps = 8;
+    s.ema = 0.9;  // the wrappers' kernels skip a skipped update too
+    s.lookahead_k = 2;
+    s.check = guard;
+    s.clip = guard ? 1e30 : 0.0;
+    const Trained host = train(s);
+    s.mirrored = true;
+    const Trained mirrored = train(s);
+    int skipped = 0;
+    for (const UpdateRecord& u : mirrored.updates) skipped += u.skipped;
+    ASSERT_GT(skipped, 0) << "the run should diverge at lr 1e7";
+    for (float p : mirrored.params) ASSERT_TRUE(std::isfinite(p));
+    // The GPU skipped exactly the updates the host store skipped, and so holds the same bits.
+    expect_bitwise_equal(host, mirrored);
+    EXPECT_EQ(mirrored.optimizer_updates, s.steps - skipped);
+  }
+}
+
+// --clip-grad-norm and --on-divergence skip-step with mirrored parameters: the GPU takes each
+// update's norm in the host's order and clips there, inside the step (one tower; an async
+// tower) or on the sum (towers sharing a GPU), so the norms and the parameters are the host
+// store's bits. The bound is the median norm of the unclipped run, so that some updates are
+// clipped and some are not.
+TEST(MirroredStore, GuardedUpdatesAreBitwiseTheHostStore) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    int towers;
+    Mode mode;
+    int64_t sync_every;
+  };
+  for (const Case& c : {Case{"one tower", 1, Mode::Sync, 0}, Case{"3 towers", 3, Mode::Sync, 0},
+                        Case{"async", 1, Mode::Async, 2}}) {
+    SCOPED_TRACE(c.name);
+    Recipe s;
+    s.towers = c.towers;
+    s.mode = c.mode;
+    s.sync_every = c.sync_every;
+    s.batch = 16;
+    s.steps = 8;
+    s.check = true;
+    const Trained measured = train(s);
+    std::vector<double> norms;
+    for (const UpdateRecord& u : measured.updates) {
+      ASSERT_GT(u.grad_norm, 0.0) << "the host store measures every update's norm";
+      norms.push_back(u.grad_norm);
+    }
+    s.mirrored = true;
+    expect_bitwise_equal(measured, train(s));
+    std::nth_element(norms.begin(), norms.begin() + norms.size() / 2, norms.end());
+    s.clip = norms[norms.size() / 2];
+    s.check = false;
+    s.mirrored = false;
+    const Trained host = train(s);
+    int clipped = 0;
+    for (const UpdateRecord& u : host.updates) clipped += u.grad_norm > s.clip;
+    EXPECT_GT(clipped, 0);
+    EXPECT_LT(clipped, s.steps);
+    EXPECT_FALSE(same_bits(host.params, measured.params)) << "the clip changed nothing";
+    s.mirrored = true;
+    expect_bitwise_equal(host, train(s));
+  }
 }
 
 // With one tower the update is part of compute_gradients, so the store holds the caller to
@@ -580,6 +640,35 @@ TEST(MirroredCli, EmaAndLookaheadCheckpointLikeTheHostRun) {
   ASSERT_EQ(a.size(), 1u);
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(a[0]["test_loss"], b[0]["test_loss"]);
+}
+
+// --clip-grad-norm and --on-divergence skip-step through the CLI: the GPU measures and clips
+// each update as the host does, for one tower and for two on one GPU, with the same checkpoint
+// and the same norms in the step records.
+TEST(MirroredCli, ClipGradNormIsBitwiseTheHostRun) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  for (const char* towers : {"1", "2"}) {
+    SCOPED_TRACE(testing::Message() << towers << " tower(s)");
+    const std::string host = test_path(std::string("chost") + towers),
+                      mirrored = test_path(std::string("cmirrored") + towers);
+    const std::string run = kRun + "--clip-grad-norm 0.5 --on-divergence skip-step --towers " +
+                            towers + " --gpus 1 ";
+    std::string out;
+    ASSERT_EQ(run_towers(run + "--params host --metrics " + host + ".jsonl --checkpoint-dir " +
+                             host, &out), 0) << out;
+    ASSERT_EQ(run_towers(run + "--params mirrored --metrics " + mirrored +
+                             ".jsonl --checkpoint-dir " + mirrored, &out), 0) << out;
+    EXPECT_TRUE(same_tensors(load(host), load(mirrored)));
+    const auto a = metrics_events(host + ".jsonl", "step"), b = metrics_events(mirrored + ".jsonl", "step");
+    ASSERT_EQ(a.size(), b.size());
+    int clipped = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(a[i].contains("grad_norm")) << a[i].dump();
+      EXPECT_EQ(a[i]["grad_norm"], b[i]["grad_norm"]) << "step " << i;
+      clipped += a[i]["grad_norm"].get<double>() > 0.5;
+    }
+    EXPECT_GT(clipped, 0) << "no update was clipped";
+  }
 }
 
 // One async tower with --sync-every: the host run's checkpoints, and a stopped and resumed run
