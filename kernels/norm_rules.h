@@ -17,7 +17,6 @@
 // disjoint. Plain C++17 with TOWERS_HD: compiled by g++ without CUDA headers as well as by nvcc.
 #pragma once
 
-#include <cfloat>  // DBL_MAX
 #include <cstdint>
 
 #include "kernels/hd.h"
@@ -27,6 +26,8 @@ namespace towers::kernels {
 constexpr int kNormLanes = 256;
 constexpr int64_t kNormChunk = int64_t{1} << 15;
 static_assert(kNormChunk % kNormLanes == 0, "a chunk is whole rows of lanes");
+// The largest finite double (DBL_MAX, written out: a host header may spell it as a long double).
+constexpr double kNormFiniteMax = 1.7976931348623157e308;
 
 // The chunks of an array of n floats.
 TOWERS_HD int64_t norm_chunks(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
@@ -60,7 +61,7 @@ TOWERS_HD double norm_lanes_total(const double* lanes) {
 // and above a positive bound, else 1 (a product with 1 leaves every float as it is). An update
 // whose norm is not finite is skipped, never clipped.
 TOWERS_HD float norm_clip_scale(double norm, double bound) {
-  return bound > 0.0 && norm > bound && norm <= DBL_MAX ? static_cast<float>(bound / norm) : 1.0f;
+  return bound > 0.0 && norm > bound && norm <= kNormFiniteMax ? static_cast<float>(bound / norm) : 1.0f;
 }
 
 // ---- the host's walk of one chunk ---------------------------------------------------------

@@ -132,8 +132,9 @@ struct MirroredParameterStore::Impl {
     r.guard_d = DeviceBuffer(d, 2 * doubles);
     r.norm_h = PinnedBuffer(sizeof(double));
     d.activate();
-    CUDA_CHECK(cudaMemcpy(keep_d(r), keep.data(), sizeof(int64_t) * keep.size(),
-                          cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(keep_d(r), keep.data(), sizeof(int64_t) * keep.size(),
+                               cudaMemcpyHostToDevice, d.compute()));
+    CUDA_CHECK(cudaStreamSynchronize(d.compute()));
   }
   static double* norm_d(Replica& r) { return reinterpret_cast<double*>(r.guard_d.data()); }
   static float* scale_d(Replica& r) { return r.guard_d.data() + 2; }
@@ -502,6 +503,8 @@ int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuD
   } else {
     const kernels::RuleArgs a = m.opt.next_rule_args(rec.lr);
     const kernels::WrapperArgs wa = m.opt.wrapper_args(m.opt.updates() + 1);
+    TOWERS_CHECK(!m.guards() || m.guarded,
+                 "a guarded update pushed without its gradient norm (gradient_norm)");
     m.sum_towers();
     if (m.nccl) {
       for (auto& r : m.reps) m.apply(*r, r->tower->device_grads(), a, wa);

@@ -283,8 +283,9 @@ TEST(MirroredStore, TowersOfHalfTheBatchMatchOneTowerOfTheBatch) {
   EXPECT_LT(worst, 1e-4);
 }
 
-// Also with the gradient's norm measured and clipped on the GPU: a step skipped for its loss
-// never reaches the norm, one whose norm is not finite is skipped for it, as on the host.
+// Also with the gradient's norm measured and clipped on the GPU (by a bound no gradient
+// reaches): the GPU skips exactly the steps the host skips. (These steps diverge in their loss;
+// that the norm's own check sets the skip flag is NormGuardGpu's test.)
 TEST(MirroredStore, AStepWhoseLossIsNotFiniteIsNotApplied) {
   TOWERS_SKIP_WITHOUT_GPU();
   for (bool guard : {false, true}) {
@@ -663,7 +664,7 @@ TEST(MirroredCli, ClipGradNormIsBitwiseTheHostRun) {
     ASSERT_EQ(a.size(), b.size());
     int clipped = 0;
     for (size_t i = 0; i < a.size(); ++i) {
-      ASSERT_TRUE(a[i].contains("grad_norm")) << a[i].dump();
+      ASSERT_TRUE(a[i].contains("grad_norm") && a[i]["grad_norm"].is_number()) << a[i].dump();
       EXPECT_EQ(a[i]["grad_norm"], b[i]["grad_norm"]) << "step " << i;
       clipped += a[i]["grad_norm"].get<double>() > 0.5;
     }
