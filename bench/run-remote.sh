@@ -32,6 +32,7 @@ for r in $(seq 1 "$rounds"); do
   rm -rf "$out/launch-$r"
   "$build/towers" launch --ps 1 --workers 2 --out "$out/launch-$r" -- train "${flags[@]}" \
     > "$out/launch-$r.log" 2>&1
+  rm -f "$out/launch-$r/token" "$out/launch-$r/read-token"  # the cluster's secrets, not results
 done
 python3 - "$out" "$rounds" <<'PY' | tee "$out/summary.txt"
 import json, statistics, sys

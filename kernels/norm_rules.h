@@ -17,6 +17,7 @@
 // disjoint. Plain C++17 with TOWERS_HD: compiled by g++ without CUDA headers as well as by nvcc.
 #pragma once
 
+#include <cmath>  // sqrt (host); nvcc provides the device sqrt
 #include <cstdint>
 
 #include "kernels/hd.h"
@@ -61,7 +62,21 @@ TOWERS_HD double norm_lanes_total(const double* lanes) {
 // and above a positive bound, else 1 (a product with 1 leaves every float as it is). An update
 // whose norm is not finite is skipped, never clipped.
 TOWERS_HD float norm_clip_scale(double norm, double bound) {
-  return bound > 0.0 && norm > bound && norm <= kNormFiniteMax ? static_cast<float>(bound / norm) : 1.0f;
+  return bound > 0.0 && norm > bound && norm <= kNormFiniteMax ? static_cast<float>(bound / norm)
+                                                                : 1.0f;
+}
+
+// The guard's last step from the chunks' totals (partials[0, chunks)): their sum in chunk
+// order and its root into *norm, the clip factor into *scale, and *flag = 1 where flag is not
+// null and the norm is not finite (else *flag is left as it is).
+TOWERS_HD void norm_finish(int64_t chunks, const double* partials, double bound, double* norm,
+                           float* scale, int32_t* flag) {
+  double t = 0.0;
+  for (int64_t k = 0; k < chunks; ++k) t += partials[k];
+  const double r = sqrt(t);
+  *norm = r;
+  *scale = norm_clip_scale(r, bound);
+  if (flag != nullptr && !(r <= kNormFiniteMax)) *flag = 1;
 }
 
 // ---- the host's walk of one chunk ---------------------------------------------------------

@@ -14,10 +14,11 @@
 // loss is not finite the optimizer kernels write nothing, as the host-parameter path skips such
 // an update. With --clip-grad-norm or --on-divergence skip-step the step also takes its
 // gradient's norm, in the host's order (kernels/norm_rules.h), clips the gradient by it, and
-// writes nothing when it is not finite; the norm comes back with the step's losses. "optimizer" is the whole of Optimizer::apply, in its order and rounding: update
-// 1 starts the wrappers' slots (--ema, --lookahead), then the rule, the state variables'
-// running averages (from the steps' deltas, which travel with the gradients), Lookahead's
-// move when due, the average.
+// writes nothing when it is not finite; the norm comes back with the step's losses.
+// "optimizer" is the whole of Optimizer::apply, in its order and rounding: update 1 starts the
+// wrappers' slots (--ema, --lookahead), then the rule, the state variables' running averages
+// (from the steps' deltas, which travel with the gradients), Lookahead's move when due, the
+// average.
 // Several towers: after every tower's step, the gradients are summed on the devices (by the
 // fixed tree of kernels/reduce.h when the towers share one GPU, by an NCCL all-reduce with one
 // tower per GPU) and every replica applies the sum with kernels::cuda::optimizer_update (and

@@ -87,16 +87,11 @@ __global__ void __launch_bounds__(kNormLanes)
   if (threadIdx.x == 0) partials[blockIdx.x] = norm_lanes_total(lanes);
 }
 
-// One thread: the chunks in order, the root, the scale and the flag.
+// One thread: the chunks in order, the root, the scale and the flag (norm_finish).
 __global__ void norm_total_kernel(int64_t chunks, const double* __restrict__ partials,
                                   double bound, double* __restrict__ norm,
                                   float* __restrict__ scale, int32_t* __restrict__ flag) {
-  double t = 0.0;
-  for (int64_t k = 0; k < chunks; ++k) t += partials[k];
-  const double r = sqrt(t);
-  *norm = r;
-  *scale = norm_clip_scale(r, bound);
-  if (flag != nullptr && !isfinite(r)) *flag = 1;
+  norm_finish(chunks, partials, bound, norm, scale, flag);
 }
 
 void norm_guard(CUstream_st* s, int64_t n, const float* x, const int64_t* keep, int64_t nkeep,

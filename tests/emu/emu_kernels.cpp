@@ -152,8 +152,8 @@ void any_nonfinite(CUstream_st* s, int64_t n, const double* x, int32_t* flag) {
   });
 }
 
-// Chunk k as block k computes it: each lane by norm_lane, the lanes in order; then the chunks
-// in order, the root, the scale and the flag, as the one-thread kernel does.
+// Chunk k as block k computes it: each lane by norm_lane, the lanes in order; then
+// norm_finish, as the one-thread kernel runs it.
 void norm_guard(CUstream_st* s, int64_t n, const float* x, const int64_t* keep, int64_t nkeep,
                 double bound, double* partials, double* norm, float* scale, int32_t* flag) {
   const int64_t chunks = norm_chunks(n);
@@ -170,12 +170,7 @@ void norm_guard(CUstream_st* s, int64_t n, const float* x, const int64_t* keep, 
       for (int l = 0; l < kNormLanes; ++l) lanes[l] = norm_lane(x, b, e, l, keep, nkeep);
       partials[k] = norm_lanes_total(lanes.data());
     }
-    double t = 0.0;
-    for (int64_t k = 0; k < chunks; ++k) t += partials[k];
-    const double r = std::sqrt(t);
-    *norm = r;
-    *scale = norm_clip_scale(r, bound);
-    if (flag != nullptr && !std::isfinite(r)) *flag = 1;
+    norm_finish(chunks, partials, bound, norm, scale, flag);
   });
 }
 
