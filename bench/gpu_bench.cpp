@@ -196,7 +196,7 @@ void time_mirrored_step(benchmark::State& state, const std::string& model, int64
     }
     UpdateRecord rec;
     rec.lr = 0.01f;
-    store.push(nullptr, rec, tower.host());
+    store.push(nullptr, rec, tower);
     return s;
   };
   const StepStats first = step();

@@ -102,16 +102,17 @@ void BM_Push(benchmark::State& state) {
   const int64_t bytes = state.range(0);
   Cluster c(bytes / 4, static_cast<int>(state.range(1)));
   CpuDevice host(1);
+  HostUpdate on(host);
   UpdateRecord rec;
   rec.lr = 0.001f;
   // Validate: one push is one applied round, and the parameters moved by lr * grad.
-  const int64_t v = c.store->push(c.grads.data(), rec, host);
+  const int64_t v = c.store->push(c.grads.data(), rec, on);
   const float* p = c.store->host_params();
   if (v != 1 || rec.skipped || p[0] != 0.5f - 0.001f || p[bytes / 4 - 1] != 0.5f - 0.001f) {
     state.SkipWithError("push failed validation");
     return;
   }
-  for (auto _ : state) c.store->push(c.grads.data(), rec, host);
+  for (auto _ : state) c.store->push(c.grads.data(), rec, on);
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 

@@ -5,7 +5,9 @@
 // towers and of one tower of N times the batch, in process and through `towers train`; a model
 // file's "placement" trains like the same --placement, which overrides it.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 
 #include <gtest/gtest.h>
 #include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include "cli_util.h"
 #include "core/check.h"
@@ -306,6 +309,83 @@ TEST(PlacedTower, RecordsEveryPartsBusyAndIdleTime) {
     EXPECT_GE(j["parts"][p]["idle_seconds"].get<double>(), 0.0);
     EXPECT_DOUBLE_EQ(j["parts"][p]["idle_seconds"].get<double>() + ps.parts[p].busy_seconds,
                      ps.step_seconds);
+  }
+}
+
+TEST(PlacedTower, EachPartAppliesItsOwnSpanOnItsThreadsAtOnce) {
+  auto g = build_model("cifar10");
+  oneapi::tbb::global_control threads(oneapi::tbb::global_control::max_allowed_parallelism, 6);
+  const Placement p = parse_placement(
+      "conv1..norm1@cpu:0x1;conv2..pool2@cpu:1x2;local3..softmax_linear@cpu:2x3", *g);
+  PlacedTower t(*g, 64, p, 1, 6);
+  const int64_t total = g->layout().total();
+  struct Span {
+    int64_t lo, hi;
+    int concurrency;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Span> seen;
+  bool all_started = true;
+  t.run_update(total, [&](int64_t lo, int64_t hi) {
+    std::unique_lock<std::mutex> l(mu);
+    seen.push_back({lo, hi, oneapi::tbb::this_task_arena::max_concurrency()});
+    cv.notify_all();
+    // The parts apply at the same time: each span waits here until all three have started
+    // (a bound of a minute, so that a serial run fails rather than hangs).
+    if (!cv.wait_for(l, std::chrono::seconds(60), [&] { return seen.size() == 3; }))
+      all_started = false;
+  });
+  EXPECT_TRUE(all_started) << "the parts' spans did not run at the same time";
+  ASSERT_EQ(seen.size(), 3u);
+  std::sort(seen.begin(), seen.end(), [](const Span& a, const Span& b) { return a.lo < b.lo; });
+  // The spans cover the layout in order, each on its part's threads, each holding exactly its
+  // part's variables.
+  EXPECT_EQ(seen.front().lo, 0);
+  EXPECT_EQ(seen.back().hi, total);
+  for (int q = 0; q < 3; ++q) {
+    const Span& s = seen[q];
+    EXPECT_EQ(std::make_pair(s.lo, s.hi), t.update_span(q)) << "part " << q;
+    if (q > 0) EXPECT_EQ(s.lo, seen[q - 1].hi);
+    EXPECT_EQ(s.concurrency, q + 1) << "part " << q << "'s span ran on other threads";
+    for (size_t i = p.parts[q].first; i < p.parts[q].last; ++i)
+      for (const ParamSpec& spec : g->layers()[i]->params()) {
+        const Variable& v = g->layout().find(spec.name);
+        EXPECT_TRUE(s.lo <= v.offset && v.offset + v.size <= s.hi)
+            << v.spec.name << " is outside part " << q << "'s span";
+      }
+  }
+  // A store's update through the parts is bitwise the update of one pass, exclusive and
+  // concurrent (async), with the optimizer's wrappers on (their first update copies).
+  const std::vector<float> grads = make_inputs(*g, 1, 11).params;
+  for (UpdateAccess access : {UpdateAccess::Exclusive, UpdateAccess::Concurrent}) {
+    OptimizerConfig oc;
+    oc.name = "adam";
+    oc.ema = 0.99;
+    oc.lookahead_k = 2;
+    std::vector<float> a(total), b(total);
+    g->layout().initialize(a.data(), 1);
+    b = a;
+    Optimizer oa(g->layout(), oc), ob(g->layout(), oc);
+    LocalParameterStore sa(a.data(), oa, access, true, false), sb(b.data(), ob, access, true, false);
+    CpuDevice one(1);
+    HostUpdate whole(one);
+    for (int u = 0; u < 3; ++u) {
+      UpdateRecord ra, rb;
+      ra.lr = rb.lr = 0.01f;
+      EXPECT_EQ(sa.push(grads.data(), ra, whole), u + 1);
+      EXPECT_EQ(sb.push(grads.data(), rb, t), u + 1);
+    }
+    std::vector<float> init(total);
+    g->layout().initialize(init.data(), 1);
+    EXPECT_NE(std::memcmp(a.data(), init.data(), sizeof(float) * a.size()), 0)
+        << "the parameters did not move";
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()), 0)
+        << (access == UpdateAccess::Exclusive ? "exclusive" : "concurrent");
+    for (const auto& [name, slot] : oa.slots())
+      EXPECT_EQ(std::memcmp(slot, ob.slot(name), sizeof(float) * a.size()), 0) << name;
+    EXPECT_EQ(oa.updates(), 3);
+    EXPECT_EQ(ob.updates(), 3);
   }
 }
 

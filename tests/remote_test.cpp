@@ -286,11 +286,12 @@ struct OneShard {
   int64_t push_ones() {
     const std::vector<float> g(layout.total(), 1.0f);
     CpuDevice host(1);
+    HostUpdate on(host);
     UpdateRecord rec;
     rec.lr = 1.0f;
     rec.examples = 1;
     rec.contributors = 1;
-    return store->push(g.data(), rec, host);
+    return store->push(g.data(), rec, on);
   }
   // The shard stopped and started again with the same options: it restores its latest
   // checkpoint.

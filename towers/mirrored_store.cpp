@@ -478,7 +478,7 @@ int64_t MirroredParameterStore::pull(Tower& tower) {
   return version();
 }
 
-int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, CpuDevice&) {
+int64_t MirroredParameterStore::push(const float* grads, UpdateRecord& rec, UpdateThreads&) {
   Impl& m = *impl_;
   TOWERS_CHECK(grads == nullptr, "a mirrored store averages the towers' own gradients");
   TOWERS_CHECK(!m.reps.empty(), "a mirrored store pushed to before attach");
@@ -596,7 +596,7 @@ void MirroredParameterStore::restore_version(int64_t v) { InProcessStore::restor
 void MirroredParameterStore::attach(const std::vector<Tower*>&) {}
 void MirroredParameterStore::detach() {}
 int64_t MirroredParameterStore::pull(Tower&) { return version(); }
-int64_t MirroredParameterStore::push(const float*, UpdateRecord&, CpuDevice&) { return advance(); }
+int64_t MirroredParameterStore::push(const float*, UpdateRecord&, UpdateThreads&) { return advance(); }
 int64_t MirroredParameterStore::skip(UpdateRecord&) { return advance(); }
 bool MirroredParameterStore::guards_on_towers(double, bool) const { return false; }
 double MirroredParameterStore::gradient_norm(const UpdateRecord&) { return 0.0; }

@@ -81,7 +81,7 @@ class MirroredParameterStore final : public InProcessStore {
   // grads must be null: the towers' own gradients are averaged and applied (sync), or the
   // update rec.tower's step has applied is counted, and every K-th exchanged (async, SSP;
   // rec.lr becomes the learning rate the step applied).
-  int64_t push(const float* grads, UpdateRecord& rec, CpuDevice& host) override;
+  int64_t push(const float* grads, UpdateRecord& rec, UpdateThreads& on) override;
   int64_t skip(UpdateRecord& rec) override;
   // True for the guard the store was made with. Then each update's gradient norm is taken on
   // the GPU, in the host's order (kernels/norm_rules.h), and the gradient clipped there: by

@@ -34,13 +34,14 @@ int64_t LocalParameterStore::pull(Tower& tower) {
   return v;
 }
 
-int64_t LocalParameterStore::push(const float* grads, UpdateRecord& rec, CpuDevice& host) {
+int64_t LocalParameterStore::push(const float* grads, UpdateRecord& rec, UpdateThreads& on) {
   const float lr = rec.lr;
-  host.execute([&] {
+  const int64_t t = opt_.begin_pieces();
+  on.run_update(opt_.end() - opt_.begin(), [&](int64_t lo, int64_t hi) {
     if (access_ == UpdateAccess::Exclusive)
-      opt_.apply(params_, grads, lr);
+      opt_.apply_piece(params_, grads + lo, lo, hi, lr, t);
     else
-      opt_.apply_shared(params_, grads, lr, use_locking_);
+      opt_.apply_shared_piece(params_, grads + lo, lo, hi, lr, t, use_locking_);
   });
   return advance();
 }

@@ -7,7 +7,8 @@
 // engine (TowerGroup) never touches the parameters or the optimizer itself:
 //   pull(tower)                  the tower gets the current parameters; returns the version
 //                                they were at when the copy began
-//   push(grads, rec, host)       applies one update at rec.lr (grads already averaged and scaled),
+//   push(grads, rec, on)         applies one update at rec.lr (grads already averaged and scaled),
+//                                on the pushing tower's threads (on: Tower::run_update),
 //                                returns a ticket: the version the update produced
 //   wait(ticket)                 returns once that update is visible to every later pull
 //   tick(tower), clock(tower), min_clock()
@@ -15,8 +16,8 @@
 //                                run (the SSP gate compares them); the caller serialises them
 // A sync round is a version: every tower of a round pulls the same version and the round's
 // one push makes the next, so sync needs nothing beyond the version from the store.
-// The local host store (this file) applies at once, on the calling tower's host threads, so
-// its wait returns at once. The device-mirrored store (towers/mirrored_store.h, TF's
+// The local host store (this file) applies at once, on the pushing tower's threads (each part
+// of a placed tower its own span: Tower::run_update), so its wait returns at once. The device-mirrored store (towers/mirrored_store.h, TF's
 // MirroredStrategy) keeps a copy of the parameters and slots on each GPU tower and runs the
 // CUDA optimizer there. The remote store (towers/remote/remote_store.h) keeps them on
 // parameter-server shards in other processes: push sends each shard its byte range of the
@@ -82,8 +83,9 @@ class ParameterStore {
   // rec: the update as the pushing process knows it; push reads rec.lr (and rec.tower, the
   // pushing tower, -1 for an average). A store shared by several processes (remote) rewrites
   // rec's loss, correct, examples and contributors with the whole round's, and rec.skipped
-  // when another process's loss was not finite.
-  virtual int64_t push(const float* grads, UpdateRecord& rec, CpuDevice& host) = 0;
+  // when another process's loss was not finite. on: the threads a host apply runs on, span by
+  // span (the pushing tower, or HostUpdate of a CpuDevice).
+  virtual int64_t push(const float* grads, UpdateRecord& rec, UpdateThreads& on) = 0;
   // Advances the version without an update (a skipped step); returns it like push.
   virtual int64_t skip(UpdateRecord& rec) = 0;
   virtual void wait(int64_t ticket) = 0;
@@ -128,7 +130,10 @@ class LocalParameterStore final : public InProcessStore {
                       bool pin);
   UpdateAccess access() const override { return access_; }
   int64_t pull(Tower& tower) override;
-  int64_t push(const float* grads, UpdateRecord& rec, CpuDevice& host) override;
+  // One update in spans (UpdateThreads), each applied where its tower says: a placed tower's
+  // parts each apply their own span, at the same time. The optimizer is element-wise, so the
+  // spans give bitwise the update of one pass.
+  int64_t push(const float* grads, UpdateRecord& rec, UpdateThreads& on) override;
   const float* host_params() override { return params_; }
 
  private:

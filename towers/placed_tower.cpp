@@ -229,6 +229,31 @@ PlacedTower::~PlacedTower() = default;
 
 const float* PlacedTower::part_params(int q) const { return parts_.at(q)->params.data(); }
 
+std::pair<int64_t, int64_t> PlacedTower::update_span(int q) const {
+  const size_t i = static_cast<size_t>(q);
+  TOWERS_CHECK(i < parts_.size(), "part {} of a tower of {} parts", q, parts_.size());
+  return {i == 0 ? 0 : parts_[i]->lo,
+          i + 1 == parts_.size() ? graph().layout().total() : parts_[i + 1]->lo};
+}
+
+void PlacedTower::run_update(int64_t total, const std::function<void(int64_t, int64_t)>& f) {
+  TOWERS_CHECK(total == graph().layout().total(),
+               "an update of {} floats on a placed tower whose layout has {}", total,
+               graph().layout().total());
+  // The driver arena has a slot per part, so every part's span starts at once; each task
+  // enters its part's arena, where the apply uses that part's threads.
+  driver_.execute([&] {
+    oneapi::tbb::task_group tg;
+    for (int q = 0; q < parts(); ++q) {
+      const auto [lo, hi] = update_span(q);
+      if (lo == hi) continue;
+      CpuDevice* threads = parts_[q]->device.get();
+      tg.run([&f, threads, lo, hi] { threads->execute([&] { f(lo, hi); }); });
+    }
+    tg.wait();
+  });
+}
+
 void PlacedTower::load_params(const float* host) {
   for (auto& p : parts_) p->mem->copy_in(p->params.data(), host + p->lo, p->hi - p->lo);
 }

@@ -73,6 +73,13 @@ class PlacedTower final : public Tower {
   // its parts, on an arena of its own.
   CpuDevice& device() override { return host_; }
   CpuDevice& host() override { return host_; }
+  // Each part applies its own span of an update, on its own threads, the parts at once: part
+  // q's span runs from its first variable to the next part's (part 0 from 0, the last part to
+  // the end). A GPU part's span is applied to the host copy by its part's thread (its
+  // parameters are loaded from there each step; the host store owns the optimizer's slots).
+  void run_update(int64_t total, const std::function<void(int64_t, int64_t)>& f) override;
+  // Part q's span of an update (run_update).
+  std::pair<int64_t, int64_t> update_span(int q) const;
   const float* grads() const override { return grads_.data(); }
   float* mutable_grads() override { return grads_.data(); }
   void load_params(const float* host) override;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,7 +44,32 @@ struct TowerPlacement {
   int64_t test_backward_delay_ns = 0;
 };
 
-class Tower {
+// The threads that run an update's pass over the flat layout (the optimizer's apply):
+// run_update(total, f) calls f(lo, hi) for spans that cover [0, total), each span on the
+// threads that own it, and returns when every span is done. The spans hold whole variables.
+class UpdateThreads {
+ public:
+  virtual void run_update(int64_t total, const std::function<void(int64_t, int64_t)>& f) = 0;
+
+ protected:
+  ~UpdateThreads() = default;
+};
+
+// One CpuDevice's threads, the whole layout as one span.
+class HostUpdate final : public UpdateThreads {
+ public:
+  explicit HostUpdate(CpuDevice& threads) : threads_(threads) {}
+  void run_update(int64_t total, const std::function<void(int64_t, int64_t)>& f) override {
+    threads_.execute([&] { f(0, total); });
+  }
+
+ private:
+  CpuDevice& threads_;
+};
+
+// A tower runs its updates on its host threads (host()), the whole layout at once; a placed
+// tower runs each part's span on that part's threads, the parts at the same time.
+class Tower : public UpdateThreads {
  public:
   Tower(const Graph& graph, int64_t max_batch);
   virtual ~Tower() = default;
@@ -56,6 +82,9 @@ class Tower {
   // Threads for the host-side work that belongs to this tower (its optimizer apply, its share
   // of a host reduction). For a CPU tower these are its compute threads.
   virtual CpuDevice& host() = 0;
+  void run_update(int64_t total, const std::function<void(int64_t, int64_t)>& f) override {
+    host().execute([&] { f(0, total); });
+  }
 
   // The gradients of the last compute_gradients, in host memory (pinned for a GPU tower).
   virtual const float* grads() const = 0;

@@ -156,7 +156,7 @@ void TowerGroup::guarded_push(const float* grads, int tower, UpdateRecord& rec) 
       if (!v.spec.trainable) std::copy(grads + v.offset, grads + v.offset + v.size, dst + v.offset);
     grads = dst;
   }
-  rec.version = store_.push(grads, rec, host);
+  rec.version = store_.push(grads, rec, *towers_[tower]);
   store_.wait(rec.version);
 }
 

@@ -206,33 +206,47 @@ void Optimizer::apply_range(float* params, const float* grads, int64_t lo, int64
 
 void Optimizer::apply_shared(float* params, const float* grads, float lr, bool use_locking) {
   const int64_t t = ++updates_;
-  const int64_t n = end_ - begin_;
-  begin_update(params, t, true, 0, n);
+  apply_shared_range(params, grads, 0, end_ - begin_, lr, t, use_locking);
+}
+
+void Optimizer::apply_shared_piece(float* params, const float* grads, int64_t lo, int64_t hi,
+                                   float lr, int64_t t, bool use_locking) {
+  TOWERS_CHECK(0 <= lo && lo <= hi && hi <= end_ - begin_ && 1 <= t && t <= updates_.load(),
+               "apply_shared_piece [{}, {}) of update {}: the range has {} floats and {} updates "
+               "begun", lo, hi, t, end_ - begin_, updates_.load());
+  apply_shared_range(params, grads, lo, hi, lr, t, use_locking);
+}
+
+void Optimizer::apply_shared_range(float* params, const float* grads, int64_t lo, int64_t hi,
+                                   float lr, int64_t t, bool use_locking) {
+  begin_update(params, t, true, lo, hi);
   kernels::RuleArgs r = def_->args(cfg_, lr, t);
   float* s0 = def_->slots.size() > 0 ? slot_buffers_[0].data() : nullptr;
   float* s1 = def_->slots.size() > 1 ? slot_buffers_[1].data() : nullptr;
   for_each_part([&](size_t vi, const Variable& v, int64_t at, int64_t size) {
+    const int64_t from = std::max(at, lo), to = std::min(at + size, hi);
+    if (from >= to) return;
     std::unique_lock<std::mutex> lock(var_locks_[vi], std::defer_lock);
     if (use_locking) lock.lock();
     r.wd = v.spec.weight_decay;
     constexpr int64_t kChunk = 1 << 14;
-    for_chunks(size, kChunk, [&](int64_t, int64_t b, int64_t e) {
+    for_chunks(to - from, kChunk, [&](int64_t, int64_t b, int64_t e) {
       // Work on private copies of the chunk, read and written back with relaxed atomics.
       thread_local std::vector<float> w, a, c;
-      const int64_t n = e - b, o = at + b;
+      const int64_t n = e - b, o = from + b;
       w.resize(kChunk), a.resize(kChunk), c.resize(kChunk);
       load_relaxed(params + o, w.data(), n);
       if (s0) load_relaxed(s0 + o, a.data(), n);
       if (s1) load_relaxed(s1 + o, c.data(), n);
       kernels::cpu::optimizer_update(n, w.data(), s0 ? a.data() : nullptr,
-                                     s1 ? c.data() : nullptr, grads + o, r);
+                                     s1 ? c.data() : nullptr, grads + (o - lo), r);
       store_relaxed(w.data(), params + o, n);
       if (s0) store_relaxed(a.data(), s0 + o, n);
       if (s1) store_relaxed(c.data(), s1 + o, n);
     });
   });
-  apply_state(params, grads, true, 0, n);
-  apply_wrappers(params, t, true, use_locking, 0, n);
+  apply_state(params, grads, true, lo, hi);
+  apply_wrappers(params, t, true, use_locking, lo, hi);
 }
 
 nlohmann::json Optimizer::state() const {

@@ -85,6 +85,11 @@ class Optimizer {
   // caller has the pieces' parameters and slots to itself; one piece runs on one thread.
   int64_t begin_pieces() { return ++updates_; }
   void apply_piece(float* params, const float* grads, int64_t lo, int64_t hi, float lr, int64_t t);
+  // The same for apply_shared: update t (begin_pieces) on the range-relative elements [lo, hi)
+  // while other threads read and apply to the same arrays. Pieces that cover the range, each
+  // holding whole variables, give apply_shared's update.
+  void apply_shared_piece(float* params, const float* grads, int64_t lo, int64_t hi, float lr,
+                          int64_t t, bool use_locking);
 
   // For a store that runs the update itself (on a device: kernels::cuda::optimizer_update,
   // state_update and the wrappers' kernels): the scalars of the next update (number
@@ -122,6 +127,9 @@ class Optimizer {
   // Update t over the range-relative elements [lo, hi) (grads: element lo first), with the
   // caller holding the arrays: apply and apply_piece.
   void apply_range(float* params, const float* grads, int64_t lo, int64_t hi, float lr, int64_t t);
+  // The same as relaxed atomics (apply_shared, apply_shared_piece).
+  void apply_shared_range(float* params, const float* grads, int64_t lo, int64_t hi, float lr,
+                          int64_t t, bool use_locking);
 
   // Calls f(variable index, variable, range-relative offset, first element, elements) for the
   // part of every trainable variable inside [begin_, end_).

@@ -378,7 +378,7 @@ TEST(MirroredStore, AStepOutsidePullAndPushIsRefused) {
   EXPECT_THROW(tower.compute_gradients(x.data(), y.data(), 16, 1.0f / 16), InternalError);
   UpdateRecord rec;
   rec.lr = 0.01f;
-  EXPECT_EQ(store.push(nullptr, rec, tower.host()), 1);
+  EXPECT_EQ(store.push(nullptr, rec, tower), 1);
   EXPECT_EQ(opt.updates(), 1);
   store.detach();
   // The one update that was pushed came back to the host copy.
@@ -461,7 +461,7 @@ TEST(MirroredLocal, TowersFoldTheirStepsIntoTheHostCopyByTheRule) {
       t.compute_gradients(x[k].data(), y[k].data(), b, 1.0f / b);
       UpdateRecord rec;
       rec.lr = lr(0);
-      store.push(nullptr, rec, t.host());
+      store.push(nullptr, rec, t);
     }
     store.detach();
     return params;
@@ -483,7 +483,7 @@ TEST(MirroredLocal, TowersFoldTheirStepsIntoTheHostCopyByTheRule) {
     UpdateRecord rec;
     rec.tower = i;
     rec.lr = 99.0f;  // the store reports the lr the step applied
-    const int64_t v = store.push(nullptr, rec, towers[i]->host());
+    const int64_t v = store.push(nullptr, rec, *towers[i]);
     EXPECT_EQ(rec.lr, 0.05f);
     return v;
   };

@@ -323,7 +323,7 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
   return v;
 }
 
-int64_t RemoteParameterStore::push(const float* grads, UpdateRecord& rec, CpuDevice&) {
+int64_t RemoteParameterStore::push(const float* grads, UpdateRecord& rec, UpdateThreads&) {
   return push_ranges(grads, false, rec);
 }
 

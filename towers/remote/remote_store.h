@@ -99,7 +99,7 @@ class RemoteParameterStore final : public ParameterStore {
   void restore_version(int64_t v) override { version_.store(v); }
   void attach(const std::vector<Tower*>& towers) override;
   int64_t pull(Tower& tower) override;
-  int64_t push(const float* grads, UpdateRecord& rec, CpuDevice& host) override;
+  int64_t push(const float* grads, UpdateRecord& rec, UpdateThreads& on) override;
   int64_t skip(UpdateRecord& rec) override;
   void wait(int64_t) override {}  // a push returns once it is applied
   const float* host_params() override;
