@@ -52,6 +52,17 @@ struct PlacedTower::Part {
   // the layers' scratch, and the last part's labels, per-example losses and hits, and the
   // step's noise.
   DeviceBuffer grads, scratch, labels, row_loss, row_correct, noise;
+#if TOWERS_HAVE_CUDA
+  // A GPU part's jobs of a step, on its stream: job j begins (start[j]) once the waits for the
+  // jobs it needs are met and ends at end[j]. A part that needs job j waits for end[j] alone:
+  // a GPU part on its own stream, a CPU part on the host; nothing waits for a whole stream or
+  // device until the step's end. Timed: the part's busy time is the GPU's, start to end.
+  std::vector<cudaEvent_t> start, end;
+  ~Part() {
+    for (cudaEvent_t e : start) cudaEventDestroy(e);
+    for (cudaEvent_t e : end) cudaEventDestroy(e);
+  }
+#endif
   double busy = 0.0;  // seconds in this step's jobs
 };
 
@@ -215,6 +226,13 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
       CudaDevice& g = *part->gpu;
       part->exec = GpuExec{g.compute(), g.blas(), part->scratch.data(), part->scratch.size(),
                            g.dnn(), &part->plans, g.tf32()};
+      g.activate();
+      for (int j = 0; j < 2 * micro_batches; ++j) {  // a step's jobs: M forwards, M backwards
+        part->start.push_back(nullptr);
+        CUDA_CHECK(cudaEventCreateWithFlags(&part->start.back(), cudaEventDefault));
+        part->end.push_back(nullptr);
+        CUDA_CHECK(cudaEventCreateWithFlags(&part->end.back(), cudaEventDefault));
+      }
     }
 #endif
     stats_.parts.push_back({spec.device_name(), spec.layer_names(graph), th[q], 0.0});
@@ -293,13 +311,60 @@ const kernels::StepNoise* PlacedTower::stage_noise(Part& part, const kernels::St
   return &nz;
 }
 
-// A job's end: a GPU part waits for its stream, so that what it wrote is there for the next
-// part, and its busy time is the GPU's.
-void PlacedTower::finish_job(Part& part) {
+// Before job j of `part` reads what job j of part `from` wrote (the part before, for a
+// forward; the part after, for a backward): a GPU producer's end[j] is waited for, on the
+// consumer's stream (a GPU part) or on the host (a CPU part, which reads or copies it at once).
+// A CPU producer's job has returned before this job started.
+void PlacedTower::await_job(Part& part, int from, int j) {
 #if TOWERS_HAVE_CUDA
-  if (part.gpu) CUDA_CHECK(cudaStreamSynchronize(part.gpu->compute()));
+  if (from < 0 || from >= parts()) return;
+  const Part& producer = *parts_[from];
+  if (!producer.gpu) return;
+  if (part.gpu)
+    CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_of(part)), producer.end[j], 0));
+  else
+    CUDA_CHECK(cudaEventSynchronize(producer.end[j]));
+#else
+  (void)part, (void)from, (void)j;
 #endif
-  (void)part;
+}
+
+void PlacedTower::begin_job(Part& part, int j) {
+#if TOWERS_HAVE_CUDA
+  if (part.gpu)
+    CUDA_CHECK(cudaEventRecord(part.start[j], static_cast<cudaStream_t>(stream_of(part))));
+#endif
+  (void)part, (void)j;
+}
+
+// A job's end: a GPU part marks it on its stream (end[j]) and goes on to its next job, whose
+// work queues behind it.
+void PlacedTower::end_job(Part& part, int j) {
+#if TOWERS_HAVE_CUDA
+  if (part.gpu)
+    CUDA_CHECK(cudaEventRecord(part.end[j], static_cast<cudaStream_t>(stream_of(part))));
+#endif
+  (void)part, (void)j;
+}
+
+// The step's end: every GPU part's last job is done (so are its copies to the host, the
+// gradient's and the losses'), and its busy time is its jobs' GPU time.
+void PlacedTower::finish_step(int jobs) {
+#if TOWERS_HAVE_CUDA
+  for (auto& p : parts_) {
+    if (!p->gpu) continue;
+    CUDA_CHECK(cudaEventSynchronize(p->end[jobs - 1]));
+    double ms_sum = 0.0;
+    for (int j = 0; j < jobs; ++j) {
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, p->start[j], p->end[j]));
+      ms_sum += ms;
+    }
+    p->busy = ms_sum / 1e3;
+  }
+#else
+  (void)jobs;
+#endif
 }
 
 const float* PlacedTower::first_input(Part& part, int64_t b0, int64_t n, const float* images,
@@ -535,6 +600,8 @@ StepStats PlacedTower::run(const float* images, const int32_t* labels, int64_t n
     Part& part = *parts_[q];
     part.device->execute([&] {
       const auto t0 = Clock::now();
+      await_job(part, j < mbs ? q - 1 : q + 1, j);
+      begin_job(part, j);
       if (j < mbs) {
         forward(part, at[j], at[j + 1], images, training);
         if (!training && q + 1 == P) {
@@ -548,8 +615,8 @@ StepStats PlacedTower::run(const float* images, const int32_t* labels, int64_t n
         backward(part, m, at[m], at[m + 1], images, labels, grad_scale);
         if (m == 0) sum_gradient(part, mbs);
       }
-      finish_job(part);
-      part.busy += seconds_since(t0);
+      end_job(part, j);
+      if (part.memory < 0) part.busy += seconds_since(t0);  // a GPU part's: finish_step
     });
     {
       std::lock_guard<std::mutex> l(mu);
@@ -564,6 +631,7 @@ StepStats PlacedTower::run(const float* images, const int32_t* labels, int64_t n
   });
   TOWERS_CHECK(std::all_of(done.begin(), done.end(), [&](int d) { return d == jobs; }),
                "a placed tower's step ended with jobs not run");
+  finish_step(jobs);
 
   StepStats r;
   r.examples = n;

@@ -16,8 +16,10 @@
 // it is host memory, and the task order is the hand-off. A part on a GPU (cuda:N) keeps its
 // buffers there and runs its layers' CUDA twins on its own stream; where two neighbours live
 // in different memories the consumer copies the slice (its input rows, or the next part's
-// error rows from its dx_out) on its stream, and every GPU job ends by waiting for its stream,
-// so the task order is the hand-off there too.
+// error rows from its dx_out) on its stream. A GPU job ends by recording an event on its
+// stream, not by waiting for it: the job that needs it waits for that event (on its stream,
+// or on the host for a CPU part), so a GPU part queues its next micro-batch while the last
+// still runs, and the step's end waits for each GPU part's last job.
 //
 // Bitwise: micro-batch m's gradient goes to a buffer of its own, and after its last backward a
 // part tree-sums the M buffers in micro-batch order (kernels/reduce.h). When check_micro_batches
@@ -116,7 +118,12 @@ class PlacedTower final : public Tower {
   void* stream_of(Part& part);
   // The step's noise where the part's layers read it.
   const kernels::StepNoise* stage_noise(Part& part, const kernels::StepNoise& nz);
-  void finish_job(Part& part);
+  // A job's hand-offs by events (GPU parts): its wait for job j of part `from`, its start and
+  // end marks, and the step's end, which waits for every GPU part's last job.
+  void await_job(Part& part, int from, int j);
+  void begin_job(Part& part, int j);
+  void end_job(Part& part, int j);
+  void finish_step(int jobs);
   // The part's first layer's input rows [b0, b0 + n): where the part before left them, or the
   // part's in buffer (pull: copied there first).
   const float* first_input(Part& part, int64_t b0, int64_t n, const float* images, bool pull);

@@ -16,6 +16,8 @@
 #include "tests/emu/emu_runtime.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -64,6 +66,10 @@ struct CUstream_st {
 struct CUevent_st {
   std::shared_ptr<Queue> q;  // recorded on (null: never recorded)
   int64_t seq = 0;           // complete once q has run this many operations
+  bool timing = true;        // not cudaEventDisableTiming
+  // A timed event's last record: the host's steady clock (ns) when its stream reached it, -1
+  // until then (each record gets a stamp of its own).
+  std::shared_ptr<std::atomic<int64_t>> stamp;
 };
 struct CUgraph_st {
   std::vector<Node> nodes;
@@ -445,8 +451,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   else run_all_of(s->q);
   return cudaSuccess;
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   *e = new CUevent_st{};
+  (*e)->timing = (flags & cudaEventDisableTiming) == 0;
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -463,9 +470,51 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     return cudaSuccess;
   }
   if (s == nullptr) run_blocking();
+  std::shared_ptr<std::atomic<int64_t>> stamp;
+  if (e->timing) {
+    // The time the stream reaches the record: an operation of the stream that stamps it.
+    stamp = std::make_shared<std::atomic<int64_t>>(-1);
+    auto now = [stamp] {
+      stamp->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now().time_since_epoch())
+                       .count());
+    };
+    if (s == nullptr) now();
+    else towers::emu::submit(s, now);
+  }
   std::lock_guard<std::mutex> l(run_mu);
   e->q = s == nullptr ? nullptr : s->q;
   e->seq = s == nullptr ? 0 : s->q->issued;
+  e->stamp = std::move(stamp);
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e == nullptr) return fail(cudaErrorInvalidValue);
+  if (capture) return fail(cudaErrorStreamCaptureUnsupported);
+  std::shared_ptr<Queue> after;
+  int64_t seq;
+  {
+    std::lock_guard<std::mutex> l(run_mu);
+    after = e->q;
+    seq = e->seq;
+  }
+  if (after != nullptr) run_until(after, seq);
+  return cudaSuccess;
+}
+// Milliseconds between two completed records of timed events (the host's clock when each
+// stream reached them); cudaErrorNotReady while either is pending, as on a GPU.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr || start == nullptr || end == nullptr) return fail(cudaErrorInvalidValue);
+  std::shared_ptr<std::atomic<int64_t>> a, b;
+  {
+    std::lock_guard<std::mutex> l(run_mu);
+    a = start->stamp;
+    b = end->stamp;
+  }
+  if (!start->timing || !end->timing || a == nullptr || b == nullptr)
+    return fail(cudaErrorInvalidResourceHandle);
+  if (a->load() < 0 || b->load() < 0) return fail(cudaErrorNotReady);
+  *ms = static_cast<float>(static_cast<double>(b->load() - a->load()) / 1e6);
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
