@@ -24,6 +24,7 @@
 // GPU. Napkin math: a cifar10 step is 106 MFLOP per image, 13.6 GFLOP per batch of 128; at an
 // H100's FP32 rate (67 TFLOP/s SXM) that is 0.2 ms per batch, 630 K images/s.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -46,6 +47,15 @@
 #include "towers/cuda_tower.h"
 #include "towers/mirrored_store.h"
 #include "towers/nccl_reduce.h"
+
+// Seconds each timed benchmark runs at least (per repetition): TOWERS_BENCH_MIN_TIME, default
+// 2 (the transfer and host-apply figures run half as long). A lease on a GPU machine is short,
+// so bench/run-gpu.sh asks for less; a 2 ms step still runs hundreds of times per repetition.
+static double bench_min_time(double scale) {
+  const char* env = std::getenv("TOWERS_BENCH_MIN_TIME");
+  double seconds = env != nullptr ? std::atof(env) : 0.0;
+  return (seconds > 0.0 ? seconds : 2.0) * scale;
+}
 
 namespace {
 
@@ -138,7 +148,7 @@ void BM_GpuTowerStep(benchmark::State& state) {
 }
 BENCHMARK(BM_GpuTowerStep)->ArgNames({"graph", "tf32", "cudnn"})->Args({1, 0, 1})
     ->Args({1, 0, 0})->Args({0, 0, 1})->Args({1, 1, 1})
-    ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
+    ->UseRealTime()->MinTime(bench_min_time(1.0))->Repetitions(3)->ReportAggregatesOnly(true);
 
 // The step of BM_GpuTowerStep (host parameters, graph replay) for the nets of the fast
 // CIFAR-10 recipe, at batch 512: airbench (the airbench94 layout, BatchNorm and GELU) and
@@ -148,10 +158,10 @@ void BM_GpuModelStep(benchmark::State& state, const std::string& model) {
   time_host_param_step(state, model, 512, true, state.range(0) != 0);
 }
 BENCHMARK_CAPTURE(BM_GpuModelStep, airbench, std::string("airbench"))
-    ->ArgName("tf32")->Arg(0)->Arg(1)->UseRealTime()->MinTime(2.0)->Repetitions(3)
+    ->ArgName("tf32")->Arg(0)->Arg(1)->UseRealTime()->MinTime(bench_min_time(1.0))->Repetitions(3)
     ->ReportAggregatesOnly(true);
 BENCHMARK_CAPTURE(BM_GpuModelStep, resnet_small_cifar, std::string("resnet-small-cifar"))
-    ->ArgName("tf32")->Arg(0)->Arg(1)->UseRealTime()->MinTime(2.0)->Repetitions(3)
+    ->ArgName("tf32")->Arg(0)->Arg(1)->UseRealTime()->MinTime(bench_min_time(1.0))->Repetitions(3)
     ->ReportAggregatesOnly(true);
 
 // --params mirrored: the same step with the parameters and momentum on the GPU, the update the
@@ -226,7 +236,7 @@ BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn", "input", "bra
     ->Args({128, 0, 1, 1, 0})->Args({128, 0, 1, 2, 0})->Args({512, 0, 1, 1, 0})
     ->Args({512, 0, 1, 2, 0})
     ->Args({128, 0, 1, 0, 1})->Args({128, 1, 1, 0, 1})->Args({512, 0, 1, 0, 1})
-    ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
+    ->UseRealTime()->MinTime(bench_min_time(1.0))->Repetitions(3)->ReportAggregatesOnly(true);
 
 // BM_GpuModelStep's nets with mirrored parameters (BatchNorm's running statistics updated on
 // the GPU with the momentum), batch 512: the step bench/run-gpu.sh puts next to PyTorch's.
@@ -236,10 +246,10 @@ void BM_GpuMirroredModelStep(benchmark::State& state, const std::string& model) 
 }
 BENCHMARK_CAPTURE(BM_GpuMirroredModelStep, airbench, std::string("airbench"))
     ->ArgNames({"tf32", "branches"})->Args({0, 0})->Args({1, 0})->Args({0, 1})->Args({1, 1})
-    ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
+    ->UseRealTime()->MinTime(bench_min_time(1.0))->Repetitions(3)->ReportAggregatesOnly(true);
 BENCHMARK_CAPTURE(BM_GpuMirroredModelStep, resnet_small_cifar, std::string("resnet-small-cifar"))
     ->ArgNames({"tf32", "branches"})->Args({0, 0})->Args({1, 0})->Args({0, 1})
-    ->UseRealTime()->MinTime(2.0)->Repetitions(3)->ReportAggregatesOnly(true);
+    ->UseRealTime()->MinTime(bench_min_time(1.0))->Repetitions(3)->ReportAggregatesOnly(true);
 
 // Forward + backward on the device only: the same step without the host's share.
 // Args: graphs (0/1), cudnn (0/1).
@@ -266,7 +276,7 @@ void BM_GpuComputeOnly(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_GpuComputeOnly)->ArgNames({"graph", "cudnn"})->Args({1, 1})->Args({1, 0})
-    ->Args({0, 1})->UseRealTime()->MinTime(2.0)
+    ->Args({0, 1})->UseRealTime()->MinTime(bench_min_time(1.0))
     ->Repetitions(3)->ReportAggregatesOnly(true);
 
 // The host's share of BM_GpuTowerStep that is not a copy: the momentum apply to the 1.07 M
@@ -286,7 +296,7 @@ void BM_HostMomentumApply(benchmark::State& state) {
   state.counters["params_per_sec"] = benchmark::Counter(
       static_cast<double>(total), benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_HostMomentumApply)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_HostMomentumApply)->UseRealTime()->MinTime(bench_min_time(0.5));
 
 // Arg: 0 = a tower's load_params (pinned host parameters, the copy stream), 1 = a plain
 // cudaMemcpy from pinned memory: the same 4.3 MB.
@@ -320,7 +330,7 @@ void BM_ParamBroadcast(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
 }
-BENCHMARK(BM_ParamBroadcast)->ArgName("plain_memcpy")->Arg(0)->Arg(1)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_ParamBroadcast)->ArgName("plain_memcpy")->Arg(0)->Arg(1)->UseRealTime()->MinTime(bench_min_time(0.5));
 
 // N towers (tower i on GPU i % GPUs), gradients computed once; timed: the average.
 struct GradSetup {
@@ -373,7 +383,7 @@ void BM_GradAverageHost(benchmark::State& state) {
   for (auto _ : state) average();
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n * total * 4);
 }
-BENCHMARK(BM_GradAverageHost)->ArgName("towers")->Arg(2)->Arg(4)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_GradAverageHost)->ArgName("towers")->Arg(2)->Arg(4)->UseRealTime()->MinTime(bench_min_time(0.5));
 
 void BM_GradAverageNccl(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
@@ -398,7 +408,7 @@ void BM_GradAverageNccl(benchmark::State& state) {
   for (auto _ : state) nccl.sum_to_host(out.data());
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n * out.size() * 4);
 }
-BENCHMARK(BM_GradAverageNccl)->ArgName("towers")->Arg(2)->Arg(4)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_GradAverageNccl)->ArgName("towers")->Arg(2)->Arg(4)->UseRealTime()->MinTime(bench_min_time(0.5));
 
 }  // namespace
 

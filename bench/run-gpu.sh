@@ -10,7 +10,12 @@
 #             PyTorch run of the same net and recipe
 #   remote    bench/run-remote.sh on this machine's cores (the remote transport next to raw
 #             TCP loopback, and a 2-worker training job), into OUT_DIR/remote
+#   warm      (not by default) compiles the PyTorch peers' torch.compile steps once, briefly,
+#             so that the bench phase finds them in PyTorch's compile cache: run it beside the
+#             tests and sanitizers, which leave most of the CPU cores idle
 #   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]      PHASES="tests sanitize bench fashion remote" (default)
+# PEER_S (default 10) is each PyTorch speed peer's measured time; TOWERS_BENCH_MIN_TIME (default
+# 2) each gpu_bench repetition's.
 # BUILD_DIR (default build-gpu) holds towers, tests/towers_tests and bench/gpu_bench, built with
 # -DCMAKE_CUDA_ARCHITECTURES matching the GPU (90 for H100/H200); where the machine lacks the
 # Debian libraries, carry them in BUILD_DIR/devlibs (bench/pack-gpu.sh makes such a folder).
@@ -133,30 +138,57 @@ if [[ " $phases " == *" sanitize "* ]]; then
   note "sanitizers: $((SECONDS - start)) s"
 fi
 
+# The PyTorch speed peers: name, then torch_cifar10.py's flags. The tutorial net at batch 128
+# (the issue's bar) and 512: eager; eager with the whole step in one CUDA graph
+# (torch.cuda.graph, PyTorch's own answer to launch overhead); torch.compile; torch.compile
+# with CUDA graphs (reduce-overhead); FP32 and TF32. Then the nets of the fast CIFAR-10 recipe at
+# batch 512, next to BM_GpuModelStep and BM_GpuMirroredModelStep.
+peers=(
+  "eager_fp32|--precision fp32"
+  "eager_tf32|--precision tf32"
+  "graph_fp32|--precision fp32 --cuda-graph"
+  "graph_tf32|--precision tf32 --cuda-graph"
+  "compile_fp32|--precision fp32 --compile"
+  "compile_graphs_fp32|--precision fp32 --compile --compile-mode reduce-overhead"
+  "compile_graphs_tf32|--precision tf32 --compile --compile-mode reduce-overhead"
+  "eager_fp32_b512|--precision fp32 --batch 512"
+  "graph_fp32_b512|--precision fp32 --batch 512 --cuda-graph"
+  "compile_graphs_fp32_b512|--precision fp32 --batch 512 --compile --compile-mode reduce-overhead"
+  "graph_tf32_b512|--precision tf32 --batch 512 --cuda-graph"
+)
+for net in airbench resnet-small-cifar; do
+  peers+=("${net}_eager_fp32|--model models/$net.json --batch 512 --precision fp32"
+          "${net}_eager_tf32|--model models/$net.json --batch 512 --precision tf32"
+          "${net}_compile_tf32|--model models/$net.json --batch 512 --precision tf32 --compile")
+done
+has_torch_gpu() { python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; }
+
+# 0. The compile cache, filled beside the tests (no timing is taken from it).
+if [[ " $phases " == *" warm "* ]] && has_torch_gpu; then
+  start=$SECONDS
+  for p in "${peers[@]}"; do
+    [[ "${p#*|}" == *--compile* ]] || continue
+    # shellcheck disable=SC2086
+    timeout 150 python3 bench/peers/torch_cifar10.py --device cuda --seconds 0.2 --warmup 3 ${p#*|} \
+      > "$out/warm_${p%%|*}.txt" 2>&1
+    note "warm ${p%%|*}: exit $?"
+  done
+  note "warm: $((SECONDS - start)) s"
+fi
+
 # 3. Speed: towers, then the PyTorch peer on the same GPU, then a kernel-time profile.
 if [[ " $phases " == *" bench "* ]]; then
   timeout "${BENCH_S:-400}" "$build/bench/gpu_bench" --benchmark_out="$out/gpu_bench.json" \
     --benchmark_out_format=json > "$out/gpu_bench.txt" 2>&1
   note "gpu_bench exit $?"
   grep -E '_median|BM_(Param|Grad)' "$out/gpu_bench.txt" | sed 's/^/  /' | tee -a "$summary"
-  if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-    peer() {  # name, flags...
-      local name=$1; shift
-      timeout 150 python3 bench/peers/torch_cifar10.py --device cuda --seconds 10 "$@" \
+  if has_torch_gpu; then
+    for p in "${peers[@]}"; do
+      name=${p%%|*}
+      # shellcheck disable=SC2086
+      timeout 150 python3 bench/peers/torch_cifar10.py --device cuda --seconds "${PEER_S:-10}" ${p#*|} \
         > "$out/pytorch_$name.jsonl" 2> "$out/pytorch_$name.err"
       note "pytorch $name: $(python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).read().splitlines()[-1]); print(round(r['images_per_sec']), 'images/s')" "$out/pytorch_$name.jsonl" 2>/dev/null || echo failed)"
-    }
-    peer eager_fp32 --precision fp32
-    peer eager_tf32 --precision tf32
-    peer compile_fp32 --precision fp32 --compile
-    peer compile_graphs_fp32 --precision fp32 --compile --compile-mode reduce-overhead
-    peer compile_graphs_tf32 --precision tf32 --compile --compile-mode reduce-overhead
-    # The nets of the fast CIFAR-10 recipe, next to BM_GpuModelStep and BM_GpuMirroredModelStep
-    # (batch 512).
-    for net in airbench resnet-small-cifar; do
-      peer "${net}_eager_fp32" --model "models/$net.json" --batch 512 --precision fp32
-      peer "${net}_eager_tf32" --model "models/$net.json" --batch 512 --precision tf32
-      peer "${net}_compile_tf32" --model "models/$net.json" --batch 512 --precision tf32 --compile
     done
   fi
   # --sync-bn on GPU towers: airbench, 2 mirrored towers of 256 sharing the GPU, with each
@@ -176,10 +208,14 @@ if [[ " $phases " == *" bench "* ]]; then
   # Kernel times of plain-launch steps (ncu serializes kernels; copies and the host apply are
   # not in it: gpu_bench's step minus its compute-only figure is their share).
   if command -v ncu >/dev/null; then
-    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-      "$build/towers" train --device cuda --model cifar10 --dataset synthetic --batch 128 \
-      --steps 4 --no-cuda-graphs --quiet --eval-every 0 > "$out/ncu_step.csv" 2> "$out/ncu_step.err"
-    note "ncu exit $?"
+    for params in host mirrored; do
+      suffix=$([ "$params" = host ] && echo "" || echo "_$params")
+      timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        "$build/towers" train --device cuda --params "$params" --model cifar10 --dataset synthetic \
+        --batch 128 --steps 4 --no-cuda-graphs --quiet --eval-every 0 \
+        > "$out/ncu_step$suffix.csv" 2> "$out/ncu_step$suffix.err"
+      note "ncu $params exit $?"
+    done
   fi
 fi
 
@@ -220,6 +256,24 @@ if [[ " $phases " == *" fashion "* ]]; then
   timeout "${FASHION_S:-200}" python3 bench/peers/torch_fashion.py --data "$fashion" \
     --device cuda --precision fp32 > "$out/fashion_pytorch.jsonl" 2> "$out/fashion_pytorch.err"
   note "pytorch fashion: $(tail -1 "$out/fashion_pytorch.jsonl" 2>/dev/null || echo failed)"
+  # Time to 91%: the tutorial net tops out near 90-91% on Fashion-MNIST, so the README's
+  # resnet-small recipe (Nesterov, cosine with warm-up, label smoothing, flips), evaluated every
+  # half epoch and stopped at the first evaluation at or above 91%: towers with mirrored
+  # parameters and the input made on the GPU, then PyTorch with the same net and recipe and the
+  # dataset on the GPU. Both count their evaluations in the wall time.
+  m="$out/t91_towers.jsonl"
+  rm -f "$m"
+  timeout "${FASHION_S:-200}" "$build/towers" train --device cuda --params mirrored --input device \
+    --model resnet-small --dataset fashion-mnist --data "$fashion" --epochs 8 --batch 128 \
+    --optimizer momentum --nesterov --lr 0.1 --lr-schedule cosine --warmup-epochs 0.5 \
+    --label-smoothing 0.1 --eval-every 0.5 --target-accuracy 0.91 --seed 1 --quiet --metrics "$m" \
+    > "$out/t91_towers.txt" 2>&1
+  note "towers resnet-small to 91%: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'wall', round(r['wall_seconds'],2), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
+  timeout "${FASHION_S:-200}" python3 bench/peers/torch_model_file.py --model models/resnet-small.json \
+    --data "$fashion" --device cuda --epochs 8 --batch 128 --lr 0.1 --warmup-epochs 0.5 \
+    --label-smoothing 0.1 --eval-every 0.5 --target-accuracy 0.91 --seed 1 \
+    > "$out/t91_pytorch.jsonl" 2> "$out/t91_pytorch.err"
+  note "pytorch resnet-small to 91%: $(grep '"summary"' "$out/t91_pytorch.jsonl" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'to target', r['target_reached_wall_seconds'], 's, wall', round(r['wall_seconds'],2), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
 fi
 
 # 5. The remote transport on this machine's cores (the 2-core build machines share two cores

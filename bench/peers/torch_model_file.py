@@ -190,6 +190,9 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--target-accuracy", type=float, default=0.0,
+                    help="stop at the first evaluation with at least this test accuracy (as towers' "
+                         "--target-accuracy); the summary gives the wall time to it")
     args = ap.parse_args()
 
     if args.threads > 0:
@@ -228,6 +231,7 @@ def main():
     side = 0.0  # evaluation time, left out of train_seconds as towers does
     batches = batch_indices(train_size, args.batch, args.seed, dev)
     net.train()
+    reached = None  # (step, wall seconds, accuracy, test loss) of the evaluation that met the target
     for step in range(steps):
         idx = next(batches)
         x = random_flip(xtr[idx])
@@ -260,11 +264,19 @@ def main():
             acc, test_loss = evaluate()
             side += time.perf_counter() - t_side
             print(json.dumps({"event": "eval", "step": step + 1, "epoch": done, "test_accuracy": acc,
-                              "test_loss": test_loss,
-                              "train_seconds": time.perf_counter() - t0 - side}), flush=True)
+                              "test_loss": test_loss, "train_seconds": time.perf_counter() - t0 - side,
+                              "wall_seconds": time.perf_counter() - t0}), flush=True)
+            if args.target_accuracy > 0 and acc >= args.target_accuracy:
+                reached = (step + 1, time.perf_counter() - t0, acc, test_loss)
+                break
     sync()
     train_seconds = time.perf_counter() - t0 - side
-    acc, test_loss = evaluate()
+    if reached is None:
+        acc, test_loss = evaluate()
+        if args.target_accuracy > 0 and acc >= args.target_accuracy:
+            reached = (steps, time.perf_counter() - t0, acc, test_loss)
+    else:
+        steps, _, acc, test_loss = reached
     print(json.dumps({
         "event": "summary", "peer": "pytorch", "version": torch.__version__, "model": spec["name"],
         "device": args.device, "threads": torch.get_num_threads(), "epochs": args.epochs,
@@ -272,6 +284,8 @@ def main():
         "test_loss": test_loss, "train_seconds": train_seconds,
         "wall_seconds": time.perf_counter() - t0,
         "train_images_per_sec": steps * args.batch / train_seconds,
+        "target_accuracy": args.target_accuracy or None,
+        "target_reached_wall_seconds": reached[1] if reached else None,
     }), flush=True)
 
 
