@@ -27,6 +27,7 @@ GradCheckResult check_gradient(const std::function<double()>& loss, float* x,
                                const float* analytic, const std::vector<int64_t>& indices,
                                const std::string& label, float eps, double atol, double rtol) {
   GradCheckResult r;
+  r.label = label;
   const double l0 = loss();
   struct Differences {
     double fwd, bwd, central;
@@ -45,8 +46,9 @@ GradCheckResult check_gradient(const std::function<double()>& loss, float* x,
     return Differences{(lp - l0) / hp, (l0 - lm) / hm, (lp - lm) / (hp + hm)};
   };
   for (int64_t i : indices) {
-    const auto [fwd, bwd, num] = differences(i, eps);
     const double a = analytic[i];
+    r.max_abs_analytic = std::max(r.max_abs_analytic, std::fabs(a));
+    const auto [fwd, bwd, num] = differences(i, eps);
     const double tol = atol + rtol * std::max(std::fabs(a), std::fabs(num));
     // Kink guard. A kink (a ReLU or max-pool switch) at distance d < eps on one side with a
     // slope jump J makes the one-sided differences differ by J (eps - d) / eps and moves the
@@ -77,6 +79,7 @@ GradCheckResult check_gradient(const std::function<double()>& loss, float* x,
     }
     ++r.checked;
     const double err = std::fabs(a - num) / tol;
+    if (!(err <= 1.0)) ++r.over;
     if (!(err <= r.max_error)) {  // a NaN anywhere is the worst error
       r.max_error = std::isnan(err) ? INFINITY : err;
       r.worst = fmt::format("{}[{}]: analytic {:.6g} numeric {:.6g}", label, i, a, num);
@@ -183,13 +186,21 @@ void expect_cifar10_gradients_match_numerical(Tower& tower, float analytic_scale
                                                /*rtol=*/5e-2);
       r.checked += b.checked;
       r.skipped_kinks += b.skipped_kinks;
+      r.over += b.over;
       if (!(b.max_error <= r.max_error)) r.max_error = b.max_error, r.worst = b.worst;
     }
-    EXPECT_TRUE(r.ok()) << v.spec.name << ": " << r.worst;
+    // At most one in ten checked coordinates (at least one) beyond the tolerance, none beyond
+    // twice it (see the header).
+    const int64_t outliers_allowed = std::max<int64_t>(1, r.checked / 10);
+    EXPECT_TRUE(r.over <= outliers_allowed && r.max_error <= 2.0)
+        << v.spec.name << ": " << r.over << " of " << r.checked
+        << " checked coordinates beyond the tolerance (" << outliers_allowed
+        << " allowed, each within twice it); the worst: " << r.worst;
     EXPECT_GE(r.checked, 8) << v.spec.name << ": " << r.skipped_kinks << " skipped";
-    std::printf("  %-22s checked %2lld, skipped %2lld, worst %.3g of the tolerance\n",
+    std::printf("  %-22s checked %2lld, skipped %2lld, beyond the tolerance %lld, worst %.3g of it\n",
                 v.spec.name.c_str(), static_cast<long long>(r.checked),
-                static_cast<long long>(r.skipped_kinks), r.max_error);
+                static_cast<long long>(r.skipped_kinks), static_cast<long long>(r.over),
+                r.max_error);
   }
 }
 
