@@ -9,8 +9,11 @@
 // layer offers. Heuristics rather than cudnnFind*, which times every algorithm: timing picks
 // different algorithms from run to run, and with them different rounding, where a heuristic
 // pick gives a run the same bits every time on one GPU and library version, as the rest of
-// towers does. The workspace is the caller's memory (the tower's scratch), allocated before
-// any capture, so no call allocates.
+// towers does. The workspace is the caller's memory (the tower's scratch, sized for im2col),
+// allocated before any capture, so no call allocates. Where no deterministic algorithm of a
+// direction fits it (cuDNN's deterministic backward-filter algorithms often want a little more
+// than im2col's buffer), the plan takes the first that needs at most 1 GiB and allocates that
+// direction's workspace itself, here, before any capture too.
 //
 // Precision: in FP32 mode (the default) every convolution descriptor asks for CUDNN_FMA_MATH,
 // which excludes tensor-core TF32; with --tf32 it asks for CUDNN_DEFAULT_MATH, which permits
@@ -44,7 +47,8 @@ class CudnnConv {
     int64_t out_channels = 0;
   };
   // Throws towers::Error naming `who` when the shape does not fit cuDNN (cudnn_window_fits) or
-  // a direction has no deterministic algorithm within workspace_bytes.
+  // a direction has no deterministic algorithm within workspace_bytes or 1 GiB of its own. The
+  // current device is the handle's (a workspace of its own is allocated there).
   CudnnConv(cudnnContext* handle, const Shape& shape, bool tf32, size_t workspace_bytes,
             const std::string& who);
   ~CudnnConv();
@@ -60,8 +64,11 @@ class CudnnConv {
                        cudnnContext* on = nullptr) const;
   void backward_data(const float* w, const float* dy, float* dx, void* ws) const;
 
-  // The most any of the three chosen algorithms needs.
+  // The most any of the three chosen algorithms needs of the caller's workspace (the directions
+  // that run in a workspace of the plan's own need none of it).
   size_t workspace_bytes() const;
+  // The device memory the plan allocated for itself (0 when everything fits the caller's).
+  size_t own_workspace_bytes() const;
   // "forward IMPLICIT_PRECOMP_GEMM (0.0 MiB), backward-data ALGO_1 (1.2 MiB), backward-filter ..."
   std::string algorithms() const;
 

@@ -1,5 +1,6 @@
 #include "core/cudnn_conv.h"
 
+#include <cuda_runtime.h>
 #include <cudnn.h>
 #include <fmt/format.h>
 
@@ -7,6 +8,7 @@
 #include <array>
 
 #include "core/check.h"
+#include "core/cuda_check.h"
 
 #define CUDNN_CHECK(call)                                                                   \
   do {                                                                                      \
@@ -46,30 +48,48 @@ const char* bwd_filter_name(cudnnConvolutionBwdFilterAlgo_t a) {
 
 std::string mib(size_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
 
-// The first of cuDNN's ranking that ran, is deterministic, fits the workspace and keeps to
-// the precision asked for (FP32: no tensor-op math; never ALLOW_CONVERSION, which may compute
-// in FP16 or BF16); a towers::Error listing the ranking if none does.
+// The most workspace a plan allocates for itself when no deterministic algorithm fits the
+// layer's scratch (see pick).
+constexpr size_t kOwnWorkspaceLimit = size_t{1} << 30;
+
+// Whether cuDNN's ranked entry may be used at all: it ran, is deterministic and keeps to the
+// precision asked for (FP32: no tensor-op math; never ALLOW_CONVERSION, which may compute in
+// FP16 or BF16).
+template <class Perf>
+bool usable(const Perf& p, bool tf32) {
+  if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) return false;
+  if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
+  return tf32 || p.mathType != CUDNN_TENSOR_OP_MATH;
+}
+
+// The first usable entry of cuDNN's ranking that fits the workspace offered (the layer's
+// scratch); where none does, the first usable one that needs at most kOwnWorkspaceLimit, which
+// the plan then allocates for itself (*own set). cuDNN's deterministic backward-filter
+// algorithms often need a little more than the im2col buffer the scratch is sized by (conv1 of
+// cifar10 at batch 128 on an H100: ALGO_1 wants 21.2 MiB of a 21.1 MiB scratch, and every other
+// deterministic one more). A towers::Error listing the ranking if nothing is usable.
 template <class Perf, class Name>
 const Perf& pick(const Perf* perf, int count, size_t workspace, bool tf32, Name name,
-                 const char* direction, const std::string& who, int64_t n) {
-  for (int i = 0; i < count; ++i) {
-    const Perf& p = perf[i];
-    if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) continue;
-    if (p.memory > workspace) continue;
-    if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
-    if (!tf32 && p.mathType == CUDNN_TENSOR_OP_MATH) continue;
-    return p;
-  }
+                 const char* direction, const std::string& who, int64_t n, bool* own) {
+  *own = false;
+  for (int i = 0; i < count; ++i)
+    if (usable(perf[i], tf32) && perf[i].memory <= workspace) return perf[i];
+  for (int i = 0; i < count; ++i)
+    if (usable(perf[i], tf32) && perf[i].memory <= kOwnWorkspaceLimit) {
+      *own = true;
+      return perf[i];
+    }
   std::string seen;
   for (int i = 0; i < count; ++i)
-    seen += fmt::format("{}{} ({}, {})", i ? ", " : "", name(perf[i].algo),
+    seen += fmt::format("{}{} ({}, {}{})", i ? ", " : "", name(perf[i].algo),
                         perf[i].determinism == CUDNN_DETERMINISTIC ? "deterministic"
                                                                     : "not deterministic",
-                        mib(perf[i].memory));
+                        mib(perf[i].memory),
+                        perf[i].status == CUDNN_STATUS_SUCCESS ? "" : ", not supported");
   TOWERS_BAD_INPUT("{}: cuDNN has no deterministic {} algorithm for this shape (batch {}) within "
-                   "the {} workspace{}; its ranking: {}; use --conv im2col",
-                   who, direction, n, mib(workspace), tf32 ? "" : " in FP32",
-                   seen.empty() ? "empty" : seen);
+                   "the {} workspace or {} of its own{}; its ranking: {}; use --conv im2col",
+                   who, direction, n, mib(workspace), mib(kOwnWorkspaceLimit),
+                   tf32 ? "" : " in FP32", seen.empty() ? "empty" : seen);
 }
 
 }  // namespace
@@ -84,8 +104,18 @@ struct CudnnConv::Impl {
   cudnnConvolutionBwdDataAlgo_t bwd_data_algo{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo{};
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  // A direction whose algorithm needs more than the layer's scratch runs in a workspace of the
+  // plan's own, allocated here, before any capture (forward, backward-data, backward-filter).
+  // One per direction: backward-filter may run on the tower's lane beside backward-data.
+  std::array<void*, 3> own{};
+
+  void* workspace(int direction, void* scratch) const {
+    return own[direction] != nullptr ? own[direction] : scratch;
+  }
 
   ~Impl() {
+    for (void* p : own)
+      if (p) cudaFree(p);
     for (cudnnConvolutionDescriptor_t d : {fwd, bwd_data, bwd_filter})
       if (d) cudnnDestroyConvolutionDescriptor(d);
     if (w) cudnnDestroyFilterDescriptor(w);
@@ -126,6 +156,9 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
   const auto adopt = [&](cudnnConvolutionDescriptor_t d, cudnnMathType_t chosen) {
     if (tf32) CUDNN_CHECK(cudnnSetConvolutionMathType(d, chosen));
   };
+  const auto allocate_own = [&](int direction, size_t bytes) {
+    CUDA_CHECK(cudaMalloc(&m.own[direction], std::max<size_t>(bytes, 1)));
+  };
 
   {
     std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
@@ -133,11 +166,13 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, m.x, m.w, m.fwd, m.y,
                                                        static_cast<int>(perf.size()), &count,
                                                        perf.data()));
-    const auto& p = pick(perf.data(), count, workspace, tf32, fwd_name, "forward", who, s.n);
+    bool own = false;
+    const auto& p = pick(perf.data(), count, workspace, tf32, fwd_name, "forward", who, s.n, &own);
     m.fwd_algo = p.algo;
     adopt(m.fwd, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, m.x, m.w, m.fwd, m.y, m.fwd_algo,
                                                         &m.fwd_ws));
+    if (own) allocate_own(0, m.fwd_ws);
   }
   {
     std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
@@ -145,11 +180,14 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, m.w, m.y, m.bwd_data, m.x,
                                                             static_cast<int>(perf.size()), &count,
                                                             perf.data()));
-    const auto& p = pick(perf.data(), count, workspace, tf32, bwd_data_name, "backward-data", who, s.n);
+    bool own = false;
+    const auto& p = pick(perf.data(), count, workspace, tf32, bwd_data_name, "backward-data", who,
+                         s.n, &own);
     m.bwd_data_algo = p.algo;
     adopt(m.bwd_data, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, m.w, m.y, m.bwd_data, m.x,
                                                              m.bwd_data_algo, &m.bwd_data_ws));
+    if (own) allocate_own(1, m.bwd_data_ws);
   }
   {
     std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
@@ -157,11 +195,14 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, m.x, m.y, m.bwd_filter, m.w,
                                                               static_cast<int>(perf.size()),
                                                               &count, perf.data()));
-    const auto& p = pick(perf.data(), count, workspace, tf32, bwd_filter_name, "backward-filter", who, s.n);
+    bool own = false;
+    const auto& p = pick(perf.data(), count, workspace, tf32, bwd_filter_name, "backward-filter",
+                         who, s.n, &own);
     m.bwd_filter_algo = p.algo;
     adopt(m.bwd_filter, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
         handle, m.x, m.y, m.bwd_filter, m.w, m.bwd_filter_algo, &m.bwd_filter_ws));
+    if (own) allocate_own(2, m.bwd_filter_ws);
   }
   // The size query after adopting the math type is the one that counts.
   TOWERS_CHECK(workspace_bytes() <= workspace,
@@ -172,21 +213,33 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
 CudnnConv::~CudnnConv() = default;
 
 size_t CudnnConv::workspace_bytes() const {
-  return std::max({impl_->fwd_ws, impl_->bwd_data_ws, impl_->bwd_filter_ws});
+  const Impl& m = *impl_;
+  return std::max({m.own[0] ? 0 : m.fwd_ws, m.own[1] ? 0 : m.bwd_data_ws,
+                   m.own[2] ? 0 : m.bwd_filter_ws});
+}
+
+size_t CudnnConv::own_workspace_bytes() const {
+  const Impl& m = *impl_;
+  return (m.own[0] ? m.fwd_ws : 0) + (m.own[1] ? m.bwd_data_ws : 0) +
+         (m.own[2] ? m.bwd_filter_ws : 0);
 }
 
 std::string CudnnConv::algorithms() const {
   const Impl& m = *impl_;
+  const auto ws = [&](int direction, size_t bytes) {
+    return mib(bytes) + (m.own[direction] != nullptr ? ", its own" : "");
+  };
   return fmt::format("forward {} ({}), backward-data {} ({}), backward-filter {} ({})",
-                     fwd_name(m.fwd_algo), mib(m.fwd_ws), bwd_data_name(m.bwd_data_algo),
-                     mib(m.bwd_data_ws), bwd_filter_name(m.bwd_filter_algo), mib(m.bwd_filter_ws));
+                     fwd_name(m.fwd_algo), ws(0, m.fwd_ws), bwd_data_name(m.bwd_data_algo),
+                     ws(1, m.bwd_data_ws), bwd_filter_name(m.bwd_filter_algo),
+                     ws(2, m.bwd_filter_ws));
 }
 
 void CudnnConv::forward(const float* x, const float* w, float* y, void* ws) const {
   const Impl& m = *impl_;
   const float one = 1.0f, zero = 0.0f;
-  CUDNN_CHECK(cudnnConvolutionForward(m.handle, &one, m.x, x, m.w, w, m.fwd, m.fwd_algo, ws,
-                                      m.fwd_ws, &zero, m.y, y));
+  CUDNN_CHECK(cudnnConvolutionForward(m.handle, &one, m.x, x, m.w, w, m.fwd, m.fwd_algo,
+                                      m.workspace(0, ws), m.fwd_ws, &zero, m.y, y));
 }
 
 void CudnnConv::backward_filter(const float* x, const float* dy, float* dw, void* ws,
@@ -194,15 +247,15 @@ void CudnnConv::backward_filter(const float* x, const float* dy, float* dw, void
   const Impl& m = *impl_;
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(on != nullptr ? on : m.handle, &one, m.x, x, m.y,
-                                             dy, m.bwd_filter, m.bwd_filter_algo, ws,
-                                             m.bwd_filter_ws, &zero, m.w, dw));
+                                             dy, m.bwd_filter, m.bwd_filter_algo,
+                                             m.workspace(2, ws), m.bwd_filter_ws, &zero, m.w, dw));
 }
 
 void CudnnConv::backward_data(const float* w, const float* dy, float* dx, void* ws) const {
   const Impl& m = *impl_;
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnConvolutionBackwardData(m.handle, &one, m.w, w, m.y, dy, m.bwd_data,
-                                           m.bwd_data_algo, ws, m.bwd_data_ws, &zero, m.x, dx));
+                                           m.bwd_data_algo, m.workspace(1, ws), m.bwd_data_ws, &zero, m.x, dx));
 }
 
 }  // namespace towers
