@@ -140,8 +140,7 @@ TEST(EngineGpu, NcclAveragingMatchesHostAveraging) {
     EXPECT_FALSE(std::filesystem::exists(nccl));
     // Not a GPU-setup failure: the machine has one GPU. A 1-rank all-reduce runs in
     // NcclReducer.OneRankAverageMatchesTheHostAverage.
-    GTEST_SKIP() << "the NCCL all-reduce of two towers needs 2 GPUs; this machine has "
-                 << g.gpus.size();
+    TOWERS_SKIP_FOR_GPU_COUNT(2, g.gpus.size());
   }
   const std::string args = kMlp + "--steps 30 --towers 2 --batch 32 --metrics ";
   ASSERT_EQ(run_towers(args + host + " --reduce host", &out), 0) << out;

@@ -41,7 +41,8 @@ inline bool gpu_required() {
 }
 
 // Skips the GPU test with the reason, or fails it under TOWERS_REQUIRE_GPU=1. Use it for every
-// reason a GPU test cannot run (no device, too few GPUs, a test that needs a real GPU).
+// reason a GPU test cannot run on a machine meant to run it (no device, a broken driver, no code
+// for the GPU, a test that needs a real GPU).
 #define TOWERS_GPU_SKIP(reason)                                                   \
   do {                                                                            \
     if (::towers::gputest::gpu_required())                                        \
@@ -49,6 +50,13 @@ inline bool gpu_required() {
     else                                                                          \
       GTEST_SKIP() << reason;                                                     \
   } while (0)
+
+// Skips a test that needs more GPUs than the machine has, under TOWERS_REQUIRE_GPU=1 too: no
+// setup can fix that on a one-GPU machine. The reason starts with "needs more GPUs:", so
+// bench/run-gpu.sh counts these skips apart from every other skip.
+#define TOWERS_SKIP_FOR_GPU_COUNT(needed, have)                                               \
+  GTEST_SKIP() << "needs more GPUs: this test needs " << (needed) << " GPUs; this machine has " \
+               << (have)
 
 // Use as the first statement of a GPU test.
 #define TOWERS_SKIP_WITHOUT_GPU()                                        \

@@ -252,7 +252,7 @@ TEST(MirroredStore, TowersSharingAGpuAreBitwiseTheHostStore) {
 TEST(MirroredStore, TowersOnTwoGpusAverageWithNcclLikeTheHostStore) {
   TOWERS_SKIP_WITHOUT_GPU();
   const size_t have = list_gpus().gpus.size();
-  if (have < 2) TOWERS_GPU_SKIP("an NCCL all-reduce between towers needs 2 GPUs; this machine has " << have);
+  if (have < 2) TOWERS_SKIP_FOR_GPU_COUNT(2, have);  // an NCCL all-reduce between towers
   Recipe s;
   s.towers = 2;
   s.gpus = 2;
@@ -716,7 +716,7 @@ TEST(MirroredCli, BackwardBranchesTrainBitwiseLikeOneStream) {
 TEST(MirroredCli, TowersOnSeveralGpusWithoutNcclAreAClearError) {
   TOWERS_SKIP_WITHOUT_GPU();
   const size_t have = list_gpus().gpus.size();
-  if (have < 2) TOWERS_GPU_SKIP("towers on several GPUs need 2 GPUs; this machine has " << have);
+  if (have < 2) TOWERS_SKIP_FOR_GPU_COUNT(2, have);  // towers on several GPUs
   const std::string m = test_path("m.jsonl");
   std::string out;
   EXPECT_EQ(run_towers(kRun + "--params mirrored --towers 2 --gpus 2 --metrics " + m, &out), 1);

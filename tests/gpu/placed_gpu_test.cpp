@@ -21,6 +21,7 @@
 #endif
 #include "models/model_file.h"
 #include "models/models.h"
+#include "towers/cuda_tower.h"
 #include "towers/placed_tower.h"
 #include "towers/placement.h"
 #include "towers/tower.h"
@@ -87,8 +88,7 @@ TEST_P(PlacedGpu, MatchesTheWholeTowerOnTheCpu) {
   for (const PlacedPart& part : placement.parts)
     if (part.kind == DeviceKind::Cuda) gpus_named = std::max(gpus_named, part.index + 1);
   if (const int have = static_cast<int>(list_gpus().gpus.size()); have < gpus_named)
-    TOWERS_GPU_SKIP("this cut places parts on " << gpus_named << " GPUs; this machine has "
-                                                << have);
+    TOWERS_SKIP_FOR_GPU_COUNT(gpus_named, have);
   PlacedTower placed(*placed_graph, n, placement, cut.micro_batches, 2);
   // A GPU part's parameters are in GPU memory (the emulator tracks its allocations).
   for (size_t q = 0; q < placement.parts.size(); ++q) {
@@ -106,19 +106,43 @@ TEST_P(PlacedGpu, MatchesTheWholeTowerOnTheCpu) {
   placed.load_params(params.data());
   std::vector<float> poison(total, NAN);
   std::copy(poison.begin(), poison.end(), placed.mutable_grads());
+  // The whole tower on the GPU with the same convolutions: how far the GPU's own arithmetic
+  // takes this batch's gradients from the CPU tower's. With random images and labels a near-tie
+  // in a ReLU or a max-pool window, which the GPU and the CPU round to different sides, moves
+  // one position's contribution, and the gradient is a small residue of large terms (seen on an
+  // H100: 2e-3 for conv1 of the cut conv1..pool2@cuda:0). The placement must add nothing to
+  // that: each variable within 1e-4 of the CPU's, or within 4 times the whole GPU tower's
+  // largest distance where that is larger. A hand-off that reads the wrong buffer or too early
+  // is off by far more (the poison below makes an unwritten gradient NaN).
+  TowerPlacement on_gpu;
+  on_gpu.kind = DeviceKind::Cuda;
+  on_gpu.cuda_graphs = false;
+  CudaTower whole(*placed_graph, n, on_gpu);
+  whole.load_params(params.data());
   // Twice: the second step reuses every buffer the first wrote.
   for (int step = 0; step < 2; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     make_batch(17 + step);
     const StepStats want = cpu.compute_gradients(images.data(), labels.data(), n, 1.0f / n);
     const std::vector<float> want_grads(cpu.grads(), cpu.grads() + total);
+    whole.compute_gradients(images.data(), labels.data(), n, 1.0f / n);
     const StepStats got = placed.compute_gradients(images.data(), labels.data(), n, 1.0f / n);
     EXPECT_EQ(got.examples, n);
     EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-5 * std::fabs(want.loss_sum));
+    double gpu_spread = 0.0, worst = 0.0;
     for (const Variable& v : g->layout().variables())
-      EXPECT_LT(relative_distance(placed.grads() + v.offset, want_grads.data() + v.offset, v.size),
-                1e-4)
-          << v.spec.name;
+      gpu_spread = std::max(gpu_spread, relative_distance(whole.grads() + v.offset,
+                                                          want_grads.data() + v.offset, v.size));
+    const double bound = std::max(1e-4, 4 * gpu_spread);
+    for (const Variable& v : g->layout().variables()) {
+      const double d =
+          relative_distance(placed.grads() + v.offset, want_grads.data() + v.offset, v.size);
+      worst = std::max(worst, d);
+      EXPECT_LT(d, bound) << v.spec.name << " (the whole GPU tower's largest distance "
+                          << gpu_spread << ")";
+    }
+    std::printf("  step %d: largest per-variable distance from the CPU tower: placed %.3g, "
+                "whole tower on the GPU %.3g\n", step, worst, gpu_spread);
   }
   make_batch(99);
   const StepStats want_eval = cpu.evaluate(images.data(), labels.data(), n);
