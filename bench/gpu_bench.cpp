@@ -24,9 +24,11 @@
 // GPU. Napkin math: a cifar10 step is 106 MFLOP per image, 13.6 GFLOP per batch of 128; at an
 // H100's FP32 rate (67 TFLOP/s SXM) that is 0.2 ms per batch, 630 K images/s.
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,16 @@ TowerPlacement placement(bool graphs, bool tf32, int gpu = 0, int threads = 8) {
   return p;
 }
 
+// The cuDNN algorithms a tower's plans chose, on stderr, once per distinct set (the benchmark
+// output stays a table; the log keeps what ran).
+void log_plans(const CudaTower& tower, const std::string& what) {
+  static std::set<std::vector<std::string>> logged;
+  const std::vector<std::string>& notes = tower.gpu_plan_notes();
+  if (notes.empty() || !logged.insert(notes).second) return;
+  std::fprintf(stderr, "cuDNN plans of %s:\n", what.c_str());
+  for (const std::string& n : notes) std::fprintf(stderr, "  %s\n", n.c_str());
+}
+
 bool valid_step(benchmark::State& state, const StepStats& s, const float* grads, int64_t total,
                 int64_t batch) {
   double gsum = 0;
@@ -133,6 +145,7 @@ void time_host_param_step(benchmark::State& state, const std::string& model, int
     return s;
   };
   if (!valid_step(state, step(), tower.grads(), total, batch)) return;
+  log_plans(tower, model + ", host parameters");
   for (int i = 0; i < 10; ++i) step();  // warm-up
   for (auto _ : state) benchmark::DoNotOptimize(step());
   state.counters["images_per_sec"] =
@@ -218,6 +231,7 @@ void time_mirrored_step(benchmark::State& state, const std::string& model, int64
     store.detach();
     return;
   }
+  log_plans(tower, model + ", mirrored parameters");
   for (int i = 0; i < 10; ++i) step();  // warm-up, capture
   for (auto _ : state) benchmark::DoNotOptimize(step());
   store.detach();

@@ -75,6 +75,8 @@ class CudaTower final : public Tower {
   int64_t lane_forks() const { return lane_.forks; }
   // Plans the layers made on this tower (one per cuDNN convolution and batch size).
   int64_t gpu_plans() const { return static_cast<int64_t>(plans_.size()); }
+  // What each of those plans chose (GpuPlans::notes).
+  const std::vector<std::string>& gpu_plan_notes() const { return plans_.notes(); }
 
  private:
   void stage_inputs(const float* images, const int32_t* labels, int64_t n);

@@ -57,9 +57,14 @@ class GpuPlans {
     return *static_cast<T*>(it->second.get());
   }
   size_t size() const { return plans_.size(); }
+  // What each plan chose, in the order they were made ("conv1, batch 128: forward ..."), for
+  // the benchmarks' logs and a user who asks which cuDNN algorithms ran.
+  void note(std::string what) { notes_.push_back(std::move(what)); }
+  const std::vector<std::string>& notes() const { return notes_; }
 
  private:
   std::map<std::pair<const void*, int64_t>, std::shared_ptr<void>> plans_;
+  std::vector<std::string> notes_;
 };
 
 // Everything a layer's GPU path needs: the tower's compute stream and cuBLAS handle (bound to

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/check.h"
 #include "core/parallel.h"
 #include "kernels/gemm.h"
@@ -197,8 +199,11 @@ bool Conv2D::gpu_uses_cudnn(const GpuExec& e) const {
 const CudnnConv& Conv2D::cudnn_plan(const GpuExec& e, int64_t n) const {
   return e.plans->get<CudnnConv>(this, n, [&] {
     const int64_t workspace = geo_.patch() * n * geo_.out_pixels();  // floats, as im2col's col
-    return std::make_unique<CudnnConv>(e.dnn, CudnnConv::Shape{n, geo_, cfg_.out_channels},
-                                       e.tf32, sizeof(float) * workspace, name());
+    auto plan = std::make_unique<CudnnConv>(e.dnn, CudnnConv::Shape{n, geo_, cfg_.out_channels},
+                                            e.tf32, sizeof(float) * workspace, name());
+    e.plans->note(fmt::format("{}, batch {}{}: {}", name(), n, e.tf32 ? ", TF32" : "",
+                              plan->algorithms()));
+    return plan;
   });
 }
 

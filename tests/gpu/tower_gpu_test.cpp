@@ -134,6 +134,12 @@ TEST_P(TowerGpu, MatchesTheCpuTower) {
     EXPECT_NEAR(eg.loss_sum, ec.loss_sum, 1e-5 * std::fabs(ec.loss_sum));
     expect_same_correct(eg.correct, ec.correct, cpu, n);
     EXPECT_EQ(cuda.gpu_plans(), conv == ConvAlgorithm::Auto ? conv_layers(*gg) : 0);
+    // Each plan says what it chose, named by its layer and batch.
+    ASSERT_EQ(static_cast<int64_t>(cuda.gpu_plan_notes().size()), cuda.gpu_plans());
+    for (const std::string& note : cuda.gpu_plan_notes()) {
+      EXPECT_NE(note.find(", batch 32: forward "), std::string::npos) << note;
+      EXPECT_NE(note.find(" backward-filter "), std::string::npos) << note;
+    }
   }
 }
 
