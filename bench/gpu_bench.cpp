@@ -12,7 +12,9 @@
 //                        by the host and copied in (--input host), or drawn by the host and
 //                        made on the GPU (--input device); with branches 1, each layer's
 //                        weight gradients run on a second stream beside its input gradient
-//                        (--backward-branches: parallel branches of the graph).
+//                        (--backward-branches: parallel branches of the graph); cudnn 0 is
+//                        im2col + cuBLAS, 1 cuDNN with deterministic algorithms (the default),
+//                        2 cuDNN with any (--cudnn-nondeterministic, PyTorch's default).
 //   BM_GpuComputeOnly    forward+backward alone (no host apply), graph vs plain launches: the
 //                        launch overhead a graph removes.
 //   BM_HostMomentumApply the momentum apply on the host parameters alone (the host's share).
@@ -128,11 +130,13 @@ bool valid_step(benchmark::State& state, const StepStats& s, const float* grads,
 // One host-parameter tower step of model at batch, timed: parameters H2D, forward,
 // backward, gradients D2H, the momentum apply on the host.
 void time_host_param_step(benchmark::State& state, const std::string& model, int64_t batch,
-                          bool graphs, bool tf32, bool cudnn = true) {
+                          bool graphs, bool tf32, int cudnn = 1) {
   if (skip_without_gpus(state)) return;
-  auto g = model_conv(model, cudnn);
+  auto g = model_conv(model, cudnn != 0);
   const int64_t total = g->layout().total();
-  CudaTower tower(*g, batch, placement(graphs, tf32));
+  TowerPlacement where = placement(graphs, tf32);
+  where.cudnn_nondeterministic = cudnn == 2;
+  CudaTower tower(*g, batch, where);
   std::vector<float> params(total);
   g->layout().initialize(params.data(), 1);
   auto pin = pin_host_memory(params.data(), sizeof(float) * total);
@@ -154,10 +158,11 @@ void time_host_param_step(benchmark::State& state, const std::string& model, int
       batch * 3.0 * g->flops_per_example() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Args: graphs (0/1), tf32 (0/1), cudnn (1: cuDNN convolutions, 0: im2col + cuBLAS).
+// Args: graphs (0/1), tf32 (0/1), cudnn (1: cuDNN convolutions with deterministic algorithms,
+// 2: with any algorithm, --cudnn-nondeterministic; 0: im2col + cuBLAS).
 void BM_GpuTowerStep(benchmark::State& state) {
   time_host_param_step(state, "cifar10", 128, state.range(0) != 0, state.range(1) != 0,
-                       state.range(2) != 0);
+                       static_cast<int>(state.range(2)));
 }
 BENCHMARK(BM_GpuTowerStep)->ArgNames({"graph", "tf32", "cudnn"})->Args({1, 0, 1})
     ->Args({1, 0, 0})->Args({0, 0, 1})->Args({1, 1, 1})
@@ -183,12 +188,13 @@ BENCHMARK_CAPTURE(BM_GpuModelStep, resnet_small_cifar, std::string("resnet-small
 // fixed batch of floats; 1: the host pipeline's batches; 2: the device-input pipeline's plans),
 // branches (0/1: --backward-branches).
 void time_mirrored_step(benchmark::State& state, const std::string& model, int64_t batch,
-                        bool tf32, bool cudnn, int64_t input, bool branches) {
+                        bool tf32, int cudnn, int64_t input, bool branches) {
   if (skip_without_gpus(state)) return;
-  auto g = model_conv(model, cudnn);
+  auto g = model_conv(model, cudnn != 0);
   const int64_t total = g->layout().total();
   TowerPlacement where = placement(true, tf32);
   where.backward_branches = branches;
+  where.cudnn_nondeterministic = cudnn == 2;
   CudaTower tower(*g, batch, where);
   std::vector<float> params(total), init(total);
   g->layout().initialize(params.data(), 1);
@@ -241,8 +247,8 @@ void time_mirrored_step(benchmark::State& state, const std::string& model, int64
       batch * 3.0 * g->flops_per_example() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 void BM_GpuMirroredStep(benchmark::State& state) {
-  time_mirrored_step(state, "cifar10", state.range(0), state.range(1) != 0, state.range(2) != 0,
-                     state.range(3), state.range(4) != 0);
+  time_mirrored_step(state, "cifar10", state.range(0), state.range(1) != 0,
+                     static_cast<int>(state.range(2)), state.range(3), state.range(4) != 0);
 }
 BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn", "input", "branches"})
     ->Args({128, 0, 1, 0, 0})->Args({128, 1, 1, 0, 0})->Args({512, 0, 1, 0, 0})
@@ -250,6 +256,7 @@ BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn", "input", "bra
     ->Args({128, 0, 1, 1, 0})->Args({128, 0, 1, 2, 0})->Args({512, 0, 1, 1, 0})
     ->Args({512, 0, 1, 2, 0})
     ->Args({128, 0, 1, 0, 1})->Args({128, 1, 1, 0, 1})->Args({512, 0, 1, 0, 1})
+    ->Args({128, 0, 2, 0, 0})->Args({128, 1, 2, 0, 0})->Args({512, 0, 2, 0, 0})
     ->UseRealTime()->MinTime(bench_min_time(1.0))->Repetitions(3)->ReportAggregatesOnly(true);
 
 // BM_GpuModelStep's nets with mirrored parameters (BatchNorm's running statistics updated on

@@ -16,6 +16,14 @@
 #   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]      PHASES="tests sanitize bench fashion remote" (default)
 # PEER_S (default 10) is each PyTorch speed peer's measured time; TOWERS_BENCH_MIN_TIME (default
 # 2) each gpu_bench repetition's.
+# Within a lease of about 10 minutes (on an H100, 2026-11-26: the correctness phases took 200 s
+# side by side and the training runs 110 s; the bench phase, cut there at 200 s, needs about
+# 250 s):
+#   PHASES=tests SHARDS=8 TESTS_S=200 bench/run-gpu.sh P OUT/tests &
+#   PHASES=sanitize SAN_SHARDS=3 SANITIZE_S=200 bench/run-gpu.sh P OUT/san &
+#   PHASES=warm bench/run-gpu.sh P OUT/warm & wait
+#   TOWERS_BENCH_MIN_TIME=0.5 PEER_S=3 PHASES=bench bench/run-gpu.sh P OUT/bench
+#   PHASES=fashion FASHION_S=60 bench/run-gpu.sh P OUT/fashion
 # BUILD_DIR (default build-gpu) holds towers, tests/towers_tests and bench/gpu_bench, built with
 # -DCMAKE_CUDA_ARCHITECTURES matching the GPU (90 for H100/H200); where the machine lacks the
 # Debian libraries, carry them in BUILD_DIR/devlibs (bench/pack-gpu.sh makes such a folder).

@@ -61,6 +61,7 @@ TEST(Devices, BadDeviceFlags) {
            {"--gpus 2", "need --device cuda"},
            {"--tf32", "need --device cuda"},
            {"--backward-branches", "need --device cuda"},
+           {"--cudnn-nondeterministic", "need --device cuda"},
            {"--device cuda --gpus -1", "--gpus must be >= 0"},
            {"--device cuda --mode async --reduce nccl", "--reduce nccl is for --mode sync"},
        }) {

@@ -39,6 +39,9 @@ struct TowerPlacement {
   // GPU: each layer's weight and bias gradients on a second stream, beside its input gradient
   // (parallel branches of the step's graph; core/gpu.h GpuLane).
   bool backward_branches = false;
+  // GPU: cuDNN may run algorithms that are not deterministic (its fastest-ranked ones); by
+  // default it runs deterministic ones only, so a run's bits are a function of its seed.
+  bool cudnn_nondeterministic = false;
   // Tests only: a spin kernel of this many ns on the compute stream before each layer's
   // backward, so that a gradient copy that does not wait for its layer reads stale data.
   int64_t test_backward_delay_ns = 0;

@@ -172,9 +172,10 @@ void validate(const TrainConfig& c) {
   const Reduce reduce = *parsed_reduce;
   TOWERS_REQUIRE(c.gpus >= 0, "--gpus must be >= 0 (0 = all), got {}", c.gpus);
   TOWERS_REQUIRE(c.device == "cuda" || (c.gpus == 0 && !c.tf32 && c.cuda_graphs &&
-                                         !c.backward_branches && reduce == Reduce::Host),
-                 "--gpus, --tf32, --no-cuda-graphs, --backward-branches and --reduce nccl need "
-                 "--device cuda");
+                                         !c.backward_branches && !c.cudnn_nondeterministic &&
+                                         reduce == Reduce::Host),
+                 "--gpus, --tf32, --no-cuda-graphs, --backward-branches, --cudnn-nondeterministic "
+                 "and --reduce nccl need --device cuda");
   TOWERS_REQUIRE(reduce == Reduce::Host ||
                      (mode == Mode::Sync &&
                       (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate == c.towers)),
@@ -343,6 +344,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"tf32", c.tf32},
           {"cuda_graphs", c.cuda_graphs},
           {"backward_branches", c.backward_branches},
+          {"cudnn_nondeterministic", c.cudnn_nondeterministic},
           {"input", c.input},
           {"mode", c.mode},
           {"replicas_to_aggregate", c.replicas_to_aggregate},
@@ -407,6 +409,7 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   ec.tf32 = c.tf32;
   ec.cuda_graphs = c.cuda_graphs;
   ec.backward_branches = c.backward_branches;
+  ec.cudnn_nondeterministic = c.cudnn_nondeterministic;
   ec.device_input = c.input == "device";
   TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,
                  "--reduce nccl: {} towers on {} GPU(s); NCCL needs one tower per GPU (use "
@@ -730,6 +733,7 @@ EvalResult Run::evaluate_now() {
     p.kind = ec_.device;
     p.threads = cores_;
     p.tf32 = ec_.tf32;  // evaluate with the arithmetic the run trains with
+    p.cudnn_nondeterministic = ec_.cudnn_nondeterministic;
     eval_tower_ = make_tower(*graph_, 256, p);
   }
   // host_params() also refreshes the optimizer's slots where a store keeps them elsewhere.

@@ -139,6 +139,10 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_flag("--tf32", c.tf32, "cuda: TF32 tensor-core GEMMs (faster, about 1e-3 relative error)");
   app.add_flag("!--no-cuda-graphs", c.cuda_graphs,
                "cuda: launch each kernel of a step instead of replaying a captured CUDA graph");
+  app.add_flag("--cudnn-nondeterministic", c.cudnn_nondeterministic,
+               "cuda: let cuDNN run its fastest-ranked convolution algorithms even where they are "
+               "not deterministic (backward passes that add with atomics, as PyTorch does by "
+               "default): faster, but two runs with one seed no longer give the same bits");
   app.add_flag("--backward-branches", c.backward_branches,
                "cuda: compute each layer's weight and bias gradients on a second stream, beside "
                "its input gradient (parallel branches of the step's graph; more device scratch)");
@@ -192,7 +196,7 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_option("--conv", c.conv,
                  "how convolutions are computed: auto (CPU: Winograd F(2x2,5x5) for 5x5 stride-1 "
                  "SAME layers of 16+ channels, else im2col; GPU: cuDNN, with deterministic "
-                 "algorithms, wherever its symmetric padding gives the layer's window, else "
+                 "algorithms unless --cudnn-nondeterministic, wherever its symmetric padding gives the layer's window, else "
                  "im2col), im2col (CPU: im2col + GEMM; GPU: im2col + cuBLAS), or winograd (CPU: "
                  "every 3x3 and 5x5 stride-1 SAME layer; GPU: as auto); overrides a model file's "
                  "\"algorithm\"")->capture_default_str();

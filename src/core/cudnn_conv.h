@@ -9,7 +9,9 @@
 // layer offers. Heuristics rather than cudnnFind*, which times every algorithm: timing picks
 // different algorithms from run to run, and with them different rounding, where a heuristic
 // pick gives a run the same bits every time on one GPU and library version, as the rest of
-// towers does. The workspace is the caller's memory (the tower's scratch, sized for im2col),
+// towers does. --cudnn-nondeterministic drops the determinism requirement (cuDNN's first-ranked
+// backward algorithms often add with atomics, as PyTorch lets them by default): faster where
+// they are, and then a run's bits vary from run to run. The workspace is the caller's memory (the tower's scratch, sized for im2col),
 // allocated before any capture, so no call allocates. Where no deterministic algorithm of a
 // direction fits it (cuDNN's deterministic backward-filter algorithms often want a little more
 // than im2col's buffer), the plan takes the first that needs at most 1 GiB and allocates that
@@ -49,8 +51,10 @@ class CudnnConv {
   // Throws towers::Error naming `who` when the shape does not fit cuDNN (cudnn_window_fits) or
   // a direction has no deterministic algorithm within workspace_bytes or 1 GiB of its own. The
   // current device is the handle's (a workspace of its own is allocated there).
+  // deterministic = false (--cudnn-nondeterministic) lets every direction take the first of
+  // cuDNN's ranking that fits, deterministic or not.
   CudnnConv(cudnnContext* handle, const Shape& shape, bool tf32, size_t workspace_bytes,
-            const std::string& who);
+            const std::string& who, bool deterministic = true);
   ~CudnnConv();
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;

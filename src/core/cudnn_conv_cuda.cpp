@@ -52,12 +52,13 @@ std::string mib(size_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576
 // layer's scratch (see pick).
 constexpr size_t kOwnWorkspaceLimit = size_t{1} << 30;
 
-// Whether cuDNN's ranked entry may be used at all: it ran, is deterministic and keeps to the
-// precision asked for (FP32: no tensor-op math; never ALLOW_CONVERSION, which may compute in
-// FP16 or BF16).
+// Whether cuDNN's ranked entry may be used at all: it ran, is deterministic (unless any will
+// do) and keeps to the precision asked for (FP32: no tensor-op math; never ALLOW_CONVERSION,
+// which may compute in FP16 or BF16).
 template <class Perf>
-bool usable(const Perf& p, bool tf32) {
-  if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) return false;
+bool usable(const Perf& p, bool tf32, bool deterministic) {
+  if (p.status != CUDNN_STATUS_SUCCESS) return false;
+  if (deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
   if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
   return tf32 || p.mathType != CUDNN_TENSOR_OP_MATH;
 }
@@ -69,13 +70,13 @@ bool usable(const Perf& p, bool tf32) {
 // cifar10 at batch 128 on an H100: ALGO_1 wants 21.2 MiB of a 21.1 MiB scratch, and every other
 // deterministic one more). A towers::Error listing the ranking if nothing is usable.
 template <class Perf, class Name>
-const Perf& pick(const Perf* perf, int count, size_t workspace, bool tf32, Name name,
-                 const char* direction, const std::string& who, int64_t n, bool* own) {
+const Perf& pick(const Perf* perf, int count, size_t workspace, bool tf32, bool deterministic,
+                 Name name, const char* direction, const std::string& who, int64_t n, bool* own) {
   *own = false;
   for (int i = 0; i < count; ++i)
-    if (usable(perf[i], tf32) && perf[i].memory <= workspace) return perf[i];
+    if (usable(perf[i], tf32, deterministic) && perf[i].memory <= workspace) return perf[i];
   for (int i = 0; i < count; ++i)
-    if (usable(perf[i], tf32) && perf[i].memory <= kOwnWorkspaceLimit) {
+    if (usable(perf[i], tf32, deterministic) && perf[i].memory <= kOwnWorkspaceLimit) {
       *own = true;
       return perf[i];
     }
@@ -86,9 +87,10 @@ const Perf& pick(const Perf* perf, int count, size_t workspace, bool tf32, Name 
                                                                     : "not deterministic",
                         mib(perf[i].memory),
                         perf[i].status == CUDNN_STATUS_SUCCESS ? "" : ", not supported");
-  TOWERS_BAD_INPUT("{}: cuDNN has no deterministic {} algorithm for this shape (batch {}) within "
+  TOWERS_BAD_INPUT("{}: cuDNN has no {}{} algorithm for this shape (batch {}) within "
                    "the {} workspace or {} of its own{}; its ranking: {}; use --conv im2col",
-                   who, direction, n, mib(workspace), mib(kOwnWorkspaceLimit),
+                   who, deterministic ? "deterministic " : "", direction, n, mib(workspace),
+                   mib(kOwnWorkspaceLimit),
                    tf32 ? "" : " in FP32", seen.empty() ? "empty" : seen);
 }
 
@@ -125,7 +127,7 @@ struct CudnnConv::Impl {
 };
 
 CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t workspace,
-                     const std::string& who)
+                     const std::string& who, bool deterministic)
     : impl_(std::make_unique<Impl>()) {
   const kernels::ConvGeometry& g = s.geo;
   TOWERS_CHECK(cudnn_window_fits(g.rows) && cudnn_window_fits(g.cols),
@@ -167,7 +169,8 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
                                                        static_cast<int>(perf.size()), &count,
                                                        perf.data()));
     bool own = false;
-    const auto& p = pick(perf.data(), count, workspace, tf32, fwd_name, "forward", who, s.n, &own);
+    const auto& p = pick(perf.data(), count, workspace, tf32, deterministic, fwd_name, "forward",
+                         who, s.n, &own);
     m.fwd_algo = p.algo;
     adopt(m.fwd, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, m.x, m.w, m.fwd, m.y, m.fwd_algo,
@@ -181,8 +184,8 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
                                                             static_cast<int>(perf.size()), &count,
                                                             perf.data()));
     bool own = false;
-    const auto& p = pick(perf.data(), count, workspace, tf32, bwd_data_name, "backward-data", who,
-                         s.n, &own);
+    const auto& p = pick(perf.data(), count, workspace, tf32, deterministic, bwd_data_name,
+                         "backward-data", who, s.n, &own);
     m.bwd_data_algo = p.algo;
     adopt(m.bwd_data, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, m.w, m.y, m.bwd_data, m.x,
@@ -196,8 +199,8 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
                                                               static_cast<int>(perf.size()),
                                                               &count, perf.data()));
     bool own = false;
-    const auto& p = pick(perf.data(), count, workspace, tf32, bwd_filter_name, "backward-filter",
-                         who, s.n, &own);
+    const auto& p = pick(perf.data(), count, workspace, tf32, deterministic, bwd_filter_name,
+                         "backward-filter", who, s.n, &own);
     m.bwd_filter_algo = p.algo;
     adopt(m.bwd_filter, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(

@@ -82,6 +82,7 @@ struct GpuExec {
   GpuPlans* plans = nullptr;
   bool tf32 = false;
   const GpuLane* lane = nullptr;
+  bool cudnn_nondeterministic = false;  // TowerPlacement::cudnn_nondeterministic
 };
 
 // A tower's second lane on its GPU (--backward-branches): an exec of its own (a stream with

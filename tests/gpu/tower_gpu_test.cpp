@@ -143,6 +143,41 @@ TEST_P(TowerGpu, MatchesTheCpuTower) {
   }
 }
 
+// --cudnn-nondeterministic: cuDNN may take its first-ranked algorithms, deterministic or not
+// (on the emulator, whose ranking puts the non-deterministic ones first, it takes them); the
+// tower still computes the CPU tower's gradients, within the same bounds as above.
+TEST(TowerGpu, NondeterministicCudnnStillMatchesTheCpuTower) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  auto g = twin_model("cifar10");
+  auto gg = model_with("cifar10", ConvAlgorithm::Auto);
+  const int64_t n = 32, total = g->layout().total();
+  std::vector<float> params(total);
+  g->layout().initialize(params.data(), 7);
+  Batch b = random_batch(*g, n, 8);
+  CpuTower cpu(*g, n, 2);
+  cpu.load_params(params.data());
+  StepStats sc = cpu.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+  TowerPlacement p = gpu(true);
+  p.cudnn_nondeterministic = true;
+  CudaTower cuda(*gg, n, p);
+  cuda.load_params(params.data());
+  for (int step = 0; step < 3; ++step) {  // eager, captured, replayed
+    SCOPED_TRACE("step " + std::to_string(step));
+    StepStats sg = cuda.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+    EXPECT_NEAR(sg.loss_sum, sc.loss_sum, 1e-5 * std::fabs(sc.loss_sum));
+    for (const Variable& v : g->layout().variables())
+      EXPECT_LT(norm_rel(cuda.grads() + v.offset, cpu.grads() + v.offset, v.size), 1e-4)
+          << v.spec.name;
+  }
+  ASSERT_EQ(static_cast<int64_t>(cuda.gpu_plan_notes().size()), conv_layers(*gg));
+  for (const std::string& note : cuda.gpu_plan_notes()) {
+    EXPECT_NE(note.find(", any algorithm: "), std::string::npos) << note;
+#ifdef TOWERS_EMULATED_GPU
+    EXPECT_NE(note.find("backward-filter ALGO_0"), std::string::npos) << note;
+#endif
+  }
+}
+
 TEST_P(TowerGpu, CudaGraphReplayIsBitwiseEagerLaunches) {
   TOWERS_SKIP_WITHOUT_GPU();
   auto g = build_model(GetParam());
