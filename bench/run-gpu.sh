@@ -78,9 +78,10 @@ cat "$out/machine.txt"
 count_gtest() {
   local p f s
   p=$(grep -h '^\[  PASSED  \] [0-9]* test' "$@" | awk '{n += $4} END {print n + 0}')
-  # --gtest_brief prints each failed test's line but no count of them: count the names.
-  f=$(grep -h '^\[  FAILED  \] [A-Za-z]' "$@" | grep -v '^\[  FAILED  \] shard ' |
-    sed -e 's/ (.*//' -e 's/, where .*//' | sort -u | wc -l)
+  # --gtest_brief prints each failed test's line but no count of them: count the names, and
+  # each shard that ended abnormally (the lines written above) as one more.
+  f=$(grep -h '^\[  FAILED  \] [A-Za-z]' "$@" | sed -e 's/ (.*//' -e 's/, where .*//' |
+    sort -u | wc -l)
   s=$(grep -h '^\[  SKIPPED \] [0-9]* test' "$@" | awk '{n += $4} END {print n + 0}')
   echo "passed $p, failed $f, skipped $s"
 }
@@ -100,8 +101,13 @@ if [[ " $phases " == *" tests "* ]]; then
   for ((i = 0; i < shards; ++i)); do
     wait "${pids[$i]}"
     rc=$?
+    # A shard that failed a test exits with 1 after its summary; any other non-zero exit (a
+    # crash after the summary, at teardown, say) is reported too.
     if [ "$rc" -ne 0 ] && ! grep -q '^\[  PASSED  \] [0-9]* test' "$out/tests-shard$i.txt"; then
       note "tests: shard $i exited with $rc before its summary (124: out of time)"
+      echo "[  FAILED  ] shard $i exited with $rc" >> "$out/tests-shard$i.txt"
+    elif [ "$rc" -ne 0 ] && ! grep -q '^\[  FAILED  \] [A-Za-z]' "$out/tests-shard$i.txt"; then
+      note "tests: shard $i exited with $rc after its summary, with no failed test"
       echo "[  FAILED  ] shard $i exited with $rc" >> "$out/tests-shard$i.txt"
     fi
   done

@@ -189,10 +189,13 @@ void expect_cifar10_gradients_match_numerical(Tower& tower, float analytic_scale
       r.over += b.over;
       if (!(b.max_error <= r.max_error)) r.max_error = b.max_error, r.worst = b.worst;
     }
-    // At most one in ten checked coordinates (at least one) beyond the tolerance, none beyond
-    // twice it (see the header).
-    const int64_t outliers_allowed = std::max<int64_t>(1, r.checked / 10);
-    EXPECT_TRUE(r.over <= outliers_allowed && r.max_error <= 2.0)
+    // A convolution's weights: at most one in ten checked coordinates (at least one) beyond
+    // the tolerance, none beyond twice it (see the header); every other variable: none.
+    const bool conv_weights = v.spec.name.rfind("conv", 0) == 0 &&
+                              v.spec.name.size() > 7 &&
+                              v.spec.name.compare(v.spec.name.size() - 7, 7, "/weight") == 0;
+    const int64_t outliers_allowed = conv_weights ? std::max<int64_t>(1, r.checked / 10) : 0;
+    EXPECT_TRUE(r.over <= outliers_allowed && r.max_error <= (conv_weights ? 2.0 : 1.0))
         << v.spec.name << ": " << r.over << " of " << r.checked
         << " checked coordinates beyond the tolerance (" << outliers_allowed
         << " allowed, each within twice it); the worst: " << r.worst;

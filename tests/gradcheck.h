@@ -48,8 +48,9 @@ std::vector<GradCheckResult> check_layer(const Layer& layer, int64_t n, uint64_t
 // central differences of the tower's own evaluation: parameters from seed 3 with larger
 // logits weights (so the early layers' loss is not flat), two random images; coordinates are
 // drawn 24 at a time (up to 192) until 8 per variable have passed both guards of
-// check_gradient; the rest are counted as skipped. Every checked coordinate must match, but
-// one in ten (at least one) may lie up to twice the tolerance off: the loss is piecewise linear
+// check_gradient; the rest are counted as skipped. Every checked coordinate must match, but of
+// a convolution's weights one in ten (at least one) may lie up to twice the tolerance off: the
+// loss is piecewise linear
 // (ReLU, max-pool), and conv1's weights each move every position of their channel, so a kink
 // closer than any step the float loss resolves can move a difference quotient by most of the
 // slope's jump at all usable steps alike, where the guards cannot see it (seen: conv1/weight

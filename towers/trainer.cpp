@@ -424,8 +424,9 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
                                        ceil_div(c.towers, ec.gpus),
                                        c.towers % ec.gpus == 0 ? "each" : "a")
                          : "";
-  placement = fmt::format("on {} GPU(s) ({}){}{}", ec.gpus, found.gpus[0].name, sharing,
-                          c.tf32 ? ", TF32" : "");
+  placement = fmt::format("on {} GPU(s) ({}){}{}{}", ec.gpus, found.gpus[0].name, sharing,
+                          c.tf32 ? ", TF32" : "",
+                          c.cudnn_nondeterministic ? ", any cuDNN algorithm" : "");
   return ec;
 }
 

@@ -5,17 +5,19 @@
 // descriptors, and for each of forward, backward-data and backward-filter one algorithm.
 //
 // The algorithm is the first in cuDNN's heuristic ranking for this GPU (the _v7 queries, which
-// run nothing on the GPU) that succeeds, is deterministic and needs at most the workspace the
-// layer offers. Heuristics rather than cudnnFind*, which times every algorithm: timing picks
-// different algorithms from run to run, and with them different rounding, where a heuristic
-// pick gives a run the same bits every time on one GPU and library version, as the rest of
-// towers does. --cudnn-nondeterministic drops the determinism requirement (cuDNN's first-ranked
-// backward algorithms often add with atomics, as PyTorch lets them by default): faster where
-// they are, and then a run's bits vary from run to run. The workspace is the caller's memory (the tower's scratch, sized for im2col),
-// allocated before any capture, so no call allocates. Where no deterministic algorithm of a
-// direction fits it (cuDNN's deterministic backward-filter algorithms often want a little more
-// than im2col's buffer), the plan takes the first that needs at most 1 GiB and allocates that
-// direction's workspace itself, here, before any capture too.
+// run nothing on the GPU; the ranking is cuDNN's estimate of speed) that succeeds, is
+// deterministic and needs at most 1 GiB of workspace. Heuristics rather than cudnnFind*, which
+// times every algorithm: timing picks different algorithms from run to run, and with them
+// different rounding, where a heuristic pick gives a run the same bits every time on one GPU
+// and library version, as the rest of towers does. --cudnn-nondeterministic drops the
+// determinism requirement (cuDNN's first-ranked backward algorithms often add with atomics, as
+// PyTorch lets them by default): faster where they are, and then a run's bits vary from run to
+// run. A direction runs in the caller's workspace (the tower's scratch, sized for im2col and
+// allocated before any capture) where its algorithm fits; where not (cuDNN's deterministic
+// backward-filter algorithms often want a little more than im2col's buffer), in a workspace of
+// the plan's own, taken from the GPU's pool (CudaMemoryPool) at that direction's first call,
+// which comes before any capture (a tower's first step of a batch size runs eagerly; a first
+// call inside a capture is an error).
 //
 // Precision: in FP32 mode (the default) every convolution descriptor asks for CUDNN_FMA_MATH,
 // which excludes tensor-core TF32; with --tf32 it asks for CUDNN_DEFAULT_MATH, which permits
@@ -49,10 +51,10 @@ class CudnnConv {
     int64_t out_channels = 0;
   };
   // Throws towers::Error naming `who` when the shape does not fit cuDNN (cudnn_window_fits) or
-  // a direction has no deterministic algorithm within workspace_bytes or 1 GiB of its own. The
-  // current device is the handle's (a workspace of its own is allocated there).
-  // deterministic = false (--cudnn-nondeterministic) lets every direction take the first of
-  // cuDNN's ranking that fits, deterministic or not.
+  // a direction has no deterministic algorithm within 1 GiB of workspace. The current device
+  // is the handle's (a workspace of its own is taken from its pool). workspace_bytes is what
+  // the caller offers each call. deterministic = false (--cudnn-nondeterministic) lets every
+  // direction take the first of cuDNN's ranking, deterministic or not.
   CudnnConv(cudnnContext* handle, const Shape& shape, bool tf32, size_t workspace_bytes,
             const std::string& who, bool deterministic = true);
   ~CudnnConv();

@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/cuda_check.h"
+#include "core/cuda_device.h"
 
 #define CUDNN_CHECK(call)                                                                   \
   do {                                                                                      \
@@ -63,23 +64,18 @@ bool usable(const Perf& p, bool tf32, bool deterministic) {
   return tf32 || p.mathType != CUDNN_TENSOR_OP_MATH;
 }
 
-// The first usable entry of cuDNN's ranking that fits the workspace offered (the layer's
-// scratch); where none does, the first usable one that needs at most kOwnWorkspaceLimit, which
-// the plan then allocates for itself (*own set). cuDNN's deterministic backward-filter
+// The first usable entry of cuDNN's ranking (its order is its estimate of speed) that needs at
+// most kOwnWorkspaceLimit; it runs in the workspace offered (the layer's scratch) where it
+// fits, else in a workspace of the plan's own. cuDNN's deterministic backward-filter
 // algorithms often need a little more than the im2col buffer the scratch is sized by (conv1 of
 // cifar10 at batch 128 on an H100: ALGO_1 wants 21.2 MiB of a 21.1 MiB scratch, and every other
 // deterministic one more). A towers::Error listing the ranking if nothing is usable.
 template <class Perf, class Name>
-const Perf& pick(const Perf* perf, int count, size_t workspace, bool tf32, bool deterministic,
-                 Name name, const char* direction, const std::string& who, int64_t n, bool* own) {
-  *own = false;
+const Perf& pick(const Perf* perf, int count, bool tf32, bool deterministic,
+                 Name name, const char* direction, const std::string& who, int64_t n) {
   for (int i = 0; i < count; ++i)
-    if (usable(perf[i], tf32, deterministic) && perf[i].memory <= workspace) return perf[i];
-  for (int i = 0; i < count; ++i)
-    if (usable(perf[i], tf32, deterministic) && perf[i].memory <= kOwnWorkspaceLimit) {
-      *own = true;
+    if (usable(perf[i], tf32, deterministic) && perf[i].memory <= kOwnWorkspaceLimit)
       return perf[i];
-    }
   std::string seen;
   for (int i = 0; i < count; ++i)
     seen += fmt::format("{}{} ({}, {}{})", i ? ", " : "", name(perf[i].algo),
@@ -87,11 +83,11 @@ const Perf& pick(const Perf* perf, int count, size_t workspace, bool tf32, bool 
                                                                     : "not deterministic",
                         mib(perf[i].memory),
                         perf[i].status == CUDNN_STATUS_SUCCESS ? "" : ", not supported");
-  TOWERS_BAD_INPUT("{}: cuDNN has no {}{} algorithm for this shape (batch {}) within "
-                   "the {} workspace or {} of its own{}; its ranking: {}; use --conv im2col",
-                   who, deterministic ? "deterministic " : "", direction, n, mib(workspace),
-                   mib(kOwnWorkspaceLimit),
-                   tf32 ? "" : " in FP32", seen.empty() ? "empty" : seen);
+  TOWERS_BAD_INPUT("{}: cuDNN has no {}{} algorithm for this shape (batch {}) within {} of "
+                   "workspace{}; its ranking: {}; use --conv im2col",
+                   who, deterministic ? "deterministic " : "", direction, n,
+                   mib(kOwnWorkspaceLimit), tf32 ? "" : " in FP32",
+                   seen.empty() ? "empty" : seen);
 }
 
 }  // namespace
@@ -107,17 +103,33 @@ struct CudnnConv::Impl {
   cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo{};
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
   // A direction whose algorithm needs more than the layer's scratch runs in a workspace of the
-  // plan's own, allocated here, before any capture (forward, backward-data, backward-filter).
-  // One per direction: backward-filter may run on the tower's lane beside backward-data.
-  std::array<void*, 3> own{};
+  // plan's own (forward, backward-data, backward-filter): own_bytes > 0. One per direction, as
+  // backward-filter may run on the tower's lane beside backward-data. Taken from the GPU's
+  // pool at the direction's first call, which is never inside a capture (a tower's first step
+  // of a batch size runs eagerly; GpuPlans), so that a forward-only tower (evaluation) holds
+  // no backward workspace.
+  int device = 0;
+  std::array<size_t, 3> own_bytes{};
+  mutable std::array<void*, 3> own{};
 
-  void* workspace(int direction, void* scratch) const {
-    return own[direction] != nullptr ? own[direction] : scratch;
+  void* workspace(int direction, void* scratch, cudnnHandle_t on) const {
+    if (own_bytes[direction] == 0) return scratch;
+    if (own[direction] == nullptr) {
+      cudaStream_t stream = nullptr;
+      CUDNN_CHECK(cudnnGetStream(on, &stream));
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+      TOWERS_CHECK(status == cudaStreamCaptureStatusNone,
+                   "a cuDNN plan's first call is inside a CUDA graph capture, where its workspace "
+                   "cannot be allocated (a tower's first step of a batch size must run eagerly)");
+      own[direction] = CudaMemoryPool::of(device).allocate(own_bytes[direction]);
+    }
+    return own[direction];
   }
 
   ~Impl() {
     for (void* p : own)
-      if (p) cudaFree(p);
+      if (p) CudaMemoryPool::of(device).release(p);
     for (cudnnConvolutionDescriptor_t d : {fwd, bwd_data, bwd_filter})
       if (d) cudnnDestroyConvolutionDescriptor(d);
     if (w) cudnnDestroyFilterDescriptor(w);
@@ -158,9 +170,10 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
   const auto adopt = [&](cudnnConvolutionDescriptor_t d, cudnnMathType_t chosen) {
     if (tf32) CUDNN_CHECK(cudnnSetConvolutionMathType(d, chosen));
   };
-  const auto allocate_own = [&](int direction, size_t bytes) {
-    CUDA_CHECK(cudaMalloc(&m.own[direction], std::max<size_t>(bytes, 1)));
-  };
+  CUDA_CHECK(cudaGetDevice(&m.device));
+  // A direction whose algorithm needs more than the scratch (by the size query after adopting
+  // the math type, the one that counts) runs in a workspace of its own.
+  const auto own_workspace = [&](int direction, size_t bytes) { m.own_bytes[direction] = bytes; };
 
   {
     std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
@@ -168,14 +181,13 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, m.x, m.w, m.fwd, m.y,
                                                        static_cast<int>(perf.size()), &count,
                                                        perf.data()));
-    bool own = false;
-    const auto& p = pick(perf.data(), count, workspace, tf32, deterministic, fwd_name, "forward",
-                         who, s.n, &own);
+    const auto& p = pick(perf.data(), count, tf32, deterministic, fwd_name, "forward",
+                         who, s.n);
     m.fwd_algo = p.algo;
     adopt(m.fwd, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, m.x, m.w, m.fwd, m.y, m.fwd_algo,
                                                         &m.fwd_ws));
-    if (own) allocate_own(0, m.fwd_ws);
+    if (m.fwd_ws > workspace) own_workspace(0, m.fwd_ws);
   }
   {
     std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
@@ -183,14 +195,13 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, m.w, m.y, m.bwd_data, m.x,
                                                             static_cast<int>(perf.size()), &count,
                                                             perf.data()));
-    bool own = false;
-    const auto& p = pick(perf.data(), count, workspace, tf32, deterministic, bwd_data_name,
-                         "backward-data", who, s.n, &own);
+    const auto& p = pick(perf.data(), count, tf32, deterministic, bwd_data_name,
+                         "backward-data", who, s.n);
     m.bwd_data_algo = p.algo;
     adopt(m.bwd_data, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, m.w, m.y, m.bwd_data, m.x,
                                                              m.bwd_data_algo, &m.bwd_data_ws));
-    if (own) allocate_own(1, m.bwd_data_ws);
+    if (m.bwd_data_ws > workspace) own_workspace(1, m.bwd_data_ws);
   }
   {
     std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
@@ -198,39 +209,34 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, m.x, m.y, m.bwd_filter, m.w,
                                                               static_cast<int>(perf.size()),
                                                               &count, perf.data()));
-    bool own = false;
-    const auto& p = pick(perf.data(), count, workspace, tf32, deterministic, bwd_filter_name,
-                         "backward-filter", who, s.n, &own);
+    const auto& p = pick(perf.data(), count, tf32, deterministic, bwd_filter_name,
+                         "backward-filter", who, s.n);
     m.bwd_filter_algo = p.algo;
     adopt(m.bwd_filter, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
         handle, m.x, m.y, m.bwd_filter, m.w, m.bwd_filter_algo, &m.bwd_filter_ws));
-    if (own) allocate_own(2, m.bwd_filter_ws);
+    if (m.bwd_filter_ws > workspace) own_workspace(2, m.bwd_filter_ws);
   }
-  // The size query after adopting the math type is the one that counts.
-  TOWERS_CHECK(workspace_bytes() <= workspace,
-               "{}: cuDNN's chosen algorithms ({}) need more workspace than offered ({})", who,
-               algorithms(), mib(workspace));
 }
 
 CudnnConv::~CudnnConv() = default;
 
 size_t CudnnConv::workspace_bytes() const {
   const Impl& m = *impl_;
-  return std::max({m.own[0] ? 0 : m.fwd_ws, m.own[1] ? 0 : m.bwd_data_ws,
-                   m.own[2] ? 0 : m.bwd_filter_ws});
+  return std::max({m.own_bytes[0] ? 0 : m.fwd_ws, m.own_bytes[1] ? 0 : m.bwd_data_ws,
+                   m.own_bytes[2] ? 0 : m.bwd_filter_ws});
 }
 
 size_t CudnnConv::own_workspace_bytes() const {
   const Impl& m = *impl_;
-  return (m.own[0] ? m.fwd_ws : 0) + (m.own[1] ? m.bwd_data_ws : 0) +
-         (m.own[2] ? m.bwd_filter_ws : 0);
+  return (m.own_bytes[0] ? m.fwd_ws : 0) + (m.own_bytes[1] ? m.bwd_data_ws : 0) +
+         (m.own_bytes[2] ? m.bwd_filter_ws : 0);
 }
 
 std::string CudnnConv::algorithms() const {
   const Impl& m = *impl_;
   const auto ws = [&](int direction, size_t bytes) {
-    return mib(bytes) + (m.own[direction] != nullptr ? ", its own" : "");
+    return mib(bytes) + (m.own_bytes[direction] != 0 ? ", its own" : "");
   };
   return fmt::format("forward {} ({}), backward-data {} ({}), backward-filter {} ({})",
                      fwd_name(m.fwd_algo), ws(0, m.fwd_ws), bwd_data_name(m.bwd_data_algo),
@@ -242,23 +248,24 @@ void CudnnConv::forward(const float* x, const float* w, float* y, void* ws) cons
   const Impl& m = *impl_;
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnConvolutionForward(m.handle, &one, m.x, x, m.w, w, m.fwd, m.fwd_algo,
-                                      m.workspace(0, ws), m.fwd_ws, &zero, m.y, y));
+                                      m.workspace(0, ws, m.handle), m.fwd_ws, &zero, m.y, y));
 }
 
 void CudnnConv::backward_filter(const float* x, const float* dy, float* dw, void* ws,
                                 cudnnContext* on) const {
   const Impl& m = *impl_;
   const float one = 1.0f, zero = 0.0f;
-  CUDNN_CHECK(cudnnConvolutionBackwardFilter(on != nullptr ? on : m.handle, &one, m.x, x, m.y,
-                                             dy, m.bwd_filter, m.bwd_filter_algo,
-                                             m.workspace(2, ws), m.bwd_filter_ws, &zero, m.w, dw));
+  cudnnHandle_t h = on != nullptr ? on : m.handle;
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, m.x, x, m.y, dy, m.bwd_filter,
+                                             m.bwd_filter_algo, m.workspace(2, ws, h),
+                                             m.bwd_filter_ws, &zero, m.w, dw));
 }
 
 void CudnnConv::backward_data(const float* w, const float* dy, float* dx, void* ws) const {
   const Impl& m = *impl_;
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnConvolutionBackwardData(m.handle, &one, m.w, w, m.y, dy, m.bwd_data,
-                                           m.bwd_data_algo, m.workspace(1, ws), m.bwd_data_ws, &zero, m.x, dx));
+                                           m.bwd_data_algo, m.workspace(1, ws, m.handle), m.bwd_data_ws, &zero, m.x, dx));
 }
 
 }  // namespace towers

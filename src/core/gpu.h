@@ -58,7 +58,7 @@ class GpuPlans {
   }
   size_t size() const { return plans_.size(); }
   // What each plan chose, in the order they were made ("conv1, batch 128: forward ..."), for
-  // the benchmarks' logs and a user who asks which cuDNN algorithms ran.
+  // gpu_bench's log and the tests.
   void note(std::string what) { notes_.push_back(std::move(what)); }
   const std::vector<std::string>& notes() const { return notes_; }
 

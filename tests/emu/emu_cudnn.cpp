@@ -17,6 +17,7 @@
 #include <cudnn.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "kernels/conv.h"
@@ -60,6 +61,14 @@ bool geometry(const cudnnTensorStruct* x, const cudnnFilterStruct* w,
 
 size_t col_bytes(const ConvGeometry& g) {
   return sizeof(float) * static_cast<size_t>(g.patch() * g.out_pixels());
+}
+
+// The workspace the algorithms that need one ask for: one image's im2col buffer, plus
+// TOWERS_EMU_CUDNN_EXTRA_WORKSPACE bytes (tests: more than a layer's scratch, so that towers run
+// their plans in workspaces of the plans' own).
+size_t needed_bytes(const ConvGeometry& g) {
+  const char* extra = std::getenv("TOWERS_EMU_CUDNN_EXTRA_WORKSPACE");
+  return col_bytes(g) + (extra != nullptr ? std::strtoull(extra, nullptr, 10) : 0);
 }
 
 // Whether the pointers are device memory of the sizes the call reads and writes, and the
@@ -148,6 +157,10 @@ cudnnStatus_t cudnnSetStream(cudnnHandle_t h, cudaStream_t s) {
   h->stream = s;
   return CUDNN_STATUS_SUCCESS;
 }
+cudnnStatus_t cudnnGetStream(cudnnHandle_t h, cudaStream_t* s) {
+  *s = h->stream;
+  return CUDNN_STATUS_SUCCESS;
+}
 
 cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* d) { return make(d); }
 cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) { return drop(d); }
@@ -205,7 +218,7 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(
   if (c->math != CUDNN_FMA_MATH)
     all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true, 0,
                            CUDNN_TENSOR_OP_MATH));
-  all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_GEMM, true, col_bytes(g), CUDNN_FMA_MATH));
+  all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_GEMM, true, needed_bytes(g), CUDNN_FMA_MATH));
   all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, true, 0, CUDNN_FMA_MATH));
   ranking(all, requested, returned, out);
   return CUDNN_STATUS_SUCCESS;
@@ -220,7 +233,7 @@ cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnn
   ConvGeometry g;
   if (!geometry(x, w, c, y, &g)) return CUDNN_STATUS_BAD_PARAM;
   switch (algo) {
-    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: *bytes = col_bytes(g); return CUDNN_STATUS_SUCCESS;
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: *bytes = needed_bytes(g); return CUDNN_STATUS_SUCCESS;
     case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM:
     case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: *bytes = 0; return CUDNN_STATUS_SUCCESS;
     default: return CUDNN_STATUS_NOT_SUPPORTED;
@@ -270,7 +283,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
   if (!geometry(dx, w, c, dy, &g)) return CUDNN_STATUS_BAD_PARAM;
   using P = cudnnConvolutionBwdDataAlgoPerf_t;
   ranking(std::vector<P>{entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false, 0, CUDNN_FMA_MATH),
-                         entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true, col_bytes(g),
+                         entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true, needed_bytes(g),
                                   CUDNN_FMA_MATH)},
           requested, returned, out);
   return CUDNN_STATUS_SUCCESS;
@@ -287,7 +300,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t,
   if (!geometry(dx, w, c, dy, &g)) return CUDNN_STATUS_BAD_PARAM;
   switch (algo) {
     case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: *bytes = 0; return CUDNN_STATUS_SUCCESS;
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: *bytes = col_bytes(g); return CUDNN_STATUS_SUCCESS;
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: *bytes = needed_bytes(g); return CUDNN_STATUS_SUCCESS;
     default: return CUDNN_STATUS_NOT_SUPPORTED;
   }
 }
@@ -328,7 +341,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
   using P = cudnnConvolutionBwdFilterAlgoPerf_t;
   ranking(std::vector<P>{entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false, 0, CUDNN_FMA_MATH),
                          entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false, 0, CUDNN_FMA_MATH),
-                         entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true, col_bytes(g),
+                         entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true, needed_bytes(g),
                                   CUDNN_FMA_MATH)},
           requested, returned, out);
   return CUDNN_STATUS_SUCCESS;
@@ -343,7 +356,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
   switch (algo) {
     case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0:
     case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: *bytes = 0; return CUDNN_STATUS_SUCCESS;
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: *bytes = col_bytes(g); return CUDNN_STATUS_SUCCESS;
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: *bytes = needed_bytes(g); return CUDNN_STATUS_SUCCESS;
     default: return CUDNN_STATUS_NOT_SUPPORTED;
   }
 }

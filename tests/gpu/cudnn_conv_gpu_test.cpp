@@ -186,10 +186,11 @@ CudnnConv::Shape shape_of(int64_t n, int64_t c, int64_t h, int64_t co, int64_t k
   return s;
 }
 
-// Whatever the ranking, the chosen algorithms fit the workspace offered, and with none offered
-// either all three need none or the error names the layer and the direction. The emulator's
-// ranking is known: its deterministic backward-data algorithm needs workspace, its first
-// forward ones are tensor-op (offered only with TF32) and then GEMM (which needs workspace).
+// Whatever the ranking, the plan takes its first deterministic entry (in FP32 not a tensor-op
+// one), runs it in the workspace offered where it fits and in a workspace of its own where not,
+// and computes the same function either way. The emulator's ranking is known: its deterministic
+// backward algorithms need workspace, its first forward ones are tensor-op (offered only with
+// TF32) and then GEMM (which needs workspace).
 TEST(CudnnConvGpu, ChoiceKeepsToWorkspaceAndDeterminism) {
   TOWERS_SKIP_WITHOUT_GPU();
   Context ctx;
@@ -258,16 +259,17 @@ TEST(CudnnConvGpu, ChoiceKeepsToWorkspaceAndDeterminism) {
   EXPECT_EQ(roomy_tf32.algorithms().substr(0, 29), "forward IMPLICIT_PRECOMP_GEMM");
   EXPECT_EQ(roomy.own_workspace_bytes(), 0u);
   // The emulator ranks only ALGO_1 (im2col's bytes) as deterministic for both backward
-  // directions, needing one image's im2col buffer, so the tight plan runs both in workspaces of
-  // its own of that size.
-  EXPECT_EQ(tight.own_workspace_bytes(), 2 * big / s.n) << tight.algorithms();
+  // directions and GEMM first for the forward, each needing one image's im2col buffer, so the
+  // tight plan runs all three in workspaces of its own of that size.
+  EXPECT_EQ(tight.own_workspace_bytes(), 3 * big / s.n) << tight.algorithms();
   const std::string chosen = tight.algorithms();
+  EXPECT_EQ(chosen.substr(0, 12), "forward GEMM") << chosen;
   EXPECT_NE(chosen.find("backward-data ALGO_1 ("), std::string::npos) << chosen;
   EXPECT_NE(chosen.find("backward-filter ALGO_1 ("), std::string::npos) << chosen;
   int owned = 0;
   for (size_t at = chosen.find("its own"); at != std::string::npos; at = chosen.find("its own", at + 1))
     ++owned;
-  EXPECT_EQ(owned, 2) << chosen;
+  EXPECT_EQ(owned, 3) << chosen;
 #endif
 }
 

@@ -251,6 +251,55 @@ TEST(TowerGpu, BackwardBranchesAreBitwiseOneStream) {
   }
 }
 
+#ifdef TOWERS_EMULATED_GPU
+// Plans whose algorithms need more workspace than the layers' scratch (the emulator asks for 16
+// MiB more, TOWERS_EMU_CUDNN_EXTRA_WORKSPACE) run every direction in a workspace of their own,
+// taken at its first call: with the weight gradients on the lane, eager, captured and replayed,
+// the tower computes bitwise what a tower whose plans use the scratch computes. (On a GPU,
+// conv1 of cifar10 at batch 128 needs this: bench/results/2026-11-26-gpu.)
+TEST(TowerGpu, PlansWithWorkspacesOfTheirOwnAreBitwiseScratchPlans) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  auto g = model_with("cifar10", ConvAlgorithm::Auto);
+  const int64_t n = 16, total = g->layout().total();
+  std::vector<float> params(total);
+  g->layout().initialize(params.data(), 23);
+  TowerPlacement branched = gpu(true);
+  branched.backward_branches = true;
+  CudaTower owned(*g, n, branched), plain(*g, n, gpu(true));
+  struct Extra {  // the emulator reads it at each plan and each call
+    explicit Extra(bool on) {
+      if (on) setenv("TOWERS_EMU_CUDNN_EXTRA_WORKSPACE", "16777216", 1);
+    }
+    ~Extra() { unsetenv("TOWERS_EMU_CUDNN_EXTRA_WORKSPACE"); }
+  };
+  for (int step = 0; step < 3; ++step) {  // eager, captured, replayed
+    SCOPED_TRACE("step " + std::to_string(step));
+    Batch b = random_batch(*g, n, 400 + step);
+    owned.load_params(params.data());
+    plain.load_params(params.data());
+    StepStats so, sp;
+    {
+      Extra on(true);
+      so = owned.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+    }
+    sp = plain.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+    EXPECT_EQ(so.loss_sum, sp.loss_sum);
+    EXPECT_EQ(std::memcmp(owned.grads(), plain.grads(), sizeof(float) * total), 0);
+    for (int64_t i = 0; i < total; ++i) params[i] -= 0.05f * plain.grads()[i];
+  }
+  EXPECT_EQ(owned.graph_replays(), 2);
+  ASSERT_EQ(static_cast<int64_t>(owned.gpu_plan_notes().size()), conv_layers(*g));
+  for (const std::string& note : owned.gpu_plan_notes()) {
+    int owns = 0;
+    for (size_t at = note.find("its own"); at != std::string::npos; at = note.find("its own", at + 1))
+      ++owns;
+    EXPECT_EQ(owns, 3) << note;
+  }
+  for (const std::string& note : plain.gpu_plan_notes())
+    EXPECT_EQ(note.find("its own"), std::string::npos) << note;
+}
+#endif
+
 // The production batch (128, and 256), with stream-ordering bugs made visible: the landing
 // buffer of the gradients is poisoned with NaN before every step, and a test-only spin kernel
 // before each layer's backward keeps the compute stream far behind the copy stream, so that a
