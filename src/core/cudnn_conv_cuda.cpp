@@ -68,8 +68,8 @@ bool usable(const Perf& p, bool tf32, bool deterministic) {
 // most kOwnWorkspaceLimit; it runs in the workspace offered (the layer's scratch) where it
 // fits, else in a workspace of the plan's own. cuDNN's deterministic backward-filter
 // algorithms often need a little more than the im2col buffer the scratch is sized by (conv1 of
-// cifar10 at batch 128 on an H100: ALGO_1 wants 21.2 MiB of a 21.1 MiB scratch, and every other
-// deterministic one more). A towers::Error listing the ranking if nothing is usable.
+// cifar10 at batch 128 with TF32 on an H100: ALGO_1 wants 21.2 MiB of a 21.1 MiB scratch, and
+// every other deterministic one more). A towers::Error listing the ranking if nothing is usable.
 template <class Perf, class Name>
 const Perf& pick(const Perf* perf, int count, bool tf32, bool deterministic,
                  Name name, const char* direction, const std::string& who, int64_t n) {

@@ -256,7 +256,7 @@ TEST(TowerGpu, BackwardBranchesAreBitwiseOneStream) {
 // MiB more, TOWERS_EMU_CUDNN_EXTRA_WORKSPACE) run every direction in a workspace of their own,
 // taken at its first call: with the weight gradients on the lane, eager, captured and replayed,
 // the tower computes bitwise what a tower whose plans use the scratch computes. (On a GPU,
-// conv1 of cifar10 at batch 128 needs this: bench/results/2026-11-26-gpu.)
+// conv1 of cifar10 at batch 128 with TF32 needs this: bench/results/2026-11-26-gpu.)
 TEST(TowerGpu, PlansWithWorkspacesOfTheirOwnAreBitwiseScratchPlans) {
   TOWERS_SKIP_WITHOUT_GPU();
   auto g = model_with("cifar10", ConvAlgorithm::Auto);
