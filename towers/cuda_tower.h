@@ -77,6 +77,7 @@ class CudaTower final : public Tower {
   int64_t gpu_plans() const { return static_cast<int64_t>(plans_.size()); }
   // What each of those plans chose (GpuPlans::notes).
   const std::vector<std::string>& gpu_plan_notes() const { return plans_.notes(); }
+  std::vector<std::string> plan_notes() const override { return plans_.notes(); }
 
  private:
   void stage_inputs(const float* images, const int32_t* labels, int64_t n);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -76,6 +77,9 @@ class Tower : public UpdateThreads {
  public:
   Tower(const Graph& graph, int64_t max_batch);
   virtual ~Tower() = default;
+  // What the tower's per-batch-size plans chose (a GPU tower's cuDNN algorithms and their
+  // workspaces, GpuPlans::notes), for the run's summary record; empty where nothing is planned.
+  virtual std::vector<std::string> plan_notes() const { return {}; }
   Tower(const Tower&) = delete;
   Tower& operator=(const Tower&) = delete;
 

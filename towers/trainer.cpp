@@ -960,6 +960,9 @@ TrainSummary Run::summary() {
     if (!chief_) line["test_accuracy"] = line["test_loss"] = nullptr;
   }
   if (placed_) line["pipeline"] = sum_.pipeline = pipeline_summary();
+  // Which cuDNN algorithms the run's convolutions used (tower 0's plans; every tower of a run
+  // plans the same shapes with the same rules).
+  if (ec_.device == DeviceKind::Cuda) line["cudnn_plans"] = group_->tower(0).plan_notes();
   metrics_->write(line);
   if (!sum_.interrupted && chief_)
     say(fmt::format("done: {} steps ({:.2f} epochs) in {}, {:.0f} images/s; test accuracy {:.2f}% "

@@ -109,6 +109,15 @@ TEST_P(EngineGpuModels, AsyncTowersAllApply) {
   ASSERT_EQ(sum.size(), 1u);
   EXPECT_TRUE(std::isfinite(sum[0]["test_accuracy"].get<double>()));
   if (mlp()) EXPECT_GT(sum[0]["test_accuracy"].get<double>(), 0.5);
+  // The summary names the cuDNN algorithms of each convolution plan (none for the mlp).
+  ASSERT_TRUE(sum[0].contains("cudnn_plans")) << sum[0].dump();
+  const json& plans = sum[0]["cudnn_plans"];
+  if (mlp()) {
+    EXPECT_TRUE(plans.empty()) << plans.dump();
+  } else {
+    ASSERT_EQ(plans.size(), 2u) << plans.dump();  // conv1 and conv2 at batch 16
+    EXPECT_EQ(plans[0].get<std::string>().rfind("conv1, batch 16: forward ", 0), 0u) << plans.dump();
+  }
 }
 
 TEST_P(EngineGpuModels, BackupTowersDropAStraggler) {
