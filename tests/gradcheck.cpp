@@ -191,9 +191,8 @@ void expect_cifar10_gradients_match_numerical(Tower& tower, float analytic_scale
     }
     // A convolution's weights: at most one in ten checked coordinates (at least one) beyond
     // the tolerance, none beyond twice it (see the header); every other variable: none.
-    const bool conv_weights = v.spec.name.rfind("conv", 0) == 0 &&
-                              v.spec.name.size() > 7 &&
-                              v.spec.name.compare(v.spec.name.size() - 7, 7, "/weight") == 0;
+    const bool conv_weights =
+        v.spec.name.starts_with("conv") && v.spec.name.ends_with("/weight");
     const int64_t outliers_allowed = conv_weights ? std::max<int64_t>(1, r.checked / 10) : 0;
     EXPECT_TRUE(r.over <= outliers_allowed && r.max_error <= (conv_weights ? 2.0 : 1.0))
         << v.spec.name << ": " << r.over << " of " << r.checked

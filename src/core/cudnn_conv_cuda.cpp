@@ -170,10 +170,9 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
   const auto adopt = [&](cudnnConvolutionDescriptor_t d, cudnnMathType_t chosen) {
     if (tf32) CUDNN_CHECK(cudnnSetConvolutionMathType(d, chosen));
   };
-  CUDA_CHECK(cudaGetDevice(&m.device));
   // A direction whose algorithm needs more than the scratch (by the size query after adopting
-  // the math type, the one that counts) runs in a workspace of its own.
-  const auto own_workspace = [&](int direction, size_t bytes) { m.own_bytes[direction] = bytes; };
+  // the math type, the one that counts) runs in a workspace of its own, on this device.
+  CUDA_CHECK(cudaGetDevice(&m.device));
 
   {
     std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
@@ -187,7 +186,7 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     adopt(m.fwd, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, m.x, m.w, m.fwd, m.y, m.fwd_algo,
                                                         &m.fwd_ws));
-    if (m.fwd_ws > workspace) own_workspace(0, m.fwd_ws);
+    if (m.fwd_ws > workspace) m.own_bytes[0] = m.fwd_ws;
   }
   {
     std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
@@ -201,7 +200,7 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     adopt(m.bwd_data, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, m.w, m.y, m.bwd_data, m.x,
                                                              m.bwd_data_algo, &m.bwd_data_ws));
-    if (m.bwd_data_ws > workspace) own_workspace(1, m.bwd_data_ws);
+    if (m.bwd_data_ws > workspace) m.own_bytes[1] = m.bwd_data_ws;
   }
   {
     std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
@@ -215,7 +214,7 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     adopt(m.bwd_filter, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
         handle, m.x, m.y, m.bwd_filter, m.w, m.bwd_filter_algo, &m.bwd_filter_ws));
-    if (m.bwd_filter_ws > workspace) own_workspace(2, m.bwd_filter_ws);
+    if (m.bwd_filter_ws > workspace) m.own_bytes[2] = m.bwd_filter_ws;
   }
 }
 
@@ -229,8 +228,7 @@ size_t CudnnConv::workspace_bytes() const {
 
 size_t CudnnConv::own_workspace_bytes() const {
   const Impl& m = *impl_;
-  return (m.own_bytes[0] ? m.fwd_ws : 0) + (m.own_bytes[1] ? m.bwd_data_ws : 0) +
-         (m.own_bytes[2] ? m.bwd_filter_ws : 0);
+  return m.own_bytes[0] + m.own_bytes[1] + m.own_bytes[2];
 }
 
 std::string CudnnConv::algorithms() const {
@@ -265,7 +263,8 @@ void CudnnConv::backward_data(const float* w, const float* dy, float* dx, void* 
   const Impl& m = *impl_;
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnConvolutionBackwardData(m.handle, &one, m.w, w, m.y, dy, m.bwd_data,
-                                           m.bwd_data_algo, m.workspace(1, ws, m.handle), m.bwd_data_ws, &zero, m.x, dx));
+                                           m.bwd_data_algo, m.workspace(1, ws, m.handle),
+                                           m.bwd_data_ws, &zero, m.x, dx));
 }
 
 }  // namespace towers

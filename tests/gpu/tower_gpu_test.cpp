@@ -101,18 +101,35 @@ void expect_same_correct(int64_t gpu, int64_t cpu_correct, const CpuTower& cpu, 
 
 class TowerGpu : public ::testing::TestWithParam<const char*> {};
 
+// What a GPU tower is compared with: the model (im2col convolutions), parameters from seed 7, a
+// random batch of n from seed 8, and the CPU tower's step on it.
+struct CpuReference {
+  std::unique_ptr<Graph> g;
+  int64_t n = 0, total = 0;
+  std::vector<float> params;
+  Batch b;
+  std::unique_ptr<CpuTower> cpu;
+  StepStats step;
+  CpuReference(const std::string& model, int64_t batch)
+      : g(twin_model(model)), n(batch), total(g->layout().total()), params(total),
+        b(random_batch(*g, batch, 8)), cpu(std::make_unique<CpuTower>(*g, batch, 2)) {
+    g->layout().initialize(params.data(), 7);
+    cpu->load_params(params.data());
+    step = cpu->compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+  }
+};
+
 // Both GPU convolution paths: cuDNN (auto: one plan per convolution layer and batch size) and
 // im2col + cuBLAS (no plans), against one CPU tower.
 TEST_P(TowerGpu, MatchesTheCpuTower) {
   TOWERS_SKIP_WITHOUT_GPU();
-  auto g = twin_model(GetParam());
-  const int64_t n = 32, total = g->layout().total();
-  std::vector<float> params(total);
-  g->layout().initialize(params.data(), 7);
-  Batch b = random_batch(*g, n, 8);
-  CpuTower cpu(*g, n, 2);
-  cpu.load_params(params.data());
-  StepStats sc = cpu.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+  CpuReference ref(GetParam(), 32);
+  const Graph* g = ref.g.get();
+  const int64_t n = ref.n, total = ref.total;
+  const std::vector<float>& params = ref.params;
+  const Batch& b = ref.b;
+  CpuTower& cpu = *ref.cpu;
+  const StepStats sc = ref.step;
   const std::vector<float> cpu_grads(cpu.grads(), cpu.grads() + total);
   StepStats ec = cpu.evaluate(b.images.data(), b.labels.data(), n);
   for (ConvAlgorithm conv : {ConvAlgorithm::Auto, ConvAlgorithm::Im2col}) {
@@ -148,25 +165,19 @@ TEST_P(TowerGpu, MatchesTheCpuTower) {
 // tower still computes the CPU tower's gradients, within the same bounds as above.
 TEST(TowerGpu, NondeterministicCudnnStillMatchesTheCpuTower) {
   TOWERS_SKIP_WITHOUT_GPU();
-  auto g = twin_model("cifar10");
+  CpuReference ref("cifar10", 32);
+  const int64_t n = ref.n;
   auto gg = model_with("cifar10", ConvAlgorithm::Auto);
-  const int64_t n = 32, total = g->layout().total();
-  std::vector<float> params(total);
-  g->layout().initialize(params.data(), 7);
-  Batch b = random_batch(*g, n, 8);
-  CpuTower cpu(*g, n, 2);
-  cpu.load_params(params.data());
-  StepStats sc = cpu.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
   TowerPlacement p = gpu(true);
   p.cudnn_nondeterministic = true;
   CudaTower cuda(*gg, n, p);
-  cuda.load_params(params.data());
+  cuda.load_params(ref.params.data());
   for (int step = 0; step < 3; ++step) {  // eager, captured, replayed
     SCOPED_TRACE("step " + std::to_string(step));
-    StepStats sg = cuda.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
-    EXPECT_NEAR(sg.loss_sum, sc.loss_sum, 1e-5 * std::fabs(sc.loss_sum));
-    for (const Variable& v : g->layout().variables())
-      EXPECT_LT(norm_rel(cuda.grads() + v.offset, cpu.grads() + v.offset, v.size), 1e-4)
+    StepStats sg = cuda.compute_gradients(ref.b.images.data(), ref.b.labels.data(), n, 1.0f / n);
+    EXPECT_NEAR(sg.loss_sum, ref.step.loss_sum, 1e-5 * std::fabs(ref.step.loss_sum));
+    for (const Variable& v : ref.g->layout().variables())
+      EXPECT_LT(norm_rel(cuda.grads() + v.offset, ref.cpu->grads() + v.offset, v.size), 1e-4)
           << v.spec.name;
   }
   ASSERT_EQ(static_cast<int64_t>(cuda.gpu_plan_notes().size()), conv_layers(*gg));
