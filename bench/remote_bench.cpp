@@ -7,8 +7,14 @@
 //                          apply (sgd) while the next piece is on the wire, the reply
 //   BM_Pull/BYTES/SHARDS   what a tower's pull reads: every shard's range, streamed in pieces
 //                          (PullStream), each copied into the worker's array as it arrives
-//   BM_TcpLoopback/BYTES   the raw yardstick: BYTES over one 127.0.0.1 TCP connection and a
-//                          1-byte reply, the same round trip as a unary call
+//   BM_TcpLoopback/BYTES/WRITE/READ
+//                          the raw yardstick: BYTES over one 127.0.0.1 TCP connection and a
+//                          1-byte reply, the same round trip as a unary call, written in
+//                          write() calls of WRITE bytes and read in read() calls of READ (0:
+//                          the whole message in one call). How a socket is driven moves its
+//                          rate by up to 2x on some kernels (one 4 MiB read() can hold the
+//                          socket while the sender waits), so there are several variants, and
+//                          raw TCP is the best of them (bench/run-remote.sh)
 //   BM_GrpcUnary/BYTES     gRPC's own floor: one unary call of BYTES on one channel, sent from
 //                          the caller's memory without a copy (wire.h), to a server that
 //                          replies at once without reading it: what any design on gRPC pays
@@ -24,12 +30,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <map>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -132,6 +140,8 @@ void BM_Pull(benchmark::State& state) {
 
 void BM_TcpLoopback(benchmark::State& state) {
   const int64_t bytes = state.range(0);
+  const int64_t write_size = state.range(1) > 0 ? std::min(state.range(1), bytes) : bytes;
+  const int64_t read_size = state.range(2) > 0 ? std::min(state.range(2), bytes) : bytes;
   const int lfd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -154,7 +164,7 @@ void BM_TcpLoopback(benchmark::State& state) {
     for (;;) {
       int64_t got = 0;
       while (got < bytes) {
-        const ssize_t r = read(sfd, in.data() + got, bytes - got);
+        const ssize_t r = read(sfd, in.data() + got, std::min(read_size, bytes - got));
         if (r <= 0) return;
         got += r;
       }
@@ -166,7 +176,7 @@ void BM_TcpLoopback(benchmark::State& state) {
   auto send_one = [&] {
     int64_t sent = 0;
     while (sent < bytes) {
-      const ssize_t w = write(cfd, out.data() + sent, bytes - sent);
+      const ssize_t w = write(cfd, out.data() + sent, std::min(write_size, bytes - sent));
       if (w <= 0) return false;
       sent += w;
     }
@@ -422,9 +432,19 @@ void sizes(benchmark::internal::Benchmark* b, bool shards) {
   b->UseRealTime()->MinTime(0.3);
 }
 
+// The raw TCP variants (WRITE, READ): whole-message calls, and the call sizes of a tuned
+// streaming program (iperf3 writes 128 KiB by default).
+void tcp_variants(benchmark::internal::Benchmark* b) {
+  for (int64_t s : {64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20})
+    for (auto [w, r] : {std::pair<int64_t, int64_t>{0, 0}, {128 << 10, 128 << 10},
+                        {256 << 10, 64 << 10}, {1 << 20, 128 << 10}})
+      b->Args({s, w, r});
+  b->UseRealTime()->MinTime(0.3);
+}
+
 BENCHMARK(BM_Push)->Apply([](auto* b) { sizes(b, true); });
 BENCHMARK(BM_Pull)->Apply([](auto* b) { sizes(b, true); });
-BENCHMARK(BM_TcpLoopback)->Apply([](auto* b) { sizes(b, false); });
+BENCHMARK(BM_TcpLoopback)->Apply(tcp_variants);
 BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcStream)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcPullStream)->Apply([](auto* b) { sizes(b, false); });
