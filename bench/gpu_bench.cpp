@@ -14,7 +14,9 @@
 //                        weight gradients run on a second stream beside its input gradient
 //                        (--backward-branches: parallel branches of the graph); cudnn 0 is
 //                        im2col + cuBLAS, 1 cuDNN with deterministic algorithms (the default),
-//                        2 cuDNN with any (--cudnn-nondeterministic, PyTorch's default).
+//                        2 cuDNN with any (--cudnn-nondeterministic, PyTorch's default), 3 and
+//                        4 as 1 and 2 with the algorithms chosen by timing them
+//                        (--cudnn-benchmark, torch.backends.cudnn.benchmark).
 //   BM_GpuComputeOnly    forward+backward alone (no host apply), graph vs plain launches: the
 //                        launch overhead a graph removes.
 //   BM_HostMomentumApply the momentum apply on the host parameters alone (the host's share).
@@ -135,7 +137,8 @@ void time_host_param_step(benchmark::State& state, const std::string& model, int
   auto g = model_conv(model, cudnn != 0);
   const int64_t total = g->layout().total();
   TowerPlacement where = placement(graphs, tf32);
-  where.cudnn_nondeterministic = cudnn == 2;
+  where.cudnn_nondeterministic = cudnn == 2 || cudnn == 4;
+  where.cudnn_benchmark = cudnn >= 3;
   CudaTower tower(*g, batch, where);
   std::vector<float> params(total);
   g->layout().initialize(params.data(), 1);
@@ -159,7 +162,8 @@ void time_host_param_step(benchmark::State& state, const std::string& model, int
 }
 
 // Args: graphs (0/1), tf32 (0/1), cudnn (1: cuDNN convolutions with deterministic algorithms,
-// 2: with any algorithm, --cudnn-nondeterministic; 0: im2col + cuBLAS).
+// 2: with any algorithm, --cudnn-nondeterministic; 3, 4: as 1, 2, timed, --cudnn-benchmark;
+// 0: im2col + cuBLAS).
 void BM_GpuTowerStep(benchmark::State& state) {
   time_host_param_step(state, "cifar10", 128, state.range(0) != 0, state.range(1) != 0,
                        static_cast<int>(state.range(2)));
@@ -184,7 +188,7 @@ BENCHMARK_CAPTURE(BM_GpuModelStep, resnet_small_cifar, std::string("resnet-small
 
 // --params mirrored: the same step with the parameters and momentum on the GPU, the update the
 // last kernels of the step's graph; nothing crosses PCIe but the batch and the losses.
-// Args: batch, tf32 (0/1), cudnn (1: cuDNN convolutions, 0: im2col + cuBLAS), input (0: one
+// Args: batch, tf32 (0/1), cudnn (as BM_GpuTowerStep), input (0: one
 // fixed batch of floats; 1: the host pipeline's batches; 2: the device-input pipeline's plans),
 // branches (0/1: --backward-branches).
 void time_mirrored_step(benchmark::State& state, const std::string& model, int64_t batch,
@@ -194,7 +198,8 @@ void time_mirrored_step(benchmark::State& state, const std::string& model, int64
   const int64_t total = g->layout().total();
   TowerPlacement where = placement(true, tf32);
   where.backward_branches = branches;
-  where.cudnn_nondeterministic = cudnn == 2;
+  where.cudnn_nondeterministic = cudnn == 2 || cudnn == 4;
+  where.cudnn_benchmark = cudnn >= 3;
   CudaTower tower(*g, batch, where);
   std::vector<float> params(total), init(total);
   g->layout().initialize(params.data(), 1);
@@ -257,6 +262,8 @@ BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn", "input", "bra
     ->Args({512, 0, 1, 2, 0})
     ->Args({128, 0, 1, 0, 1})->Args({128, 1, 1, 0, 1})->Args({512, 0, 1, 0, 1})
     ->Args({128, 0, 2, 0, 0})->Args({128, 1, 2, 0, 0})->Args({512, 0, 2, 0, 0})
+    ->Args({128, 0, 3, 0, 0})->Args({128, 1, 3, 0, 0})->Args({512, 0, 3, 0, 0})
+    ->Args({128, 0, 4, 0, 0})->Args({128, 1, 4, 0, 0})
     ->UseRealTime()->MinTime(bench_min_time(1.0))->Repetitions(3)->ReportAggregatesOnly(true);
 
 // BM_GpuModelStep's nets with mirrored parameters (BatchNorm's running statistics updated on

@@ -24,6 +24,9 @@
 #   PHASES=warm bench/run-gpu.sh P OUT/warm & wait
 #   TOWERS_BENCH_MIN_TIME=0.5 PEER_S=3 PHASES=bench bench/run-gpu.sh P OUT/bench
 #   PHASES=fashion FASHION_S=60 bench/run-gpu.sh P OUT/fashion
+# The FP32 mirrored step's cuDNN choices alone (the default ranking, --cudnn-nondeterministic,
+# --cudnn-benchmark, both; their plans go to stderr), about a minute:
+#   TOWERS_BENCH_MIN_TIME=0.5 P/bench/gpu_bench --benchmark_filter='BM_GpuMirroredStep/batch:128/tf32:0/cudnn:[1-4]/input:0/branches:0'
 # BUILD_DIR (default build-gpu) holds towers, tests/towers_tests and bench/gpu_bench, built with
 # -DCMAKE_CUDA_ARCHITECTURES matching the GPU (90 for H100/H200); where the machine lacks the
 # Debian libraries, carry them in BUILD_DIR/devlibs (bench/pack-gpu.sh makes such a folder).

@@ -62,6 +62,7 @@ TEST(Devices, BadDeviceFlags) {
            {"--tf32", "need --device cuda"},
            {"--backward-branches", "need --device cuda"},
            {"--cudnn-nondeterministic", "need --device cuda"},
+           {"--cudnn-benchmark", "need --device cuda"},
            {"--device cuda --gpus -1", "--gpus must be >= 0"},
            {"--device cuda --mode async --reduce nccl", "--reduce nccl is for --mode sync"},
        }) {

@@ -43,6 +43,9 @@ struct TowerPlacement {
   // GPU: cuDNN may run algorithms that are not deterministic (its fastest-ranked ones); by
   // default it runs deterministic ones only, so a run's bits are a function of its seed.
   bool cudnn_nondeterministic = false;
+  // GPU: cuDNN's algorithms chosen by timing them (cudnnFind*), not by its heuristic ranking;
+  // the choice may then differ from run to run.
+  bool cudnn_benchmark = false;
   // Tests only: a spin kernel of this many ns on the compute stream before each layer's
   // backward, so that a gradient copy that does not wait for its layer reads stale data.
   int64_t test_backward_delay_ns = 0;

@@ -173,9 +173,9 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(c.gpus >= 0, "--gpus must be >= 0 (0 = all), got {}", c.gpus);
   TOWERS_REQUIRE(c.device == "cuda" || (c.gpus == 0 && !c.tf32 && c.cuda_graphs &&
                                          !c.backward_branches && !c.cudnn_nondeterministic &&
-                                         reduce == Reduce::Host),
-                 "--gpus, --tf32, --no-cuda-graphs, --backward-branches, --cudnn-nondeterministic "
-                 "and --reduce nccl need --device cuda");
+                                         !c.cudnn_benchmark && reduce == Reduce::Host),
+                 "--gpus, --tf32, --no-cuda-graphs, --backward-branches, --cudnn-nondeterministic, "
+                 "--cudnn-benchmark and --reduce nccl need --device cuda");
   TOWERS_REQUIRE(reduce == Reduce::Host ||
                      (mode == Mode::Sync &&
                       (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate == c.towers)),
@@ -345,6 +345,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"cuda_graphs", c.cuda_graphs},
           {"backward_branches", c.backward_branches},
           {"cudnn_nondeterministic", c.cudnn_nondeterministic},
+          {"cudnn_benchmark", c.cudnn_benchmark},
           {"input", c.input},
           {"mode", c.mode},
           {"replicas_to_aggregate", c.replicas_to_aggregate},
@@ -410,6 +411,7 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   ec.cuda_graphs = c.cuda_graphs;
   ec.backward_branches = c.backward_branches;
   ec.cudnn_nondeterministic = c.cudnn_nondeterministic;
+  ec.cudnn_benchmark = c.cudnn_benchmark;
   ec.device_input = c.input == "device";
   TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,
                  "--reduce nccl: {} towers on {} GPU(s); NCCL needs one tower per GPU (use "
@@ -424,9 +426,10 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
                                        ceil_div(c.towers, ec.gpus),
                                        c.towers % ec.gpus == 0 ? "each" : "a")
                          : "";
-  placement = fmt::format("on {} GPU(s) ({}){}{}{}", ec.gpus, found.gpus[0].name, sharing,
+  placement = fmt::format("on {} GPU(s) ({}){}{}{}{}", ec.gpus, found.gpus[0].name, sharing,
                           c.tf32 ? ", TF32" : "",
-                          c.cudnn_nondeterministic ? ", any cuDNN algorithm" : "");
+                          c.cudnn_nondeterministic ? ", any cuDNN algorithm" : "",
+                          c.cudnn_benchmark ? ", cuDNN algorithms timed" : "");
   return ec;
 }
 
@@ -735,6 +738,7 @@ EvalResult Run::evaluate_now() {
     p.threads = cores_;
     p.tf32 = ec_.tf32;  // evaluate with the arithmetic the run trains with
     p.cudnn_nondeterministic = ec_.cudnn_nondeterministic;
+    p.cudnn_benchmark = ec_.cudnn_benchmark;
     eval_tower_ = make_tower(*graph_, 256, p);
   }
   // host_params() also refreshes the optimizer's slots where a store keeps them elsewhere.
@@ -961,7 +965,8 @@ TrainSummary Run::summary() {
   }
   if (placed_) line["pipeline"] = sum_.pipeline = pipeline_summary();
   // Which cuDNN algorithms the run's convolutions used (tower 0's plans; every tower of a run
-  // plans the same shapes with the same rules).
+  // plans the same shapes with the same rules, and with --cudnn-benchmark the towers of one GPU
+  // share its timed choices, while another GPU's own timings may choose otherwise).
   if (ec_.device == DeviceKind::Cuda) line["cudnn_plans"] = group_->tower(0).plan_notes();
   metrics_->write(line);
   if (!sum_.interrupted && chief_)

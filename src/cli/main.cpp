@@ -143,6 +143,12 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                "cuda: let cuDNN run its fastest-ranked convolution algorithms even where they are "
                "not deterministic (backward passes that add with atomics, as PyTorch does by "
                "default): faster, but two runs with one seed no longer give the same bits");
+  app.add_flag("--cudnn-benchmark", c.cudnn_benchmark,
+               "cuda: time cuDNN's convolution algorithms once per shape and GPU and run the "
+               "fastest that the rules allow (deterministic unless --cudnn-nondeterministic, the "
+               "precision asked for, at most 1 GiB of workspace), as "
+               "torch.backends.cudnn.benchmark does, instead of cuDNN's heuristic ranking: the "
+               "choice, and with it the rounding, can differ from run to run");
   app.add_flag("--backward-branches", c.backward_branches,
                "cuda: compute each layer's weight and bias gradients on a second stream, beside "
                "its input gradient (parallel branches of the step's graph; more device scratch)");
@@ -196,7 +202,7 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_option("--conv", c.conv,
                  "how convolutions are computed: auto (CPU: Winograd F(2x2,5x5) for 5x5 stride-1 "
                  "SAME layers of 16+ channels, else im2col; GPU: cuDNN, with deterministic "
-                 "algorithms unless --cudnn-nondeterministic, wherever its symmetric padding "
+                 "algorithms unless --cudnn-nondeterministic, ranked by cuDNN's heuristics unless --cudnn-benchmark, wherever its symmetric padding "
                  "gives the layer's window, else im2col), im2col (CPU: im2col + GEMM; GPU: im2col + cuBLAS), or winograd (CPU: "
                  "every 3x3 and 5x5 stride-1 SAME layer; GPU: as auto); overrides a model file's "
                  "\"algorithm\"")->capture_default_str();

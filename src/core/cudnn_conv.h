@@ -12,7 +12,13 @@
 // and library version, as the rest of towers does. --cudnn-nondeterministic drops the
 // determinism requirement (cuDNN's first-ranked backward algorithms often add with atomics, as
 // PyTorch lets them by default): faster where they are, and then a run's bits vary from run to
-// run. A direction runs in the caller's workspace (the tower's scratch, sized for im2col and
+// run. --cudnn-benchmark times the candidates instead (cudnnFind*AlgorithmEx, on buffers of the
+// layer's shapes taken from the GPU's pool for the search) and takes the fastest that the
+// same rules allow, as PyTorch's torch.backends.cudnn.benchmark does, or the ranking's choice
+// where no timed candidate is usable; searches run one at a time and their choices are kept
+// for the process, per GPU, shape and rules. The choice can then differ from run to run with
+// the timings, and with it the rounding, so it is off by default.
+// A direction runs in the caller's workspace (the tower's scratch, sized for im2col and
 // allocated before any capture) where its algorithm fits; where not (cuDNN's deterministic
 // backward-filter algorithms often want a little more than im2col's buffer), in a workspace of
 // the plan's own, taken from the GPU's pool (CudaMemoryPool) at that direction's first call,
@@ -54,9 +60,11 @@ class CudnnConv {
   // a direction has no deterministic algorithm within 1 GiB of workspace. The current device
   // is the handle's (a workspace of its own is taken from its pool). workspace_bytes is what
   // the caller offers each call. deterministic = false (--cudnn-nondeterministic) lets every
-  // direction take the first of cuDNN's ranking, deterministic or not.
+  // direction take the first of cuDNN's ranking, deterministic or not. benchmark = true
+  // (--cudnn-benchmark) ranks by measured time (cudnnFind*AlgorithmEx, which runs kernels on
+  // the handle's stream and blocks until they are done; never inside a capture).
   CudnnConv(cudnnContext* handle, const Shape& shape, bool tf32, size_t workspace_bytes,
-            const std::string& who, bool deterministic = true);
+            const std::string& who, bool deterministic = true, bool benchmark = false);
   ~CudnnConv();
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
@@ -75,7 +83,9 @@ class CudnnConv {
   size_t workspace_bytes() const;
   // The device memory the plan allocated for itself (0 when everything fits the caller's).
   size_t own_workspace_bytes() const;
-  // "forward IMPLICIT_PRECOMP_GEMM (0.0 MiB), backward-data ALGO_1 (1.2 MiB), backward-filter ..."
+  // "forward IMPLICIT_PRECOMP_GEMM (0.0 MiB), backward-data ALGO_1 (1.2 MiB), backward-filter ...";
+  // with --cudnn-benchmark after "timed: ", each direction with its measured time ("0.031 ms")
+  // or "ranked" where the ranking chose.
   std::string algorithms() const;
 
  private:

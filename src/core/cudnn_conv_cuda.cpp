@@ -6,6 +6,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "core/check.h"
 #include "core/cuda_check.h"
@@ -64,7 +70,8 @@ bool usable(const Perf& p, bool tf32, bool deterministic) {
   return tf32 || p.mathType != CUDNN_TENSOR_OP_MATH;
 }
 
-// The first usable entry of cuDNN's ranking (its order is its estimate of speed) that needs at
+// The first usable entry of cuDNN's ranking (its order is its estimate of speed, or with
+// --cudnn-benchmark the times cudnnFind*AlgorithmEx measured) that needs at
 // most kOwnWorkspaceLimit; it runs in the workspace offered (the layer's scratch) where it
 // fits, else in a workspace of the plan's own. cuDNN's deterministic backward-filter
 // algorithms often need a little more than the im2col buffer the scratch is sized by (conv1 of
@@ -90,6 +97,137 @@ const Perf& pick(const Perf* perf, int count, bool tf32, bool deterministic,
                    seen.empty() ? "empty" : seen);
 }
 
+// A plan's set-up and first calls allocate and (with --cudnn-benchmark) run kernels: never
+// inside a capture of the handle's stream, where they would be recorded or refused.
+void require_no_capture(cudnnHandle_t handle, const char* what) {
+  cudaStream_t stream = nullptr;
+  CUDNN_CHECK(cudnnGetStream(handle, &stream));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  TOWERS_CHECK(status == cudaStreamCaptureStatusNone,
+               "{} inside a CUDA graph capture (a tower's first step of a batch size must run "
+               "eagerly)", what);
+}
+
+// --cudnn-benchmark: the device memory cudnnFind*AlgorithmEx runs a plan's candidates on: the
+// layer's x, w and y (doubling as dx, dw and dy), taken from the GPU's pool at the first search
+// and zeroed on the plan's stream (nothing reads uninitialised memory), and each search's
+// workspace, given back to the pool after its search. The Find calls block the host until their
+// kernels are done; the stream is synchronised before any of it goes back.
+class Trial {
+ public:
+  Trial(int device, cudnnHandle_t handle, size_t x, size_t w, size_t y)
+      : device_(device), sizes_{x, w, y} {
+    require_no_capture(handle, "a cuDNN plan timed with --cudnn-benchmark is made");
+    CUDNN_CHECK(cudnnGetStream(handle, &stream_));
+  }
+  ~Trial() {
+    cudaStreamSynchronize(stream_);
+    for (void* p : buffers_)
+      if (p) CudaMemoryPool::of(device_).release(p);
+  }
+  Trial(const Trial&) = delete;
+  Trial& operator=(const Trial&) = delete;
+  // The layer's buffers: 0 x, 1 w, 2 y.
+  void* buffer(int i) {
+    if (buffers_[i] == nullptr) buffers_[i] = take(sizes_[i]);
+    return buffers_[i];
+  }
+  // The workspace a search may offer at most: 1 GiB, and a quarter of what the GPU has free.
+  size_t room() const {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return std::min(kOwnWorkspaceLimit, free / 4);
+  }
+  // Runs search(workspace, bytes) with a workspace of `bytes`, then gives it back.
+  template <class Search>
+  void with_workspace(size_t bytes, Search search) {
+    void* ws = take(bytes);
+    try {
+      search(ws, bytes);
+    } catch (...) {
+      give_back(ws);
+      throw;
+    }
+    give_back(ws);
+  }
+
+ private:
+  void* take(size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* p = CudaMemoryPool::of(device_).allocate(bytes);
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    return p;
+  }
+  void give_back(void* p) {
+    if (p == nullptr) return;
+    cudaStreamSynchronize(stream_);
+    CudaMemoryPool::of(device_).release(p);
+  }
+  int device_;
+  std::array<size_t, 3> sizes_;
+  std::array<void*, 3> buffers_{};
+  cudaStream_t stream_ = nullptr;
+};
+
+// The workspace a timed search offers: as much as the largest algorithm of the heuristic
+// ranking that pick could take (usable, within kOwnWorkspaceLimit), up to what the trial has
+// room for; a candidate that wants more fails its trial and is passed over.
+template <class Perf>
+size_t search_workspace(const Perf* perf, int count, bool tf32, bool deterministic) {
+  size_t most = 0;
+  for (int i = 0; i < count; ++i)
+    if (usable(perf[i], tf32, deterministic) && perf[i].memory <= kOwnWorkspaceLimit)
+      most = std::max(most, perf[i].memory);
+  return most;
+}
+
+// Timed choices, for the process: every tower that plans the same shape on the same GPU with
+// the same rules takes the first search's result, and searches run one at a time, so towers
+// that share a GPU do not time their candidates against each other's kernels.
+std::mutex search_mu;
+std::map<std::string, std::vector<std::byte>> searched;  // key -> the chosen Perf's bytes
+
+// One direction's algorithm: the first usable entry of cuDNN's heuristic ranking (rank), or
+// with a trial of the fastest usable one that cudnnFind*AlgorithmEx timed (find), falling back
+// to the ranking where no timed entry is usable. *ms: the measured time of a timed choice, or
+// -1 for a ranked one.
+template <class Perf, class Rank, class Find, class Name>
+Perf choose(Rank rank, Find find, Trial* trial, const std::string& key, bool tf32,
+            bool deterministic, Name name, const char* direction, const std::string& who,
+            int64_t n, float* ms) {
+  std::array<Perf, 16> ranked{};
+  int count = 0;
+  rank(static_cast<int>(ranked.size()), &count, ranked.data());
+  *ms = -1.0f;
+  if (trial != nullptr) {
+    std::lock_guard<std::mutex> l(search_mu);
+    auto hit = searched.find(key);
+    if (hit == searched.end()) {
+      std::array<Perf, 16> timed{};
+      int found = 0;
+      const size_t ws =
+          std::min(search_workspace(ranked.data(), count, tf32, deterministic), trial->room());
+      trial->with_workspace(ws, [&](void* space, size_t bytes) {
+        find(static_cast<int>(timed.size()), &found, timed.data(), space, bytes);
+      });
+      for (int i = 0; i < found && hit == searched.end(); ++i)
+        if (usable(timed[i], tf32, deterministic) && timed[i].memory <= kOwnWorkspaceLimit) {
+          std::vector<std::byte> bytes(sizeof(Perf));
+          std::memcpy(bytes.data(), &timed[i], sizeof(Perf));
+          hit = searched.emplace(key, std::move(bytes)).first;
+        }
+    }
+    if (hit != searched.end()) {
+      Perf p;
+      std::memcpy(&p, hit->second.data(), sizeof(Perf));
+      *ms = p.time;
+      return p;
+    }
+  }
+  return pick(ranked.data(), count, tf32, deterministic, name, direction, who, n);
+}
+
 }  // namespace
 
 struct CudnnConv::Impl {
@@ -109,19 +247,17 @@ struct CudnnConv::Impl {
   // of a batch size runs eagerly; GpuPlans), so that a forward-only tower (evaluation) holds
   // no backward workspace.
   int device = 0;
+  // Per direction, the measured time (ms) of an algorithm chosen by timing it
+  // (--cudnn-benchmark), or -1 where the heuristic ranking chose.
+  std::array<float, 3> ms{-1.0f, -1.0f, -1.0f};
+  bool benchmarked = false;  // --cudnn-benchmark
   std::array<size_t, 3> own_bytes{};
   mutable std::array<void*, 3> own{};
 
   void* workspace(int direction, void* scratch, cudnnHandle_t on) const {
     if (own_bytes[direction] == 0) return scratch;
     if (own[direction] == nullptr) {
-      cudaStream_t stream = nullptr;
-      CUDNN_CHECK(cudnnGetStream(on, &stream));
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-      CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-      TOWERS_CHECK(status == cudaStreamCaptureStatusNone,
-                   "a cuDNN plan's first call is inside a CUDA graph capture, where its workspace "
-                   "cannot be allocated (a tower's first step of a batch size must run eagerly)");
+      require_no_capture(on, "a cuDNN plan's first call, which allocates its workspace, is");
       own[direction] = CudaMemoryPool::of(device).allocate(own_bytes[direction]);
     }
     return own[direction];
@@ -139,7 +275,7 @@ struct CudnnConv::Impl {
 };
 
 CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t workspace,
-                     const std::string& who, bool deterministic)
+                     const std::string& who, bool deterministic, bool benchmark)
     : impl_(std::make_unique<Impl>()) {
   const kernels::ConvGeometry& g = s.geo;
   TOWERS_CHECK(cudnn_window_fits(g.rows) && cudnn_window_fits(g.cols),
@@ -173,15 +309,36 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
   // A direction whose algorithm needs more than the scratch (by the size query after adopting
   // the math type, the one that counts) runs in a workspace of its own, on this device.
   CUDA_CHECK(cudaGetDevice(&m.device));
-
+  m.benchmarked = benchmark;
+  // --cudnn-benchmark: each direction's candidates timed on buffers of the layer's shapes, in
+  // place of the heuristic ranking (choose), once per shape, GPU and rules in the process.
+  std::unique_ptr<Trial> trial;
+  if (benchmark) {
+    const auto bytes = [](int64_t floats) { return sizeof(float) * static_cast<size_t>(floats); };
+    trial = std::make_unique<Trial>(
+        m.device, handle, bytes(s.n * g.channels * g.height * g.width),
+        bytes(s.out_channels * g.channels * g.rows.k * g.cols.k),
+        bytes(s.n * s.out_channels * g.rows.out * g.cols.out));
+  }
+  const auto key = [&](const char* direction) {
+    return fmt::format("{} {} n{} c{} {}x{} k{} {}x{} pad {},{} stride {},{} tf32 {} det {}",
+                       m.device, direction, s.n, g.channels, g.height, g.width, s.out_channels,
+                       g.rows.k, g.cols.k, g.rows.pad_before, g.cols.pad_before, g.rows.stride,
+                       g.cols.stride, tf32, deterministic);
+  };
+  Trial* t = trial.get();
   {
-    std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
-    int count = 0;
-    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, m.x, m.w, m.fwd, m.y,
-                                                       static_cast<int>(perf.size()), &count,
-                                                       perf.data()));
-    const auto& p = pick(perf.data(), count, tf32, deterministic, fwd_name, "forward",
-                         who, s.n);
+    const auto p = choose<cudnnConvolutionFwdAlgoPerf_t>(
+        [&](int k, int* count, cudnnConvolutionFwdAlgoPerf_t* perf) {
+          CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, m.x, m.w, m.fwd, m.y, k,
+                                                             count, perf));
+        },
+        [&](int k, int* count, cudnnConvolutionFwdAlgoPerf_t* perf, void* ws, size_t bytes) {
+          CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+              handle, m.x, t->buffer(0), m.w, t->buffer(1), m.fwd, m.y, t->buffer(2), k, count,
+              perf, ws, bytes));
+        },
+        t, key("forward"), tf32, deterministic, fwd_name, "forward", who, s.n, &m.ms[0]);
     m.fwd_algo = p.algo;
     adopt(m.fwd, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, m.x, m.w, m.fwd, m.y, m.fwd_algo,
@@ -189,13 +346,18 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     if (m.fwd_ws > workspace) m.own_bytes[0] = m.fwd_ws;
   }
   {
-    std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
-    int count = 0;
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, m.w, m.y, m.bwd_data, m.x,
-                                                            static_cast<int>(perf.size()), &count,
-                                                            perf.data()));
-    const auto& p = pick(perf.data(), count, tf32, deterministic, bwd_data_name,
-                         "backward-data", who, s.n);
+    const auto p = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+        [&](int k, int* count, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+          CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, m.w, m.y, m.bwd_data,
+                                                                  m.x, k, count, perf));
+        },
+        [&](int k, int* count, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* ws, size_t bytes) {
+          CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+              handle, m.w, t->buffer(1), m.y, t->buffer(2), m.bwd_data, m.x, t->buffer(0), k,
+              count, perf, ws, bytes));
+        },
+        t, key("backward-data"), tf32, deterministic, bwd_data_name, "backward-data", who, s.n,
+        &m.ms[1]);
     m.bwd_data_algo = p.algo;
     adopt(m.bwd_data, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, m.w, m.y, m.bwd_data, m.x,
@@ -203,13 +365,20 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
     if (m.bwd_data_ws > workspace) m.own_bytes[1] = m.bwd_data_ws;
   }
   {
-    std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
-    int count = 0;
-    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, m.x, m.y, m.bwd_filter, m.w,
-                                                              static_cast<int>(perf.size()),
-                                                              &count, perf.data()));
-    const auto& p = pick(perf.data(), count, tf32, deterministic, bwd_filter_name,
-                         "backward-filter", who, s.n);
+    const auto p = choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        [&](int k, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+          CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, m.x, m.y,
+                                                                    m.bwd_filter, m.w, k, count,
+                                                                    perf));
+        },
+        [&](int k, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* ws,
+            size_t bytes) {
+          CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+              handle, m.x, t->buffer(0), m.y, t->buffer(2), m.bwd_filter, m.w, t->buffer(1), k,
+              count, perf, ws, bytes));
+        },
+        t, key("backward-filter"), tf32, deterministic, bwd_filter_name, "backward-filter", who,
+        s.n, &m.ms[2]);
     m.bwd_filter_algo = p.algo;
     adopt(m.bwd_filter, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
@@ -234,12 +403,15 @@ size_t CudnnConv::own_workspace_bytes() const {
 std::string CudnnConv::algorithms() const {
   const Impl& m = *impl_;
   const auto ws = [&](int direction, size_t bytes) {
-    return mib(bytes) + (m.own_bytes[direction] != 0 ? ", its own" : "");
+    std::string how;
+    if (m.benchmarked)
+      how = m.ms[direction] >= 0.0f ? fmt::format(", {:.3f} ms", m.ms[direction]) : ", ranked";
+    return mib(bytes) + (m.own_bytes[direction] != 0 ? ", its own" : "") + how;
   };
-  return fmt::format("forward {} ({}), backward-data {} ({}), backward-filter {} ({})",
-                     fwd_name(m.fwd_algo), ws(0, m.fwd_ws), bwd_data_name(m.bwd_data_algo),
-                     ws(1, m.bwd_data_ws), bwd_filter_name(m.bwd_filter_algo),
-                     ws(2, m.bwd_filter_ws));
+  return fmt::format("{}forward {} ({}), backward-data {} ({}), backward-filter {} ({})",
+                     m.benchmarked ? "timed: " : "", fwd_name(m.fwd_algo), ws(0, m.fwd_ws),
+                     bwd_data_name(m.bwd_data_algo), ws(1, m.bwd_data_ws),
+                     bwd_filter_name(m.bwd_filter_algo), ws(2, m.bwd_filter_ws));
 }
 
 void CudnnConv::forward(const float* x, const float* w, float* y, void* ws) const {

@@ -83,6 +83,7 @@ struct GpuExec {
   bool tf32 = false;
   const GpuLane* lane = nullptr;
   bool cudnn_nondeterministic = false;  // TowerPlacement::cudnn_nondeterministic
+  bool cudnn_benchmark = false;         // TowerPlacement::cudnn_benchmark
 };
 
 // A tower's second lane on its GPU (--backward-branches): an exec of its own (a stream with

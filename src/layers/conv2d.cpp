@@ -201,7 +201,7 @@ const CudnnConv& Conv2D::cudnn_plan(const GpuExec& e, int64_t n) const {
     const int64_t workspace = geo_.patch() * n * geo_.out_pixels();  // floats, as im2col's col
     auto plan = std::make_unique<CudnnConv>(e.dnn, CudnnConv::Shape{n, geo_, cfg_.out_channels},
                                             e.tf32, sizeof(float) * workspace, name(),
-                                            !e.cudnn_nondeterministic);
+                                            !e.cudnn_nondeterministic, e.cudnn_benchmark);
     e.plans->note(fmt::format("{}, batch {}{}{}: {}", name(), n, e.tf32 ? ", TF32" : "",
                               e.cudnn_nondeterministic ? ", any algorithm" : "",
                               plan->algorithms()));

@@ -1,5 +1,6 @@
 // emu_cudnn.cpp — the cuDNN calls towers makes (handles, 4-D tensor, filter and convolution
-// descriptors, the _v7 algorithm rankings, workspace sizes, and the three convolutions), on the
+// descriptors, the _v7 algorithm rankings and the timed searches (cudnnFind*AlgorithmEx, whose
+// order is a stand-in: see timed()), workspace sizes, and the three convolutions), on the
 // host: each convolution is the CPU twin's im2col + GEMM (col2im for backward-data), image by
 // image, queued on the handle's stream like every emulated operation.
 //
@@ -16,6 +17,7 @@
 // Only beta = 0 (overwrite) is emulated, which is all towers uses.
 #include <cudnn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
@@ -135,6 +137,59 @@ void ranking(const std::vector<Perf>& all, int requested, int* returned, Perf* o
     if (*returned < requested) out[(*returned)++] = p;
 }
 
+// The algorithms of each direction, in the order of the _v7 ranking.
+std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd_candidates(const cudnnConvolutionStruct* c,
+                                                          const ConvGeometry& g) {
+  using P = cudnnConvolutionFwdAlgoPerf_t;
+  std::vector<P> all;
+  if (c->math != CUDNN_FMA_MATH)
+    all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true, 0,
+                           CUDNN_TENSOR_OP_MATH));
+  all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_GEMM, true, needed_bytes(g), CUDNN_FMA_MATH));
+  all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, true, 0, CUDNN_FMA_MATH));
+  return all;
+}
+std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data_candidates(const ConvGeometry& g) {
+  using P = cudnnConvolutionBwdDataAlgoPerf_t;
+  return {entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false, 0, CUDNN_FMA_MATH),
+          entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true, needed_bytes(g), CUDNN_FMA_MATH)};
+}
+std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter_candidates(const ConvGeometry& g) {
+  using P = cudnnConvolutionBwdFilterAlgoPerf_t;
+  return {entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false, 0, CUDNN_FMA_MATH),
+          entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false, 0, CUDNN_FMA_MATH),
+          entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true, needed_bytes(g), CUDNN_FMA_MATH)};
+}
+
+// cudnnFind*AlgorithmEx: the direction's algorithms "timed" on the caller's buffers. The
+// emulator times nothing; its order is a stand-in that differs from the ranking where it can:
+// first an FFT entry whose trial failed (NOT_SUPPORTED: a caller must pass over it), then the
+// others with the fewest workspace bytes first (so a timed forward takes IMPLICIT_GEMM where
+// the ranking takes GEMM), with times 1, 2, ... ms in that order. An algorithm that needs more
+// workspace than offered is not run: NOT_SUPPORTED. TOWERS_EMU_CUDNN_FIND_FAILS=1 (tests)
+// fails every trial. The buffers must be device memory of the sizes the convolution reads and
+// writes, and the workspace device memory of the size offered.
+template <class Perf, class Algo>
+cudnnStatus_t timed(std::vector<Perf> all, Algo fft, const ConvGeometry& g, int n, int k,
+                    const void* x, const void* w, const void* y, const void* ws, size_t ws_bytes,
+                    int requested, int* returned, Perf* out) {
+  if (!usable(g, n, k, x, w, y, ws, ws_bytes, 0) ||
+      (ws_bytes > 0 && !towers::emu::on_device(ws, ws_bytes)))
+    return CUDNN_STATUS_BAD_PARAM;
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Perf& a, const Perf& b) { return a.memory < b.memory; });
+  Perf failed = entry<Perf>(fft, true, 0, CUDNN_FMA_MATH);
+  failed.status = CUDNN_STATUS_NOT_SUPPORTED;
+  all.insert(all.begin(), failed);
+  const bool fail_all = std::getenv("TOWERS_EMU_CUDNN_FIND_FAILS") != nullptr;
+  for (size_t i = 1; i < all.size(); ++i) {
+    all[i].time = static_cast<float>(i);
+    if (all[i].memory > ws_bytes || fail_all) all[i].status = CUDNN_STATUS_NOT_SUPPORTED;
+  }
+  ranking(all, requested, returned, out);
+  return CUDNN_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -213,15 +268,20 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(
   if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   ConvGeometry g;
   if (!geometry(x, w, c, y, &g)) return CUDNN_STATUS_BAD_PARAM;
-  using P = cudnnConvolutionFwdAlgoPerf_t;
-  std::vector<P> all;
-  if (c->math != CUDNN_FMA_MATH)
-    all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true, 0,
-                           CUDNN_TENSOR_OP_MATH));
-  all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_GEMM, true, needed_bytes(g), CUDNN_FMA_MATH));
-  all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, true, 0, CUDNN_FMA_MATH));
-  ranking(all, requested, returned, out);
+  ranking(fwd_candidates(c, g), requested, returned, out);
   return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
+    cudnnHandle_t, const cudnnTensorDescriptor_t xd, const void* x, const cudnnFilterDescriptor_t wd,
+    const void* w, const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t yd, void* y,
+    const int requested, int* returned, cudnnConvolutionFwdAlgoPerf_t* out, void* ws,
+    size_t ws_bytes) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
+  ConvGeometry g;
+  if (!geometry(xd, wd, c, yd, &g)) return CUDNN_STATUS_BAD_PARAM;
+  return timed(fwd_candidates(c, g), CUDNN_CONVOLUTION_FWD_ALGO_FFT, g, xd->n, wd->k, x, w, y, ws,
+               ws_bytes, requested, returned, out);
 }
 
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t x,
@@ -281,12 +341,20 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
   if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   ConvGeometry g;
   if (!geometry(dx, w, c, dy, &g)) return CUDNN_STATUS_BAD_PARAM;
-  using P = cudnnConvolutionBwdDataAlgoPerf_t;
-  ranking(std::vector<P>{entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false, 0, CUDNN_FMA_MATH),
-                         entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true, needed_bytes(g),
-                                  CUDNN_FMA_MATH)},
-          requested, returned, out);
+  ranking(bwd_data_candidates(g), requested, returned, out);
   return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
+    cudnnHandle_t, const cudnnFilterDescriptor_t wd, const void* w, const cudnnTensorDescriptor_t dyd,
+    const void* dy, const cudnnConvolutionDescriptor_t c, const cudnnTensorDescriptor_t dxd,
+    void* dx, const int requested, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* out, void* ws,
+    size_t ws_bytes) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
+  ConvGeometry g;
+  if (!geometry(dxd, wd, c, dyd, &g)) return CUDNN_STATUS_BAD_PARAM;
+  return timed(bwd_data_candidates(g), CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, g, dxd->n, wd->k, dx,
+               w, dy, ws, ws_bytes, requested, returned, out);
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t,
@@ -338,13 +406,20 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
   if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
   ConvGeometry g;
   if (!geometry(x, dw, c, dy, &g)) return CUDNN_STATUS_BAD_PARAM;
-  using P = cudnnConvolutionBwdFilterAlgoPerf_t;
-  ranking(std::vector<P>{entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false, 0, CUDNN_FMA_MATH),
-                         entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false, 0, CUDNN_FMA_MATH),
-                         entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true, needed_bytes(g),
-                                  CUDNN_FMA_MATH)},
-          requested, returned, out);
+  ranking(bwd_filter_candidates(g), requested, returned, out);
   return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
+    cudnnHandle_t, const cudnnTensorDescriptor_t xd, const void* x, const cudnnTensorDescriptor_t dyd,
+    const void* dy, const cudnnConvolutionDescriptor_t c, const cudnnFilterDescriptor_t dwd,
+    void* dw, const int requested, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* out,
+    void* ws, size_t ws_bytes) {
+  if (setup_refused()) return CUDNN_STATUS_NOT_SUPPORTED;
+  ConvGeometry g;
+  if (!geometry(xd, dwd, c, dyd, &g)) return CUDNN_STATUS_BAD_PARAM;
+  return timed(bwd_filter_candidates(g), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, g, xd->n, dwd->k,
+               x, dw, dy, ws, ws_bytes, requested, returned, out);
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(

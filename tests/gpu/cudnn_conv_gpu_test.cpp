@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -249,7 +250,59 @@ TEST(CudnnConvGpu, ChoiceKeepsToWorkspaceAndDeterminism) {
     const std::vector<float> got = run(any, d, scratch_d.get(), counts[d]);
     EXPECT_LT(norm_rel(got, want), 1e-5) << any.algorithms() << " against " << roomy.algorithms();
   }
+  // Timed (--cudnn-benchmark): the same rules over cuDNN's measured order instead of its
+  // ranking, with the workspace offered or none; each computes the same function (within 1e-4:
+  // timing may pick an FFT or Winograd algorithm, which round differently), every direction
+  // says what its choice measured, and the deterministic ones take no non-deterministic
+  // algorithm. timed_tight has the same shape and rules as timed: it takes the process's first
+  // search's choice.
+  CudnnConv timed(ctx.dnn, s, false, big, "timed", true, /*benchmark=*/true);
+  CudnnConv timed_any(ctx.dnn, s, false, big, "timed, any", false, true);
+  CudnnConv timed_tight(ctx.dnn, s, false, 0, "timed, tight", true, true);
+  for (const CudnnConv* plan : {&timed, &timed_any, &timed_tight}) {
+    const std::string chosen = plan->algorithms();
+    std::printf("  FP32, %s\n", chosen.c_str());
+    EXPECT_EQ(chosen.rfind("timed: forward ", 0), 0u) << chosen;
+    int measured = 0;
+    for (size_t at = chosen.find(" ms)"); at != std::string::npos; at = chosen.find(" ms)", at + 1))
+      ++measured;
+    EXPECT_EQ(measured, 3) << chosen;
+    for (int d = 0; d < 3; ++d) {
+      SCOPED_TRACE(names[d] + std::string(", ") + chosen);
+      const std::vector<float> want = run(roomy, d, scratch_d.get(), counts[d]);
+      const std::vector<float> got =
+          run(*plan, d, plan == &timed_tight ? nullptr : scratch_d.get(), counts[d]);
+      EXPECT_LT(norm_rel(got, want), 1e-4) << " against " << roomy.algorithms();
+    }
+  }
+  EXPECT_EQ(timed_tight.algorithms().substr(0, 40), timed.algorithms().substr(0, 40));
+  for (const std::string& chosen : {timed.algorithms(), timed_tight.algorithms()})
+    for (const char* banned :
+         {"backward-data ALGO_0", "backward-filter ALGO_0", "backward-filter ALGO_3"})
+      EXPECT_EQ(chosen.find(banned), std::string::npos) << chosen;
+  // With TF32 allowed, timed TF32 against the ranked TF32 plan (both round their products'
+  // inputs to TF32, in different algorithms).
+  CudnnConv timed_tf32(ctx.dnn, s, true, big, "timed, TF32", true, true);
+  std::printf("  TF32, %s\n", timed_tf32.algorithms().c_str());
+  for (int d = 0; d < 3; ++d) {
+    SCOPED_TRACE(names[d] + std::string(", TF32, ") + timed_tf32.algorithms());
+    const std::vector<float> want = run(roomy_tf32, d, scratch_d.get(), counts[d]);
+    const std::vector<float> got = run(timed_tf32, d, scratch_d.get(), counts[d]);
+    EXPECT_LT(norm_rel(got, want), 2e-3) << " against " << roomy_tf32.algorithms();
+  }
 #if TOWERS_EMULATED_GPU
+  // The emulator's timed order passes over a failed FFT trial, then puts the algorithms without
+  // workspace first: the timed forward is IMPLICIT_GEMM where the ranking's is GEMM (TF32:
+  // the tensor-op IMPLICIT_PRECOMP_GEMM, as ranked), and without the determinism requirement
+  // the backward directions take ALGO_0. timed_tight runs its two backward directions (ALGO_1,
+  // one image's im2col buffer each) in workspaces of its own.
+  EXPECT_EQ(timed.algorithms().substr(0, 30), "timed: forward IMPLICIT_GEMM (") << timed.algorithms();
+  EXPECT_NE(timed.algorithms().find("backward-data ALGO_1"), std::string::npos);
+  EXPECT_NE(timed_any.algorithms().find("backward-data ALGO_0"), std::string::npos);
+  EXPECT_NE(timed_any.algorithms().find("backward-filter ALGO_0"), std::string::npos);
+  EXPECT_EQ(timed_tight.own_workspace_bytes(), 2 * big / s.n) << timed_tight.algorithms();
+  EXPECT_EQ(timed_tf32.algorithms().substr(0, 38), "timed: forward IMPLICIT_PRECOMP_GEMM (")
+      << timed_tf32.algorithms();
   // The emulator ranks the non-deterministic backward algorithms first.
   EXPECT_NE(any.algorithms().find("backward-data ALGO_0"), std::string::npos) << any.algorithms();
   EXPECT_NE(any.algorithms().find("backward-filter ALGO_0"), std::string::npos) << any.algorithms();
@@ -272,6 +325,27 @@ TEST(CudnnConvGpu, ChoiceKeepsToWorkspaceAndDeterminism) {
   EXPECT_EQ(owned, 3) << chosen;
 #endif
 }
+
+#if TOWERS_EMULATED_GPU
+// A timed plan whose trials all fail (the emulator's TOWERS_EMU_CUDNN_FIND_FAILS) takes
+// cuDNN's heuristic ranking instead, direction by direction, and says so: the ranked plan's
+// algorithms, each marked "ranked".
+TEST(CudnnConvGpu, TimedPlanWithoutAUsableTrialTakesTheRanking) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Context ctx;
+  const CudnnConv::Shape s = shape_of(2, 3, 9, 7, 3);
+  const size_t big = sizeof(float) * s.geo.patch() * s.n * s.geo.out_pixels();
+  setenv("TOWERS_EMU_CUDNN_FIND_FAILS", "1", 1);
+  CudnnConv timed(ctx.dnn, s, false, big, "timed", true, true);
+  unsetenv("TOWERS_EMU_CUDNN_FIND_FAILS");
+  CudnnConv ranked(ctx.dnn, s, false, big, "ranked");
+  std::string expected = "timed: " + ranked.algorithms();
+  for (size_t at = expected.find(")"); at != std::string::npos; at = expected.find(")", at + 9)) {
+    expected.insert(at, ", ranked");
+  }
+  EXPECT_EQ(timed.algorithms(), expected);
+}
+#endif
 
 }  // namespace
 }  // namespace towers

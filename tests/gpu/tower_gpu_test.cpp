@@ -160,16 +160,15 @@ TEST_P(TowerGpu, MatchesTheCpuTower) {
   }
 }
 
-// --cudnn-nondeterministic: cuDNN may take its first-ranked algorithms, deterministic or not
-// (on the emulator, whose ranking puts the non-deterministic ones first, it takes them); the
-// tower still computes the CPU tower's gradients, within the same bounds as above.
-TEST(TowerGpu, NondeterministicCudnnStillMatchesTheCpuTower) {
-  TOWERS_SKIP_WITHOUT_GPU();
+// A tower whose cuDNN plans are chosen otherwise than by the default (deterministic algorithms
+// in cuDNN's heuristic order) still computes the CPU tower's gradients, within the same bounds
+// as above, eager, captured and replayed; each plan's note says how it was chosen (note) and,
+// on the emulator, what it chose (emulated).
+void expect_cudnn_choice_matches_cpu(const TowerPlacement& p, const char* note,
+                                     const char* emulated) {
   CpuReference ref("cifar10", 32);
   const int64_t n = ref.n;
   auto gg = model_with("cifar10", ConvAlgorithm::Auto);
-  TowerPlacement p = gpu(true);
-  p.cudnn_nondeterministic = true;
   CudaTower cuda(*gg, n, p);
   cuda.load_params(ref.params.data());
   for (int step = 0; step < 3; ++step) {  // eager, captured, replayed
@@ -181,12 +180,35 @@ TEST(TowerGpu, NondeterministicCudnnStillMatchesTheCpuTower) {
           << v.spec.name;
   }
   ASSERT_EQ(static_cast<int64_t>(cuda.gpu_plan_notes().size()), conv_layers(*gg));
-  for (const std::string& note : cuda.gpu_plan_notes()) {
-    EXPECT_NE(note.find(", any algorithm: "), std::string::npos) << note;
+  for (const std::string& plan : cuda.gpu_plan_notes()) {
+    EXPECT_NE(plan.find(note), std::string::npos) << plan;
 #ifdef TOWERS_EMULATED_GPU
-    EXPECT_NE(note.find("backward-filter ALGO_0"), std::string::npos) << note;
+    EXPECT_NE(plan.find(emulated), std::string::npos) << plan;
+#else
+    (void)emulated;
 #endif
   }
+}
+
+// --cudnn-nondeterministic: cuDNN may take its first-ranked algorithms, deterministic or not
+// (on the emulator, whose ranking puts the non-deterministic ones first, it takes them).
+TEST(TowerGpu, NondeterministicCudnnStillMatchesTheCpuTower) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  TowerPlacement p = gpu(true);
+  p.cudnn_nondeterministic = true;
+  expect_cudnn_choice_matches_cpu(p, ", any algorithm: ", "backward-filter ALGO_0");
+}
+
+// --cudnn-benchmark: the algorithms are timed once per layer and batch size, before the capture
+// (on the emulator, whose timed order puts the algorithms without workspace first, the forward
+// is IMPLICIT_GEMM where the ranking gives GEMM).
+TEST(TowerGpu, TimedCudnnPlansStillMatchTheCpuTower) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  TowerPlacement p = gpu(true);
+  p.cudnn_benchmark = true;
+  expect_cudnn_choice_matches_cpu(p, ": timed: forward ", "forward IMPLICIT_GEMM (");
+  p.cudnn_nondeterministic = true;
+  expect_cudnn_choice_matches_cpu(p, ", any algorithm: timed: ", "backward-filter ALGO_0");
 }
 
 TEST_P(TowerGpu, CudaGraphReplayIsBitwiseEagerLaunches) {
