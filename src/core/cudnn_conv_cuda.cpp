@@ -6,12 +6,9 @@
 
 #include <algorithm>
 #include <array>
-#include <cstddef>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 #include "core/check.h"
 #include "core/cuda_check.h"
@@ -70,6 +67,12 @@ bool usable(const Perf& p, bool tf32, bool deterministic) {
   return tf32 || p.mathType != CUDNN_TENSOR_OP_MATH;
 }
 
+// Whether a plan may take the entry: usable, within kOwnWorkspaceLimit.
+template <class Perf>
+bool allowed(const Perf& p, bool tf32, bool deterministic) {
+  return usable(p, tf32, deterministic) && p.memory <= kOwnWorkspaceLimit;
+}
+
 // The first usable entry of cuDNN's ranking (its order is its estimate of speed, or with
 // --cudnn-benchmark the times cudnnFind*AlgorithmEx measured) that needs at
 // most kOwnWorkspaceLimit; it runs in the workspace offered (the layer's scratch) where it
@@ -81,8 +84,7 @@ template <class Perf, class Name>
 const Perf& pick(const Perf* perf, int count, bool tf32, bool deterministic,
                  Name name, const char* direction, const std::string& who, int64_t n) {
   for (int i = 0; i < count; ++i)
-    if (usable(perf[i], tf32, deterministic) && perf[i].memory <= kOwnWorkspaceLimit)
-      return perf[i];
+    if (allowed(perf[i], tf32, deterministic)) return perf[i];
   std::string seen;
   for (int i = 0; i < count; ++i)
     seen += fmt::format("{}{} ({}, {}{})", i ? ", " : "", name(perf[i].algo),
@@ -171,22 +173,26 @@ class Trial {
 };
 
 // The workspace a timed search offers: as much as the largest algorithm of the heuristic
-// ranking that pick could take (usable, within kOwnWorkspaceLimit), up to what the trial has
-// room for; a candidate that wants more fails its trial and is passed over.
+// ranking that pick could take (allowed), up to what the trial has room for; a candidate that
+// wants more fails its trial and is passed over.
 template <class Perf>
 size_t search_workspace(const Perf* perf, int count, bool tf32, bool deterministic) {
   size_t most = 0;
   for (int i = 0; i < count; ++i)
-    if (usable(perf[i], tf32, deterministic) && perf[i].memory <= kOwnWorkspaceLimit)
-      most = std::max(most, perf[i].memory);
+    if (allowed(perf[i], tf32, deterministic)) most = std::max(most, perf[i].memory);
   return most;
 }
 
 // Timed choices, for the process: every tower that plans the same shape on the same GPU with
 // the same rules takes the first search's result, and searches run one at a time, so towers
 // that share a GPU do not time their candidates against each other's kernels.
+struct TimedChoice {
+  int algo;
+  cudnnMathType_t math;
+  float ms;
+};
 std::mutex search_mu;
-std::map<std::string, std::vector<std::byte>> searched;  // key -> the chosen Perf's bytes
+std::map<std::string, TimedChoice> searched;
 
 // One direction's algorithm: the first usable entry of cuDNN's heuristic ranking (rank), or
 // with a trial of the fastest usable one that cudnnFind*AlgorithmEx timed (find), falling back
@@ -212,16 +218,16 @@ Perf choose(Rank rank, Find find, Trial* trial, const std::string& key, bool tf3
         find(static_cast<int>(timed.size()), &found, timed.data(), space, bytes);
       });
       for (int i = 0; i < found && hit == searched.end(); ++i)
-        if (usable(timed[i], tf32, deterministic) && timed[i].memory <= kOwnWorkspaceLimit) {
-          std::vector<std::byte> bytes(sizeof(Perf));
-          std::memcpy(bytes.data(), &timed[i], sizeof(Perf));
-          hit = searched.emplace(key, std::move(bytes)).first;
-        }
+        if (allowed(timed[i], tf32, deterministic))
+          hit = searched.emplace(key, TimedChoice{static_cast<int>(timed[i].algo),
+                                                  timed[i].mathType, timed[i].time})
+                    .first;
     }
     if (hit != searched.end()) {
-      Perf p;
-      std::memcpy(&p, hit->second.data(), sizeof(Perf));
-      *ms = p.time;
+      Perf p{};
+      p.algo = static_cast<decltype(p.algo)>(hit->second.algo);
+      p.mathType = hit->second.math;
+      *ms = hit->second.ms;
       return p;
     }
   }
