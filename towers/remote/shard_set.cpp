@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -39,11 +38,6 @@ void ShardSet::fail(int i, const char* what, const grpc::Status& s) const {
 }
 
 void ShardSet::all(const char* what, double timeout, const Start& start) {
-  all(what, timeout, [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done,
-                         Post) { start(i, ctx, std::move(done)); });
-}
-
-void ShardSet::all(const char* what, double timeout, const StartPosting& start) {
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(timeout));
   std::vector<int> todo(size());
@@ -57,12 +51,6 @@ void ShardSet::all(const char* what, double timeout, const StartPosting& start) 
     std::condition_variable cv;
     int pending = n;
     bool rolled_back = false;  // a call was refused with a rollback: the others are cancelled
-    std::deque<std::function<void()>> work;
-    const Post post = [&](std::function<void()> f) {
-      std::lock_guard<std::mutex> l(mu);
-      work.push_back(std::move(f));
-      cv.notify_all();
-    };
     for (int k = 0; k < n; ++k) ctx.push_back(call_context(token_, left));
     for (int k = 0; k < n; ++k)
       start(todo[k], ctx[k].get(), [&, k](grpc::Status s) {
@@ -71,28 +59,17 @@ void ShardSet::all(const char* what, double timeout, const StartPosting& start) 
         status[k] = std::move(s);
         --pending;
         cv.notify_all();
-      }, post);
+      });
     {
       std::unique_lock<std::mutex> l(mu);
       bool cancelled = false;
       for (;;) {
-        cv.wait(l, [&] { return pending == 0 || !work.empty() || (rolled_back && !cancelled); });
-        if (rolled_back && !cancelled) {
-          // The others' calls (a push waiting at a round's barrier) are of the round given up.
-          cancelled = true;
-          l.unlock();
-          for (auto& c : ctx) c->TryCancel();
-          l.lock();
-          continue;
-        }
-        if (work.empty()) {
-          if (pending == 0) break;
-          continue;
-        }
-        std::function<void()> f = std::move(work.front());
-        work.pop_front();
+        cv.wait(l, [&] { return pending == 0 || (rolled_back && !cancelled); });
+        if (pending == 0) break;
+        // The others' calls (a push waiting at a round's barrier) are of the round given up.
+        cancelled = true;
         l.unlock();
-        f();
+        for (auto& c : ctx) c->TryCancel();
         l.lock();
       }
     }
@@ -176,9 +153,8 @@ class PushWriter final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   PullReader(grpc::ByteBuffer request, float* dst, int64_t n, int64_t* version,
-             std::function<void(grpc::Status)> done, ShardSet::Post post)
-      : request_(std::move(request)), dst_(dst), n_(n), version_(version), done_(std::move(done)),
-        post_(std::move(post)) {}
+             std::function<void(grpc::Status)> done)
+      : request_(std::move(request)), dst_(dst), n_(n), version_(version), done_(std::move(done)) {}
   void start(grpc::GenericStub& stub, grpc::ClientContext* ctx) {
     ctx_ = ctx;
     stub.PrepareBidiStreamingCall(ctx, kPullStreamMethod, grpc::StubOptions(), this);
@@ -204,8 +180,7 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
                          next_, n_, *version_));
       return;
     }
-    // Copied by the waiting thread, while this one reads the next piece.
-    post_([params = std::move(params), dst = dst_ + next_] { params.copy_to(dst); });
+    params.copy_to(dst_ + next_);
     next_ += floats;
     *version_ = head.version();
     ++pieces_;
@@ -237,7 +212,6 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   grpc::ClientContext* ctx_ = nullptr;
   std::string error_;
   std::function<void(grpc::Status)> done_;
-  ShardSet::Post post_;
 };
 
 }  // namespace
@@ -261,10 +235,8 @@ std::vector<int64_t> ShardSet::pull_streams(const PullRequest& request,
                                             double timeout) {
   const grpc::ByteBuffer out = encode(request);
   std::vector<int64_t> versions(size(), 0);
-  all("Pull", timeout, [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done,
-                          Post post) {
-    (new PullReader(out, dst + ranges[i].begin, ranges[i].size(), &versions[i], std::move(done),
-                    std::move(post)))
+  all("Pull", timeout, [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+    (new PullReader(out, dst + ranges[i].begin, ranges[i].size(), &versions[i], std::move(done)))
         ->start(generic(i), ctx);
   });
   return versions;

@@ -36,13 +36,6 @@ class ShardSet {
   // called again every 200 ms until the deadline: a restarted shard is reconnected to.
   using Start = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
   void all(const char* what, double timeout, const Start& start);
-  // The same, where a call may also post work (post(f)) for the waiting thread to run before
-  // all() returns: copies out of replies, so that gRPC's threads only move bytes while the
-  // caller, which would otherwise sleep, copies. A call posts its work before it is done.
-  using Post = std::function<void(std::function<void()>)>;
-  using StartPosting =
-      std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>, Post)>;
-  void all(const char* what, double timeout, const StartPosting& start);
 
   // Pulls every shard's range at once, as `request` asks (a reader's pull: worker -1). With
   // one_round (sync mode), every shard is read at the same version: a round may complete
@@ -60,7 +53,10 @@ class ShardSet {
   void push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& messages,
                     std::vector<PushReply>& replies, double timeout);
   // PullStream from every shard at once: shard i's range, ranges[i], is copied into dst (the
-  // flat array) piece by piece as the pieces arrive. Returns each shard's version.
+  // flat array) piece by piece as the pieces arrive, on the gRPC thread that received each
+  // (handing the copies to the waiting thread instead cost a wake-up per piece: 4 MiB pulls
+  // were 8% slower from one shard and 25% from two on a 2-core machine). Returns each
+  // shard's version.
   std::vector<int64_t> pull_streams(const PullRequest& request, const std::vector<Range>& ranges,
                                     float* dst, double timeout);
 
