@@ -130,7 +130,7 @@ void BM_Pull(benchmark::State& state) {
   std::vector<float> dst(bytes / 4, -1.0f);  // the pull must overwrite every element
   c.store->pull_into(dst.data());
   for (int64_t i = 0; i < bytes / 4; ++i)
-    if (dst[i] != 0.5f && !getenv("NOCOPY")) {
+    if (dst[i] != 0.5f) {
       state.SkipWithError("pull failed validation");
       return;
     }
@@ -276,11 +276,9 @@ void time_calls(benchmark::State& state, Call call, const char* failed) {
 struct AckServer {
   AckService service;
   std::unique_ptr<grpc::Server> server;
-  std::string address;
   grpc::GenericStub stub;
   static std::shared_ptr<grpc::Channel> start(AckService& service,
-                                              std::unique_ptr<grpc::Server>& server,
-                                              std::string& address) {
+                                              std::unique_ptr<grpc::Server>& server) {
     remote::keep_message_buffers();  // as every shard and worker process does
     grpc::ServerBuilder builder;
     int port = 0;
@@ -289,10 +287,9 @@ struct AckServer {
     remote::tune(builder);
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
-    address = fmt::format("127.0.0.1:{}", port);
-    return remote::open_channel(address, {});
+    return remote::open_channel(fmt::format("127.0.0.1:{}", port), {});
   }
-  AckServer() : stub(start(service, server, address)) {}
+  AckServer() : stub(start(service, server)) {}
   ~AckServer() { server->Shutdown(std::chrono::system_clock::now()); }
 };
 
@@ -385,194 +382,6 @@ void BM_GrpcStream(benchmark::State& state) {
   time_calls(state, call, "gRPC stream failed validation");
 }
 
-// EXPERIMENT: the streamed push floor with the client driven from the calling thread
-// (a completion queue) instead of callback reactors.
-void BM_GrpcStreamCq(benchmark::State& state) {
-  const int64_t bytes = state.range(0);
-  AckServer ack;
-  grpc::GenericStub& stub = ack.stub;
-  std::vector<char> data(bytes, 7);
-  const int64_t piece = remote::kDefaultPieceFloats * 4;
-  grpc::CompletionQueue cq;
-  auto call = [&] {
-    remote::Lender lender;
-    std::vector<grpc::ByteBuffer> out;
-    for (int64_t at = 0; at < bytes; at += piece) {
-      const grpc::Slice lent = lender.lend(data.data() + at, std::min(piece, bytes - at));
-      out.emplace_back(&lent, 1);
-    }
-    grpc::ClientContext ctx;
-    auto rw = stub.PrepareCall(&ctx, remote::kPushStreamMethod, &cq);
-    grpc::ByteBuffer in;
-    grpc::Status status;
-    // tags: 1 start, 2 write, 3 writes done, 4 read, 5 finish
-    rw->StartCall(reinterpret_cast<void*>(1));
-    size_t next = 0;
-    bool finished = false, reading = false;
-    void* tag;
-    bool ok;
-    while (!finished && cq.Next(&tag, &ok)) {
-      const intptr_t t = reinterpret_cast<intptr_t>(tag);
-      if (t == 1 || t == 2) {
-        if (!ok) { rw->Finish(&status, reinterpret_cast<void*>(5)); continue; }
-        if (next < out.size()) {
-          const size_t i = next++;
-          if (next < out.size()) rw->Write(out[i], reinterpret_cast<void*>(2));
-          else rw->WriteLast(out[i], grpc::WriteOptions(), reinterpret_cast<void*>(3));
-        }
-      } else if (t == 3) {
-        rw->Read(&in, reinterpret_cast<void*>(4));
-        reading = true;
-      } else if (t == 4) {
-        rw->Finish(&status, reinterpret_cast<void*>(5));
-      } else if (t == 5) {
-        finished = true;
-      }
-    }
-    (void)reading;
-    remote::PushReply rep;
-    std::string error;
-    return status.ok() && remote::decode(in, rep, &error) && rep.version() == bytes;
-  };
-  time_calls(state, call, "gRPC cq stream failed validation");
-}
-
-// EXPERIMENT: the streamed push floor split over C channels (C TCP connections) at once.
-void BM_GrpcStreamChannels(benchmark::State& state) {
-  const int64_t bytes = state.range(0);
-  const int channels = static_cast<int>(state.range(1));
-  AckServer ack;
-  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
-  for (int c = 0; c < channels; ++c) {
-    grpc::ChannelArguments args;
-    remote::tune(args);
-    args.SetInt("towers.bench.channel", c);  // a distinct channel: a connection of its own
-    args.SetMaxReceiveMessageSize(remote::kMaxMessageBytes);
-    args.SetMaxSendMessageSize(remote::kMaxMessageBytes);
-    stubs.push_back(std::make_unique<grpc::GenericStub>(grpc::CreateCustomChannel(
-        ack.address, grpc::InsecureChannelCredentials(), args)));
-  }
-  std::vector<char> data(bytes, 7);
-  const int64_t piece = remote::kDefaultPieceFloats * 4;
-  struct Writer final : Streaming {
-    std::vector<grpc::ByteBuffer> out;
-    size_t next = 0;
-    grpc::ByteBuffer in;
-    void write_next() {
-      const size_t i = next++;
-      if (next < out.size()) StartWrite(&out[i]);
-      else StartWriteLast(&out[i], grpc::WriteOptions());
-    }
-    void OnWriteDone(bool ok) override {
-      if (ok && next < out.size()) write_next();
-    }
-  };
-  auto call = [&] {
-    remote::Lender lender;
-    std::vector<std::unique_ptr<Writer>> ws;
-    std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
-    const int64_t share = bytes / channels;
-    for (int c = 0; c < channels; ++c) {
-      ws.push_back(std::make_unique<Writer>());
-      ctxs.push_back(std::make_unique<grpc::ClientContext>());
-      const int64_t lo = c * share, hi = c + 1 == channels ? bytes : lo + share;
-      for (int64_t at = lo; at < hi; at += piece) {
-        const grpc::Slice lent = lender.lend(data.data() + at, std::min(piece, hi - at));
-        ws[c]->out.emplace_back(&lent, 1);
-      }
-    }
-    for (int c = 0; c < channels; ++c) {
-      Writer& w = *ws[c];
-      stubs[c]->PrepareBidiStreamingCall(ctxs[c].get(), remote::kPushStreamMethod, grpc::StubOptions(), &w);
-      w.StartRead(&w.in);
-      w.write_next();
-      w.StartCall();
-    }
-    int64_t total = 0;
-    bool ok = true;
-    for (int c = 0; c < channels; ++c) {
-      ws[c]->wait();
-      remote::PushReply rep;
-      std::string error;
-      ok = ok && ws[c]->status.ok() && remote::decode(ws[c]->in, rep, &error);
-      total += rep.version();
-    }
-    return ok && total == bytes;
-  };
-  time_calls(state, call, "gRPC channels stream failed validation");
-}
-
-// EXPERIMENT: the push floor split over C channels, each stream driven by a thread of its own
-// through its own completion queue.
-void BM_GrpcStreamCqThreads(benchmark::State& state) {
-  const int64_t bytes = state.range(0);
-  const int channels = static_cast<int>(state.range(1));
-  AckServer ack;
-  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
-  std::vector<std::unique_ptr<grpc::CompletionQueue>> cqs;
-  for (int c = 0; c < channels; ++c) {
-    grpc::ChannelArguments args;
-    remote::tune(args);
-    args.SetInt("towers.bench.channel", c);
-    args.SetMaxReceiveMessageSize(remote::kMaxMessageBytes);
-    args.SetMaxSendMessageSize(remote::kMaxMessageBytes);
-    stubs.push_back(std::make_unique<grpc::GenericStub>(grpc::CreateCustomChannel(
-        ack.address, grpc::InsecureChannelCredentials(), args)));
-    cqs.push_back(std::make_unique<grpc::CompletionQueue>());
-  }
-  std::vector<char> data(bytes, 7);
-  const int64_t piece = remote::kDefaultPieceFloats * 4;
-  auto one = [&](int c, int64_t lo, int64_t hi) -> int64_t {
-    remote::Lender lender;
-    std::vector<grpc::ByteBuffer> out;
-    for (int64_t at = lo; at < hi; at += piece) {
-      const grpc::Slice lent = lender.lend(data.data() + at, std::min(piece, hi - at));
-      out.emplace_back(&lent, 1);
-    }
-    grpc::ClientContext ctx;
-    grpc::CompletionQueue& cq = *cqs[c];
-    auto rw = stubs[c]->PrepareCall(&ctx, remote::kPushStreamMethod, &cq);
-    grpc::ByteBuffer in;
-    grpc::Status status;
-    rw->StartCall(reinterpret_cast<void*>(1));
-    size_t next = 0;
-    bool finished = false;
-    void* tag;
-    bool ok;
-    while (!finished && cq.Next(&tag, &ok)) {
-      const intptr_t t = reinterpret_cast<intptr_t>(tag);
-      if (t == 1 || t == 2) {
-        if (!ok) { rw->Finish(&status, reinterpret_cast<void*>(5)); continue; }
-        const size_t i = next++;
-        if (next < out.size()) rw->Write(out[i], reinterpret_cast<void*>(2));
-        else rw->WriteLast(out[i], grpc::WriteOptions(), reinterpret_cast<void*>(3));
-      } else if (t == 3) {
-        rw->Read(&in, reinterpret_cast<void*>(4));
-      } else if (t == 4) {
-        rw->Finish(&status, reinterpret_cast<void*>(5));
-      } else if (t == 5) {
-        finished = true;
-      }
-    }
-    remote::PushReply rep;
-    std::string error;
-    return status.ok() && remote::decode(in, rep, &error) ? rep.version() : -1;
-  };
-  auto call = [&] {
-    const int64_t share = bytes / channels;
-    std::vector<int64_t> got(channels);
-    std::vector<std::thread> ts;
-    for (int c = 1; c < channels; ++c)
-      ts.emplace_back([&, c] { got[c] = one(c, c * share, c + 1 == channels ? bytes : (c + 1) * share); });
-    got[0] = one(0, 0, channels == 1 ? bytes : share);
-    for (auto& t : ts) t.join();
-    int64_t total = 0;
-    for (int64_t g : got) total += g;
-    return total == bytes;
-  };
-  time_calls(state, call, "gRPC cq threads failed validation");
-}
-
 // The floor of the streamed pull: BYTES in 1 MiB messages on one PullStream, sent by the
 // server from its memory without a copy, received and dropped unread.
 void BM_GrpcPullStream(benchmark::State& state) {
@@ -638,9 +447,6 @@ BENCHMARK(BM_Pull)->Apply([](auto* b) { sizes(b, true); });
 BENCHMARK(BM_TcpLoopback)->Apply(tcp_variants);
 BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcStream)->Apply([](auto* b) { sizes(b, false); });
-BENCHMARK(BM_GrpcStreamCq)->Apply([](auto* b) { sizes(b, false); });
-BENCHMARK(BM_GrpcStreamCqThreads)->Args({4 << 20, 1})->Args({4 << 20, 2})->Args({4 << 20, 4})->UseRealTime();
-BENCHMARK(BM_GrpcStreamChannels)->Args({4 << 20, 1})->Args({4 << 20, 2})->Args({4 << 20, 4})->UseRealTime();
 BENCHMARK(BM_GrpcPullStream)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_Memcpy)->Apply([](auto* b) { sizes(b, false); });
 
