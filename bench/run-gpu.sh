@@ -5,7 +5,10 @@
 #             in gtest shards run side by side; the summary counts passed, failed and skipped
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck on the GPU tests
 #   bench     gpu_bench, then the PyTorch peer on the same GPU (eager, compile, compile with
-#             CUDA graphs; FP32 and TF32), then one kernel-time profile of a step (ncu)
+#             CUDA graphs; FP32 and TF32), then --sync-bn on GPU towers; BENCH_FILTER (a
+#             gpu_bench --benchmark_filter) and PEERS (an extended regular expression on the
+#             peers' names below) narrow it, BENCH_EXTRAS=0 leaves out --sync-bn
+#   profile   kernel-time profiles of a host-parameter and a mirrored step (ncu)
 #   fashion   Fashion-MNIST to 90% with the main job's recipe on one GPU tower, then the
 #             PyTorch run of the same net and recipe
 #   remote    bench/run-remote.sh on this machine's cores (the remote transport next to raw
@@ -13,10 +16,10 @@
 #   warm      (not by default) compiles the PyTorch peers' torch.compile steps once, briefly,
 #             so that the bench phase finds them in PyTorch's compile cache: run it beside the
 #             tests and sanitizers, which leave most of the CPU cores idle
-#   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]      PHASES="tests sanitize bench fashion remote" (default)
+#   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]      PHASES="tests sanitize bench profile fashion remote" (default)
 # PEER_S (default 10) is each PyTorch speed peer's measured time; TOWERS_BENCH_MIN_TIME (default
 # 2) each gpu_bench repetition's.
-# Within a lease of about 10 minutes (on an H100, 2026-11-26: the correctness phases took 200 s
+# bench/gpu-lease.sh runs these phases in one command that fits a lease. Within a lease of about 10 minutes (on an H100, 2026-11-26: the correctness phases took 200 s
 # side by side and the training runs 110 s; the bench phase, cut there at 200 s, needs about
 # 250 s):
 #   PHASES=tests SHARDS=8 TESTS_S=200 bench/run-gpu.sh P OUT/tests &
@@ -36,7 +39,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 out=${2:-bench/results/$(date +%Y-%m-%d)-gpu}
-phases=${PHASES:-tests sanitize bench fashion remote}
+phases=${PHASES:-tests sanitize bench profile fashion remote}
 mkdir -p "$out"
 build=$(cd "$build" && pwd)
 if [ -d "$build/devlibs" ]; then export LD_LIBRARY_PATH="$build/devlibs:${LD_LIBRARY_PATH:-}"; fi
@@ -218,6 +221,7 @@ if [[ " $phases " == *" warm "* ]] && has_torch_gpu; then
   start=$SECONDS
   for p in "${peers[@]}"; do
     [[ "${p#*|}" == *--compile* ]] || continue
+    [[ "${p%%|*}" =~ ${PEERS:-.} ]] || continue
     # shellcheck disable=SC2086
     timeout 150 python3 bench/peers/torch_cifar10.py --device cuda --seconds 0.2 --warmup 3 ${p#*|} \
       > "$out/warm_${p%%|*}.txt" 2>&1
@@ -228,13 +232,14 @@ fi
 
 # 3. Speed: towers, then the PyTorch peer on the same GPU, then a kernel-time profile.
 if [[ " $phases " == *" bench "* ]]; then
-  timeout "${BENCH_S:-400}" "$build/bench/gpu_bench" --benchmark_out="$out/gpu_bench.json" \
-    --benchmark_out_format=json > "$out/gpu_bench.txt" 2>&1
+  timeout "${BENCH_S:-400}" "$build/bench/gpu_bench" --benchmark_filter="${BENCH_FILTER:-.}" \
+    --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json > "$out/gpu_bench.txt" 2>&1
   note "gpu_bench exit $?"
   grep -E '_median|BM_(Param|Grad)' "$out/gpu_bench.txt" | sed 's/^/  /' | tee -a "$summary"
   if has_torch_gpu; then
     for p in "${peers[@]}"; do
       name=${p%%|*}
+      [[ "$name" =~ ${PEERS:-.} ]] || continue
       # shellcheck disable=SC2086
       timeout 150 python3 bench/peers/torch_cifar10.py --device cuda --seconds "${PEER_S:-10}" ${p#*|} \
         > "$out/pytorch_$name.jsonl" 2> "$out/pytorch_$name.err"
@@ -245,6 +250,7 @@ if [[ " $phases " == *" bench "* ]]; then
   # tower's own statistics (CUDA graphs) and with the global batch's (eager steps, five host
   # exchanges per BatchNorm layer and step).
   for bn in own sync; do
+    [ "${BENCH_EXTRAS:-1}" = 0 ] && break
     m="$out/sync_bn_gpu_$bn.jsonl"
     rm -f "$m"
     extra=()
@@ -255,8 +261,11 @@ if [[ " $phases " == *" bench "* ]]; then
       > "$out/sync_bn_gpu_$bn.txt" 2>&1
     note "airbench 2 GPU towers x 256, BatchNorm statistics $bn: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
   done
-  # Kernel times of plain-launch steps (ncu serializes kernels; copies and the host apply are
-  # not in it: gpu_bench's step minus its compute-only figure is their share).
+fi
+
+# 3b. Kernel times of plain-launch steps (ncu serializes kernels; copies and the host apply are
+# not in it: gpu_bench's step minus its compute-only figure is their share).
+if [[ " $phases " == *" profile "* ]]; then
   if command -v ncu >/dev/null; then
     for params in host mirrored; do
       suffix=$([ "$params" = host ] && echo "" || echo "_$params")
@@ -266,6 +275,8 @@ if [[ " $phases " == *" bench "* ]]; then
         > "$out/ncu_step$suffix.csv" 2> "$out/ncu_step$suffix.err"
       note "ncu $params exit $?"
     done
+  else
+    note "profile: no ncu on this machine"
   fi
 fi
 

@@ -12,6 +12,8 @@
 #      compute (its tower's step), push (send, and wait at the barrier for the round) and pull.
 # Prints, and writes to OUT/summary.txt.
 #   bench/run-remote.sh [BUILD_DIR] [OUT_DIR]     STEPS=N (default 60), ROUNDS=R (default 3)
+# SWEEP=0 leaves out step 1's pass over the sizes (the 4 MiB cases, which the shares come
+# from, still run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -20,8 +22,10 @@ steps=${STEPS:-60}
 rounds=${ROUNDS:-3}
 reps=${REPS:-5}
 mkdir -p "$out"
-"$build/bench/remote_bench" --benchmark_out="$out/remote_bench.json" \
-  --benchmark_out_format=json > "$out/remote_bench.txt" 2>&1
+if [ "${SWEEP:-1}" != 0 ]; then
+  "$build/bench/remote_bench" --benchmark_out="$out/remote_bench.json" \
+    --benchmark_out_format=json > "$out/remote_bench.txt" 2>&1
+fi
 "$build/bench/remote_bench" --benchmark_filter='/4194304(/|$)' --benchmark_repetitions="$reps" \
   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/remote_bench_4mib.json" --benchmark_out_format=json \
