@@ -6,7 +6,7 @@
 # OUT: where everything goes (the device tool's $OUT); PACK: the build bench/pack-gpu.sh made
 # (default build-gpu/pack, unpacked from build-gpu/pack.tar.xz when it is not there yet).
 # Carry build-gpu/pack.tar.xz and data/fashion-mnist.
-#   1. correctness, side by side (at most 200 s): the whole suite with TOWERS_REQUIRE_GPU=1 in
+#   1. correctness, side by side (at most 210 s): the whole suite with TOWERS_REQUIRE_GPU=1 in
 #      8 shards, the four compute-sanitizer tools in 3 shards each, and the PyTorch peers'
 #      torch.compile cache warmed on the idle cores;
 #   2. speed (at most 190 s): gpu_bench's rows of the bars (a cifar10 step at batch 128 and
@@ -32,14 +32,39 @@ fi
 [ -x "$pack/towers" ] || { echo "gpu-lease: no towers binary in $pack" >&2; exit 2; }
 start=$SECONDS
 stamp() { echo "gpu-lease: $* at $((SECONDS - start)) s" | tee -a "$out/lease.txt"; }
+# Runs a command as a session of its own and ends the whole session after S seconds: the
+# inner `timeout`s of run-gpu.sh make process groups of their own, which a plain `timeout`
+# around the script would leave running (a PyTorch peer on the GPU while the next phase
+# times). Returns the command's exit code (143 when it was cut).
+within() {
+  local s=$1
+  shift
+  setsid "$@" &
+  local sid=$!
+  (
+    sleep "$s"
+    pkill -TERM -s "$sid" 2>/dev/null && echo "gpu-lease: cut after $s s: $*" >> "$out/lease.txt"
+    sleep 5
+    pkill -KILL -s "$sid" 2>/dev/null
+  ) &
+  local watch=$!
+  wait "$sid"
+  local rc=$?
+  pkill -KILL -s "$sid" 2>/dev/null  # what the session left behind
+  pkill -P "$watch" 2>/dev/null
+  kill "$watch" 2>/dev/null
+  wait "$watch" 2>/dev/null
+  return "$rc"
+}
 stamp "start ($(cat "$pack/COMMIT" 2>/dev/null || echo unknown commit))"
 
 if [[ " $phases " == *" correctness "* ]]; then
-  PHASES=tests SHARDS=8 TESTS_S=200 bench/run-gpu.sh "$pack" "$out/tests" > "$out/tests.log" 2>&1 &
-  PHASES=sanitize SAN_SHARDS=3 SANITIZE_S=200 bench/run-gpu.sh "$pack" "$out/san" \
+  PHASES=tests SHARDS=8 TESTS_S=200 within 210 bench/run-gpu.sh "$pack" "$out/tests" \
+    > "$out/tests.log" 2>&1 &
+  PHASES=sanitize SAN_SHARDS=3 SANITIZE_S=200 within 210 bench/run-gpu.sh "$pack" "$out/san" \
     > "$out/san.log" 2>&1 &
-  PEERS='^(compile_fp32|compile_graphs_fp32|compile_graphs_tf32)$' PHASES=warm \
-    bench/run-gpu.sh "$pack" "$out/warm" > "$out/warm.log" 2>&1 &
+  PEERS='^(compile_fp32|compile_graphs_fp32|compile_graphs_tf32|compile_graphs_fp32_b512)$' \
+    PHASES=warm within 200 bench/run-gpu.sh "$pack" "$out/warm" > "$out/warm.log" 2>&1 &
   wait
   stamp "correctness done"
 fi
@@ -48,24 +73,24 @@ if [[ " $phases " == *" speed "* ]]; then
   BENCH_FILTER='BM_GpuMirroredStep/batch:(128|512)/tf32:./cudnn:[1-4]/input:0/branches:0|BM_GpuTowerStep|BM_GpuComputeOnly' \
   PEERS='^(eager_fp32|eager_tf32|graph_fp32|compile_fp32|compile_graphs_fp32|compile_graphs_tf32|eager_fp32_b512|compile_graphs_fp32_b512)$' \
   BENCH_EXTRAS=0 TOWERS_BENCH_MIN_TIME=0.5 PEER_S=3 BENCH_S=100 PHASES=bench \
-    timeout 190 bench/run-gpu.sh "$pack" "$out/bench" > "$out/bench.log" 2>&1
+    within 190 bench/run-gpu.sh "$pack" "$out/bench" > "$out/bench.log" 2>&1
   stamp "speed done (exit $?)"
 fi
 
 if [[ " $phases " == *" training "* ]]; then
-  PHASES=fashion FASHION_S=60 timeout 130 bench/run-gpu.sh "$pack" "$out/fashion" \
+  PHASES=fashion FASHION_S=60 within 130 bench/run-gpu.sh "$pack" "$out/fashion" \
     > "$out/fashion.log" 2>&1
   stamp "training done (exit $?)"
 fi
 
 if [[ " $phases " == *" profile "* ]]; then
-  PHASES=profile timeout 130 bench/run-gpu.sh "$pack" "$out/profile" > "$out/profile.log" 2>&1
+  PHASES=profile within 130 bench/run-gpu.sh "$pack" "$out/profile" > "$out/profile.log" 2>&1
   stamp "profile done (exit $?)"
 fi
 
 if [[ " $phases " == *" remote "* ]]; then
   SWEEP=0 STEPS=30 ROUNDS=1 REPS=7 REMOTE_S=150 PHASES=remote \
-    bench/run-gpu.sh "$pack" "$out/remote" > "$out/remote.log" 2>&1
+    within 160 bench/run-gpu.sh "$pack" "$out/remote" > "$out/remote.log" 2>&1
   stamp "remote done"
 fi
 

@@ -16,10 +16,12 @@
 #   warm      (not by default) compiles the PyTorch peers' torch.compile steps once, briefly,
 #             so that the bench phase finds them in PyTorch's compile cache: run it beside the
 #             tests and sanitizers, which leave most of the CPU cores idle
-#   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]      PHASES="tests sanitize bench profile fashion remote" (default)
+#   bench/run-gpu.sh [BUILD_DIR] [OUT_DIR]
+#   PHASES="tests sanitize bench profile fashion remote" (the default)
 # PEER_S (default 10) is each PyTorch speed peer's measured time; TOWERS_BENCH_MIN_TIME (default
 # 2) each gpu_bench repetition's.
-# bench/gpu-lease.sh runs these phases in one command that fits a lease. Within a lease of about 10 minutes (on an H100, 2026-11-26: the correctness phases took 200 s
+# bench/gpu-lease.sh runs the phases the bars need in one command that fits a lease. By hand,
+# within a lease of about 10 minutes (on an H100, 2026-11-26: the correctness phases took 200 s
 # side by side and the training runs 110 s; the bench phase, cut there at 200 s, needs about
 # 250 s):
 #   PHASES=tests SHARDS=8 TESTS_S=200 bench/run-gpu.sh P OUT/tests &
@@ -33,8 +35,9 @@
 # BUILD_DIR (default build-gpu) holds towers, tests/towers_tests and bench/gpu_bench, built with
 # -DCMAKE_CUDA_ARCHITECTURES matching the GPU (90 for H100/H200); where the machine lacks the
 # Debian libraries, carry them in BUILD_DIR/devlibs (bench/pack-gpu.sh makes such a folder).
-# Each phase has a time limit (TESTS_S, SANITIZE_S, BENCH_S, FASHION_S, REMOTE_S seconds), so
-# the script ends inside a lease and says which phase ran out.
+# The long steps have time limits (TESTS_S, SANITIZE_S, BENCH_S, FASHION_S, REMOTE_S seconds;
+# each PyTorch peer and warm-up 150 s, each ncu profile 90 s), so the script ends inside a
+# lease and says which step ran out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
@@ -230,7 +233,7 @@ if [[ " $phases " == *" warm "* ]] && has_torch_gpu; then
   note "warm: $((SECONDS - start)) s"
 fi
 
-# 3. Speed: towers, then the PyTorch peer on the same GPU, then a kernel-time profile.
+# 3. Speed: towers, then the PyTorch peer on the same GPU, then --sync-bn on GPU towers.
 if [[ " $phases " == *" bench "* ]]; then
   timeout "${BENCH_S:-400}" "$build/bench/gpu_bench" --benchmark_filter="${BENCH_FILTER:-.}" \
     --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json > "$out/gpu_bench.txt" 2>&1

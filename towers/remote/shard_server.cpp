@@ -68,8 +68,9 @@ OptimizerConfig optimizer_from_json(const std::string& text) {
 }
 
 // The threads that serve the raw calls (Push, Pull). A call may wait, at the sync barrier or
-// for a version, until other calls have arrived, so each call gets a thread of its own: one
-// waiting in the pool, or a new one when none is.
+// for a version, until other calls have arrived, so each call that may wait gets a thread of
+// its own: one waiting in the pool, or a new one when none is. (A worker's pull in plain sync
+// that need not wait is served on gRPC's thread: PullStream.)
 class CallThreads {
  public:
   ~CallThreads() {
@@ -495,6 +496,7 @@ class ShardService final : public ShardBase {
       if (early_seen_.count(i)) seen_[i] = early_seen_[i];
     timeout_ = std::chrono::milliseconds(std::max<int64_t>(run.heartbeat_timeout_ms(), 100));
     initialized_ = true;
+    lending_.store(run.mode() == "sync" && k_ == w);
     init_ = *req;  // what a checkpoint repeats, less the arrays it replaces
     init_.clear_params();
     init_.clear_slots();
@@ -620,8 +622,9 @@ class ShardService final : public ShardBase {
     return new PushReader(this, ctx, reply);
   }
 
-  // The messages of a PullStream, written one at a time as gRPC takes them, while a thread of
-  // threads_ copies the next pieces (offer) and then ends the stream (close).
+  // The messages of a PullStream, written one at a time as gRPC takes them, while the thread
+  // that serves the pull (gRPC's, or one of threads_ that may copy them) offers the next pieces
+  // (offer) and then ends the stream (close).
   class PieceWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
    public:
     // Queues a message; false once the client has gone (stop offering).
@@ -704,6 +707,8 @@ class ShardService final : public ShardBase {
       else if (req.with_slots())
         s = Status(StatusCode::INVALID_ARGUMENT,
                    fmt::format("{}: PullStream carries no optimizer slots (Pull does)", name_));
+      else if (on_grpc_thread && !(lending_.load() && req.worker() >= 0))
+        return false;  // a pull that copies: to a thread of threads_ before anything is done
       else
         s = pull_ready(ctx, req, may_not_wait);
       // A worker's pull in plain sync: the parameters themselves, lent to gRPC, held (no round
@@ -1550,6 +1555,9 @@ class ShardService final : public ShardBase {
   std::mutex mu_;
   std::condition_variable cv_;
   bool initialized_ = false, exit_ = false;
+  // Set with initialized_: a worker's pull lends the parameters (plain sync). Read without
+  // mu_, by PullStream on gRPC's thread, to hand every other pull off at once.
+  std::atomic<bool> lending_{false};
   std::string run_id_;
   std::unique_ptr<ParameterLayout> layout_;
   uint64_t hash_ = 0;
