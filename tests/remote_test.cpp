@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -272,13 +274,14 @@ struct OneShard {
     server.join();
   }
   // A Restore call (towers.proto) to the shard.
-  grpc::Status restore(int64_t version, int64_t generation, remote::RestoreReply* rep) {
+  grpc::Status restore(int64_t version, int64_t generation, remote::RestoreReply* rep,
+                       double timeout = 10) {
     remote::ShardSet shards(cfg.cluster.ps, "t", {});
     remote::RestoreRequest req;
     req.set_layout_hash(remote::layout_hash(layout));
     req.set_version(version);
     req.set_generation(generation);
-    auto ctx = remote::call_context("t", 10);
+    auto ctx = remote::call_context("t", timeout);
     ctx->set_wait_for_ready(true);
     return shards.stub(0).Restore(ctx.get(), req, rep);
   }
@@ -484,6 +487,109 @@ TEST(RemoteShard, RestoreGoesBackToASavedRoundAtANewGeneration) {
                 .find("roll back to it"),
             std::string::npos);
   EXPECT_TRUE(params_are(-1.5f));
+}
+
+// A rollback waits for the calls of the rounds it gives up to let go of the parameters, but not
+// past its deadline. A worker's pull whose client reads nothing after its first piece keeps
+// the parameters lent to gRPC (the client's 64 KiB window lets no more through): a Restore
+// then ends with DEADLINE_EXCEEDED, saying what it waited for, and the shard takes no call of
+// the old generation. Once the pull is cancelled the same Restore goes through, and the worker
+// goes on from the restored round.
+TEST(RemoteShard, ARestoreThatCannotTakeTheParametersEndsAtItsDeadline) {
+  const std::string dir = test_path("ps-ck-deadline");
+  const int64_t n = 8 << 20;  // 32 MiB in 1 MiB pieces: far more than the stuck pull's window
+  OneShard s(n, 1 << 18, dir);
+  ASSERT_EQ(s.push_ones(), 1);  // sgd, lr 1: 0.5 - 1
+  ASSERT_EQ(s.store->save_shards(1).at(0), dir + "/ps-0-0000000001.ckpt");
+  ASSERT_EQ(s.push_ones(), 2);
+
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetMaxReceiveMessageSize(-1);
+  grpc::GenericStub stub(
+      grpc::CreateCustomChannel(s.cfg.cluster.ps[0], grpc::InsecureChannelCredentials(), args));
+  struct Stuck final : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+    grpc::ByteBuffer out, in;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool first = false, done = false;
+    grpc::Status status;
+    void OnReadDone(bool ok) override {  // reads the first piece, then nothing
+      std::lock_guard<std::mutex> l(mu);
+      first = ok;
+      cv.notify_all();
+    }
+    void OnDone(const grpc::Status& st) override {
+      std::lock_guard<std::mutex> l(mu);
+      status = st;
+      done = true;
+      cv.notify_all();
+    }
+    bool wait(bool Stuck::*what) {
+      std::unique_lock<std::mutex> l(mu);
+      return cv.wait_for(l, std::chrono::seconds(30), [&] { return this->*what || done; }) &&
+             this->*what;
+    }
+  } stuck;
+  remote::PullRequest req;
+  req.set_layout_hash(remote::layout_hash(s.layout));
+  req.set_worker(0);
+  req.set_min_version(2);
+  stuck.out = remote::encode(req);
+  auto ctx = remote::call_context("t", 60);
+  stub.PrepareBidiStreamingCall(ctx.get(), remote::kPullStreamMethod, grpc::StubOptions(), &stuck);
+  stuck.StartWriteLast(&stuck.out, grpc::WriteOptions());
+  stuck.StartRead(&stuck.in);
+  stuck.StartCall();
+  // The first piece is here: the shard holds the parameters for this pull.
+  ASSERT_TRUE(stuck.wait(&Stuck::first)) << stuck.status.error_message();
+
+  remote::RestoreReply rep;
+  grpc::Status st = s.restore(1, 1, &rep, 2);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
+  EXPECT_NE(st.error_message().find("did not let go of the parameters before the rollback's "
+                                    "deadline"),
+            std::string::npos)
+      << st.error_message();
+  // The shard is at generation 1 now, waiting to load round 1: a worker's call of generation 0
+  // is refused with that rollback.
+  {
+    remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+    std::vector<float> dst(n);
+    try {
+      shards.pull_streams(req, remote::shard_ranges(n, 1), dst.data(), 10);
+      ADD_FAILURE() << "a pull of generation 0 was served";
+    } catch (const remote::RollbackError& e) {
+      EXPECT_EQ(e.rollback.version, 1);
+      EXPECT_EQ(e.rollback.generation, 1);
+    }
+  }
+
+  ctx->TryCancel();
+  ASSERT_TRUE(stuck.wait(&Stuck::done));
+  // gRPC lets go of the lent pieces as the call ends (the shard's lease comes back a moment
+  // later): the same Restore goes through.
+  bool restored = false;
+  for (int attempt = 0; attempt < 50 && !restored; ++attempt) {
+    st = s.restore(1, 1, &rep, 10);
+    restored = st.ok();
+    if (!restored) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(restored) << st.error_message();
+  EXPECT_EQ(rep.version(), 1);
+  try {  // the worker adopts the rollback, as in the test above
+    s.push_ones();
+    ADD_FAILURE() << "a push of generation 0 was taken";
+  } catch (const remote::RollbackError& e) {
+    EXPECT_EQ(e.rollback.version, 1);
+  }
+  std::vector<float> got(n, -9.0f);
+  s.store->pull_into(got.data());
+  EXPECT_EQ(got[0], -0.5f);
+  EXPECT_EQ(got[n - 1], -0.5f);
+  EXPECT_EQ(s.store->version(), 1);
+  EXPECT_EQ(s.push_ones(), 2);
 }
 
 // A restarted shard is at its checkpoint's round, at a new generation, until a worker adopts

@@ -289,7 +289,7 @@ class ShardService final : public ShardBase {
         return started_ == finished_ && copying_ == 0 &&
                std::all_of(inflight_.begin(), inflight_.end(), [](int n) { return n == 0; });
       };
-      if (!cv_.wait_until(l, ctx->deadline(), quiet)) {
+      if (!cv_.wait_until(l, answer_by(ctx), quiet)) {
         restoring_ = false;
         return {StatusCode::DEADLINE_EXCEEDED,
                 fmt::format("{}: the round in progress did not let go of the parameters before "
@@ -1273,6 +1273,14 @@ class ShardService final : public ShardBase {
   // Waits on cv_ (l holds mu_) until ready(), the call's deadline, or a lost worker that the
   // wait needs (sync). what() says what is waited for. gen >= 0: a sync call of that rollback
   // generation, refused once the shard goes on to a later one.
+  // The time a waiting call gives up: its deadline, less what its answer needs to reach the
+  // caller, so that the caller reads why (the shard's status) rather than its own bare
+  // "Deadline Exceeded".
+  static std::chrono::system_clock::time_point answer_by(const ServerContextBase* ctx) {
+    return ctx->deadline() - kAnswerMargin;
+  }
+  static constexpr std::chrono::milliseconds kAnswerMargin{250};
+
   // would_wait (not null): a call served on one of gRPC's threads, which must not block; instead
   // of waiting, *would_wait is set and OK returned, and the caller serves the call again on a
   // thread of threads_ (what it did before the wait must be safe to do twice).
@@ -1285,7 +1293,7 @@ class ShardService final : public ShardBase {
       if (ctx->IsCancelled())
         return {StatusCode::CANCELLED, fmt::format("{}: the call was cancelled", name_)};
       if (Status s = lost_blocks_round(); !s.ok()) return s;
-      if (std::chrono::system_clock::now() >= ctx->deadline())
+      if (std::chrono::system_clock::now() >= answer_by(ctx))
         return {StatusCode::DEADLINE_EXCEEDED,
                 fmt::format("{}: the call's deadline passed while waiting for {}", name_, what())};
       if (would_wait != nullptr) {

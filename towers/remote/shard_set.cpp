@@ -30,8 +30,11 @@ void ShardSet::fail(int i, const char* what, const grpc::Status& s) const {
            "started with";
   if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED)
     hint = "; taking part in the run needs the run's token, not the read-only one";
+  // (A shard that waited for something answers DEADLINE_EXCEEDED itself, saying what: its
+  // messages start with its name. gRPC's own deadline error means no answer came.)
+  const bool shard_said = s.error_message().rfind("ps:", 0) == 0;
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
+      (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !shard_said))
     hint = "; is the shard running at that address, and do both sides agree on TLS "
            "(--tls-cert/--tls-key/--tls-ca on every process, or on none)?";
   TOWERS_BAD_INPUT("ps:{} ({}): {} failed: {}{}", i, addresses_[i], what, describe(s), hint);
