@@ -36,6 +36,10 @@ stamp() { echo "gpu-lease: $* at $((SECONDS - start)) s" | tee -a "$out/lease.tx
 # inner `timeout`s of run-gpu.sh make process groups of their own, which a plain `timeout`
 # around the script would leave running (a PyTorch peer on the GPU while the next phase
 # times). Returns the command's exit code (143 when it was cut).
+# (Without pkill, the session's first process group is signalled: the inner groups survive.)
+end_session() {  # signal, session id
+  if command -v pkill >/dev/null; then pkill "-$1" -s "$2" 2>/dev/null; else kill "-$1" -- "-$2" 2>/dev/null; fi
+}
 within() {
   local s=$1
   shift
@@ -43,16 +47,15 @@ within() {
   local sid=$!
   (
     sleep "$s"
-    pkill -TERM -s "$sid" 2>/dev/null && echo "gpu-lease: cut after $s s: $*" >> "$out/lease.txt"
+    end_session TERM "$sid" && echo "gpu-lease: cut after $s s: $*" >> "$out/lease.txt"
     sleep 5
-    pkill -KILL -s "$sid" 2>/dev/null
+    end_session KILL "$sid"
   ) &
   local watch=$!
   wait "$sid"
   local rc=$?
-  pkill -KILL -s "$sid" 2>/dev/null  # what the session left behind
-  pkill -P "$watch" 2>/dev/null
-  kill "$watch" 2>/dev/null
+  end_session KILL "$sid"  # what the session left behind
+  kill "$watch" 2>/dev/null  # (its sleep ends by itself)
   wait "$watch" 2>/dev/null
   return "$rc"
 }
