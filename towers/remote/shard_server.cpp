@@ -714,7 +714,7 @@ class ShardService final : public ShardBase {
       // A worker's pull in plain sync: the parameters themselves, lent to gRPC, held (no round
       // applies) until it has let go of every piece. (Readers get copies, so that a reader
       // cannot hold up the run; so do backup-worker runs, whose rounds apply whole.)
-      const bool lends = s.ok() && run_.mode() == "sync" && k_ == workers() && req.worker() >= 0;
+      const bool lends = s.ok() && lending_.load() && req.worker() >= 0;
       if (would_wait || (on_grpc_thread && s.ok() && !lends)) return false;
       if (lends) {
         int64_t v = 0;
@@ -1270,9 +1270,6 @@ class ShardService final : public ShardBase {
     cv_.notify_all();
   }
 
-  // Waits on cv_ (l holds mu_) until ready(), the call's deadline, or a lost worker that the
-  // wait needs (sync). what() says what is waited for. gen >= 0: a sync call of that rollback
-  // generation, refused once the shard goes on to a later one.
   // The time a waiting call gives up: its deadline, less what its answer needs to reach the
   // caller, so that the caller reads why (the shard's status) rather than its own bare
   // "Deadline Exceeded".
@@ -1281,6 +1278,9 @@ class ShardService final : public ShardBase {
   }
   static constexpr std::chrono::milliseconds kAnswerMargin{250};
 
+  // Waits on cv_ (l holds mu_) until ready(), the call's deadline, or a lost worker that the
+  // wait needs (sync). what() says what is waited for. gen >= 0: a sync call of that rollback
+  // generation, refused once the shard goes on to a later one.
   // would_wait (not null): a call served on one of gRPC's threads, which must not block; instead
   // of waiting, *would_wait is set and OK returned, and the caller serves the call again on a
   // thread of threads_ (what it did before the wait must be safe to do twice).
@@ -1564,7 +1564,8 @@ class ShardService final : public ShardBase {
   std::condition_variable cv_;
   bool initialized_ = false, exit_ = false;
   // Set with initialized_: a worker's pull lends the parameters (plain sync). Read without
-  // mu_, by PullStream on gRPC's thread, to hand every other pull off at once.
+  // mu_, by PullStream on gRPC's thread to hand every other pull off at once, and after
+  // pull_ready to decide how a pull is served.
   std::atomic<bool> lending_{false};
   std::string run_id_;
   std::unique_ptr<ParameterLayout> layout_;
