@@ -21,18 +21,31 @@
 //   BM_GrpcStream/BYTES    the same floor for the streamed push: BYTES in 1 MiB messages on one
 //                          PushStream, drained unread by the server
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
-// The shards run as threads of this process on 127.0.0.1 (on a 2-core machine they share the
-// cores with the client, as separate processes would). bytes_per_second is the message size
-// over the time of one call.
+//   BM_PushToProcesses/BYTES/SHARDS, BM_PullFromProcesses/BYTES/SHARDS
+//                          the same push and pull to shards that are `towers ps` processes
+//                          (the towers binary beside this one's bench/ directory), as in a
+//                          real cluster: each process has gRPC threads of its own, and every
+//                          hand-off between client and shard crosses processes
+// Elsewhere the shards run as threads of this process on 127.0.0.1: they share the cores with
+// the client, as separate processes would, and also gRPC's callback threads, which lets one
+// thread serve both sides of a hand-off. bytes_per_second is the message size over the time
+// of one call. OpenBLAS, which towers drives single-threaded, starts a helper thread that
+// spins for a while after the library loads; run with OPENBLAS_NUM_THREADS=1 (run-remote.sh
+// does, and the shard processes get it) so that it does not take a core from the first cases.
 #include <arpa/inet.h>
+#include <csignal>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <map>
 #include <memory>
@@ -42,7 +55,9 @@
 
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "core/check.h"
 #include "core/device.h"
 #include "optim/optimizer.h"
 #include "towers/remote/remote_store.h"
@@ -56,27 +71,78 @@ using namespace towers;
 
 int free_port() { return remote::free_loopback_ports(1)[0]; }
 
-// S shards serving one variable of n floats, and a worker's store connected to them.
+extern "C" char** environ;
+
+// `towers ps --cluster FILE --task ps:I --quiet` as a child process, with the bench's token;
+// -1 if there is no towers binary beside bench/ or it cannot be started.
+pid_t start_shard_process(const std::string& cluster_file, int index) {
+  namespace fs = std::filesystem;
+  const fs::path towers = fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "towers";
+  const std::string bin = towers.string(), task = fmt::format("ps:{}", index);
+  if (access(bin.c_str(), X_OK) != 0) return -1;
+  std::vector<std::string> argv = {bin, "ps", "--cluster", cluster_file, "--task", task, "--quiet"};
+  std::vector<std::string> env = {"TOWERS_TOKEN=bench", "OPENBLAS_NUM_THREADS=1"};
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "TOWERS_TOKEN=", 13) != 0 && std::strncmp(*e, "OPENBLAS_NUM_THREADS=", 21) != 0)
+      env.push_back(*e);
+  std::vector<char*> a, e;
+  for (std::string& x : argv) a.push_back(x.data());
+  for (std::string& x : env) e.push_back(x.data());
+  a.push_back(nullptr);
+  e.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // a bench that dies takes its shards with it
+    if (getppid() != parent) _exit(1);
+    execve(a[0], a.data(), e.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// S shards serving one variable of n floats, and a worker's store connected to them. The
+// shards are threads of this process, or (processes) `towers ps` processes.
 struct Cluster {
   std::vector<remote::ShardOptions> opts;
   std::vector<std::thread> servers;
+  std::vector<pid_t> processes;
+  std::string dir;  // processes: where the cluster file is
   std::unique_ptr<ParameterLayout> layout;
   std::vector<float> params, grads;
   std::unique_ptr<Optimizer> opt;
   std::unique_ptr<remote::RemoteParameterStore> store;
   remote::RemoteConfig cfg;
 
-  Cluster(int64_t n, int shards) {
+  Cluster(int64_t n, int shards, bool in_processes = false) {
     remote::Cluster c;
     c.worker = {"127.0.0.1:1"};
     for (int i = 0; i < shards; ++i) c.ps.push_back(fmt::format("127.0.0.1:{}", free_port()));
-    opts.resize(shards);
-    for (int i = 0; i < shards; ++i) {
-      opts[i].cluster = c;
-      opts[i].index = i;
-      opts[i].token = "bench";
-      opts[i].quiet = true;
-      servers.emplace_back([o = &opts[i]] { remote::run_shard(*o); });
+    if (in_processes) {
+      char tmpl[] = "/tmp/remote_bench.XXXXXX";
+      TOWERS_REQUIRE(mkdtemp(tmpl) != nullptr, "remote_bench: cannot make a directory in /tmp");
+      dir = tmpl;
+      const std::string file = dir + "/cluster.json";
+      std::ofstream f(file);
+      f << fmt::format(R"({{"cluster": {{"worker": ["127.0.0.1:1"], "ps": ["{}"]}}}})",
+                       fmt::join(c.ps, "\", \""))
+        << "\n";
+      f.close();
+      for (int i = 0; i < shards; ++i) {
+        const pid_t pid = start_shard_process(file, i);
+        TOWERS_REQUIRE(pid > 0, "cannot start {}/../towers ps",
+                       std::filesystem::read_symlink("/proc/self/exe").parent_path().string());
+        processes.push_back(pid);
+      }
+    } else {
+      opts.resize(shards);
+      for (int i = 0; i < shards; ++i) {
+        opts[i].cluster = c;
+        opts[i].index = i;
+        opts[i].token = "bench";
+        opts[i].quiet = true;
+        servers.emplace_back([o = &opts[i]] { remote::run_shard(*o); });
+      }
     }
     layout = std::make_unique<ParameterLayout>(
         std::vector<ParamSpec>{{"v/w", {n}, Init::constant(0.5f)}});
@@ -103,12 +169,27 @@ struct Cluster {
       stub->Shutdown(ctx.get(), req, &rep);
     }
     for (auto& t : servers) t.join();
+    for (pid_t p : processes) waitpid(p, nullptr, 0);
+    if (!dir.empty()) std::filesystem::remove_all(dir);
   }
 };
 
-void BM_Push(benchmark::State& state) {
+// The cluster of a case (BYTES, SHARDS), or null with the case skipped, saying why.
+std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes) {
+  try {
+    return std::make_unique<Cluster>(state.range(0) / 4, static_cast<int>(state.range(1)),
+                                     in_processes);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return nullptr;
+  }
+}
+
+void push_case(benchmark::State& state, bool in_processes) {
   const int64_t bytes = state.range(0);
-  Cluster c(bytes / 4, static_cast<int>(state.range(1)));
+  const std::unique_ptr<Cluster> cluster = start_cluster(state, in_processes);
+  if (!cluster) return;
+  Cluster& c = *cluster;
   CpuDevice host(1);
   HostUpdate on(host);
   UpdateRecord rec;
@@ -123,10 +204,14 @@ void BM_Push(benchmark::State& state) {
   for (auto _ : state) c.store->push(c.grads.data(), rec, on);
   state.SetBytesProcessed(state.iterations() * bytes);
 }
+void BM_Push(benchmark::State& state) { push_case(state, false); }
+void BM_PushToProcesses(benchmark::State& state) { push_case(state, true); }
 
-void BM_Pull(benchmark::State& state) {
+void pull_case(benchmark::State& state, bool in_processes) {
   const int64_t bytes = state.range(0);
-  Cluster c(bytes / 4, static_cast<int>(state.range(1)));
+  const std::unique_ptr<Cluster> cluster = start_cluster(state, in_processes);
+  if (!cluster) return;
+  Cluster& c = *cluster;
   std::vector<float> dst(bytes / 4, -1.0f);  // the pull must overwrite every element
   c.store->pull_into(dst.data());
   for (int64_t i = 0; i < bytes / 4; ++i)
@@ -137,6 +222,8 @@ void BM_Pull(benchmark::State& state) {
   for (auto _ : state) c.store->pull_into(dst.data());
   state.SetBytesProcessed(state.iterations() * bytes);
 }
+void BM_Pull(benchmark::State& state) { pull_case(state, false); }
+void BM_PullFromProcesses(benchmark::State& state) { pull_case(state, true); }
 
 void BM_TcpLoopback(benchmark::State& state) {
   const int64_t bytes = state.range(0);
@@ -444,6 +531,14 @@ void tcp_variants(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Push)->Apply([](auto* b) { sizes(b, true); });
 BENCHMARK(BM_Pull)->Apply([](auto* b) { sizes(b, true); });
+// Shard processes: 4 MiB (the shares of raw TCP) and 64 MiB.
+void in_processes(benchmark::internal::Benchmark* b) {
+  for (int64_t s : {4 << 20, 64 << 20})
+    for (int k : {1, 2, 4}) b->Args({s, k});
+  b->UseRealTime()->MinTime(0.3);
+}
+BENCHMARK(BM_PushToProcesses)->Apply(in_processes);
+BENCHMARK(BM_PullFromProcesses)->Apply(in_processes);
 BENCHMARK(BM_TcpLoopback)->Apply(tcp_variants);
 BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcStream)->Apply([](auto* b) { sizes(b, false); });

@@ -3,7 +3,8 @@
 #   1. remote_bench: push and pull to 1, 2, 4 shards over message sizes of 64 KiB .. 64 MiB,
 #      next to raw TCP loopback (several write/read sizes), gRPC's floors (a unary call, a push
 #      stream and a pull stream of 1 MiB pieces, none of them read or copied) and memcpy
-#      measured in the same run; then the 4 MiB cases again, REPS (default 5) repetitions
+#      measured in the same run, and push and pull at 4 and 64 MiB to shards that are `towers
+#      ps` processes; then the 4 MiB cases again, REPS (default 5) repetitions
 #      randomly interleaved, whose medians give the push and pull rates as shares of raw TCP
 #      (the best of its variants);
 #   2. the same training job (fashion net, Fashion-MNIST, sync, batch 128 per tower, one
@@ -22,6 +23,9 @@ steps=${STEPS:-60}
 rounds=${ROUNDS:-3}
 reps=${REPS:-5}
 mkdir -p "$out"
+# towers calls OpenBLAS single-threaded; told so before it loads, OpenBLAS starts no helper
+# thread that would spin on one of the cores while the first cases run (remote_bench.cpp).
+export OPENBLAS_NUM_THREADS=1
 if [ "${SWEEP:-1}" != 0 ]; then
   "$build/bench/remote_bench" --benchmark_out="$out/remote_bench.json" \
     --benchmark_out_format=json > "$out/remote_bench.txt" 2>&1

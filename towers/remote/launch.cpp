@@ -168,6 +168,10 @@ int run_launch(const LaunchConfig& c) {
 
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  // Every role calls OpenBLAS single-threaded (gemm_init_single_threaded); told so before it
+  // loads, OpenBLAS starts no helper thread, which otherwise spins on a core for the first
+  // tenth of a second or so, while the cluster starts. A user's own setting is kept.
+  setenv("OPENBLAS_NUM_THREADS", "1", 0);
   std::vector<Child> kids;
   nlohmann::json procs = nlohmann::json::array();
   auto start = [&](const std::string& task, std::vector<std::string> argv, bool tee) {
