@@ -20,6 +20,12 @@
 //                          replies at once without reading it: what any design on gRPC pays
 //   BM_GrpcStream/BYTES    the same floor for the streamed push: BYTES in 1 MiB messages on one
 //                          PushStream, drained unread by the server
+//   BM_GrpcPullStream/BYTES
+//                          the floor of the streamed pull: 1 MiB messages sent by the server
+//                          from its memory, received and dropped unread
+//   BM_GrpcStreamToProcess/BYTES, BM_GrpcPullStreamFromProcess/BYTES
+//                          the two stream floors with the server in a process of its own (this
+//                          binary, `remote_bench --ack-server PORT PULL_BYTES`), as a shard is
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
 //   BM_PushToProcesses/BYTES/SHARDS, BM_PullFromProcesses/BYTES/SHARDS
 //                          the same push and pull to shards that are `towers ps` processes
@@ -47,6 +53,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <string_view>
 #include <map>
 #include <memory>
 #include <thread>
@@ -73,18 +80,17 @@ int free_port() { return remote::free_loopback_ports(1)[0]; }
 
 extern "C" char** environ;
 
-// `towers ps --cluster FILE --task ps:I --quiet` as a child process, with the bench's token;
-// -1 if there is no towers binary beside bench/ or it cannot be started.
-pid_t start_shard_process(const std::string& cluster_file, int index) {
-  namespace fs = std::filesystem;
-  const fs::path towers = fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "towers";
-  const std::string bin = towers.string(), task = fmt::format("ps:{}", index);
-  if (access(bin.c_str(), X_OK) != 0) return -1;
-  std::vector<std::string> argv = {bin, "ps", "--cluster", cluster_file, "--task", task, "--quiet"};
-  std::vector<std::string> env = {"TOWERS_TOKEN=bench", "OPENBLAS_NUM_THREADS=1"};
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "TOWERS_TOKEN=", 13) != 0 && std::strncmp(*e, "OPENBLAS_NUM_THREADS=", 21) != 0)
+// argv[0] started as a child process with `env` added to (and replacing the same names of)
+// this process's environment; it ends when this process does. -1 if it cannot be started.
+pid_t start_child(std::vector<std::string> argv, std::vector<std::string> env) {
+  if (access(argv[0].c_str(), X_OK) != 0) return -1;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view var(*e);
+    if (std::none_of(env.begin(), env.end(), [&](const std::string& x) {
+          return var.substr(0, var.find('=') + 1) == x.substr(0, x.find('=') + 1);
+        }))
       env.push_back(*e);
+  }
   std::vector<char*> a, e;
   for (std::string& x : argv) a.push_back(x.data());
   for (std::string& x : env) e.push_back(x.data());
@@ -93,12 +99,23 @@ pid_t start_shard_process(const std::string& cluster_file, int index) {
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM);  // a bench that dies takes its shards with it
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // a bench that dies takes its children with it
     if (getppid() != parent) _exit(1);
     execve(a[0], a.data(), e.data());
     _exit(127);
   }
   return pid;
+}
+
+std::filesystem::path this_binary() { return std::filesystem::read_symlink("/proc/self/exe"); }
+
+// `towers ps --cluster FILE --task ps:I --quiet` (the towers binary beside bench/) as a child
+// process, with the bench's token.
+pid_t start_shard_process(const std::string& cluster_file, int index) {
+  const std::string bin = (this_binary().parent_path().parent_path() / "towers").string();
+  return start_child({bin, "ps", "--cluster", cluster_file, "--task", fmt::format("ps:{}", index),
+                      "--quiet"},
+                     {"TOWERS_TOKEN=bench", "OPENBLAS_NUM_THREADS=1"});
 }
 
 // S shards serving one variable of n floats, and a worker's store connected to them. The
@@ -131,7 +148,7 @@ struct Cluster {
       for (int i = 0; i < shards; ++i) {
         const pid_t pid = start_shard_process(file, i);
         TOWERS_REQUIRE(pid > 0, "cannot start {}/../towers ps",
-                       std::filesystem::read_symlink("/proc/self/exe").parent_path().string());
+                       this_binary().parent_path().string());
         processes.push_back(pid);
       }
     } else {
@@ -359,26 +376,77 @@ void time_calls(benchmark::State& state, Call call, const char* failed) {
   state.SetBytesProcessed(state.iterations() * state.range(0));
 }
 
-// An AckService on a free loopback port, tuned as a shard is, and a channel to it.
+// An AckService (pull streams of `pull_bytes`) on 127.0.0.1:port (0: a free one), tuned as a
+// shard is; returns its port.
+int serve_acks(AckService& service, std::unique_ptr<grpc::Server>& server, int port,
+               int64_t pull_bytes) {
+  remote::keep_message_buffers();  // as every shard and worker process does
+  service.source.assign(static_cast<size_t>(pull_bytes), 7);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(fmt::format("127.0.0.1:{}", port), grpc::InsecureServerCredentials(),
+                           &port);
+  builder.SetMaxReceiveMessageSize(remote::kMaxMessageBytes);
+  remote::tune(builder);
+  builder.RegisterService(&service);
+  server = builder.BuildAndStart();
+  return port;
+}
+
+// `remote_bench --ack-server PORT PULL_BYTES`: an AckService in a process of its own, until
+// it is killed (or the bench that started it ends).
+int run_ack_server(int port, int64_t pull_bytes) {
+  AckService service;
+  std::unique_ptr<grpc::Server> server;
+  if (serve_acks(service, server, port, pull_bytes) != port) return 1;
+  server->Wait();
+  return 0;
+}
+
+// An AckService, as threads of this process or (in_process false) as a child process of this
+// binary, and a channel to it.
 struct AckServer {
   AckService service;
   std::unique_ptr<grpc::Server> server;
-  grpc::GenericStub stub;
-  static std::shared_ptr<grpc::Channel> start(AckService& service,
-                                              std::unique_ptr<grpc::Server>& server) {
-    remote::keep_message_buffers();  // as every shard and worker process does
-    grpc::ServerBuilder builder;
+  pid_t child = -1;
+  std::unique_ptr<grpc::GenericStub> stub_;
+  grpc::GenericStub& stub;
+  explicit AckServer(int64_t pull_bytes = 0, bool in_process = true)
+      : stub_(start(pull_bytes, in_process)), stub(*stub_) {}
+  std::unique_ptr<grpc::GenericStub> start(int64_t pull_bytes, bool in_process) {
     int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.SetMaxReceiveMessageSize(remote::kMaxMessageBytes);
-    remote::tune(builder);
-    builder.RegisterService(&service);
-    server = builder.BuildAndStart();
-    return remote::open_channel(fmt::format("127.0.0.1:{}", port), {});
+    if (in_process) {
+      port = serve_acks(service, server, 0, pull_bytes);
+    } else {
+      port = free_port();
+      child = start_child({this_binary().string(), "--ack-server", std::to_string(port),
+                           std::to_string(pull_bytes)},
+                          {"OPENBLAS_NUM_THREADS=1"});
+      TOWERS_REQUIRE(child > 0, "cannot start {} --ack-server", this_binary().string());
+    }
+    auto channel = remote::open_channel(fmt::format("127.0.0.1:{}", port), {});
+    TOWERS_REQUIRE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30)),
+                   "the ack server on port {} did not answer in 30 s", port);
+    return std::make_unique<grpc::GenericStub>(channel);
   }
-  AckServer() : stub(start(service, server)) {}
-  ~AckServer() { server->Shutdown(std::chrono::system_clock::now()); }
+  ~AckServer() {
+    if (server) server->Shutdown(std::chrono::system_clock::now());
+    if (child > 0) {
+      kill(child, SIGTERM);
+      waitpid(child, nullptr, 0);
+    }
+  }
 };
+
+// The ack server of a case, or null with the case skipped, saying why.
+std::unique_ptr<AckServer> start_ack_server(benchmark::State& state, int64_t pull_bytes,
+                                            bool in_process) {
+  try {
+    return std::make_unique<AckServer>(pull_bytes, in_process);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return nullptr;
+  }
+}
 
 void BM_GrpcUnary(benchmark::State& state) {
   const int64_t bytes = state.range(0);
@@ -430,10 +498,11 @@ struct Streaming : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
 
 // The floor of the streamed push: BYTES in messages of one piece (kDefaultPieceFloats floats)
 // on one PushStream, from the caller's memory, to a server that drains them unread.
-void BM_GrpcStream(benchmark::State& state) {
+void grpc_stream_case(benchmark::State& state, bool in_process) {
   const int64_t bytes = state.range(0);
-  AckServer ack;
-  grpc::GenericStub& stub = ack.stub;
+  std::unique_ptr<AckServer> ack_server = start_ack_server(state, 0, in_process);
+  if (!ack_server) return;
+  grpc::GenericStub& stub = ack_server->stub;
   std::vector<char> data(bytes, 7);
   const int64_t piece = remote::kDefaultPieceFloats * 4;
   struct Writer final : Streaming {
@@ -468,14 +537,16 @@ void BM_GrpcStream(benchmark::State& state) {
   };
   time_calls(state, call, "gRPC stream failed validation");
 }
+void BM_GrpcStream(benchmark::State& state) { grpc_stream_case(state, true); }
+void BM_GrpcStreamToProcess(benchmark::State& state) { grpc_stream_case(state, false); }
 
 // The floor of the streamed pull: BYTES in 1 MiB messages on one PullStream, sent by the
 // server from its memory without a copy, received and dropped unread.
-void BM_GrpcPullStream(benchmark::State& state) {
+void grpc_pull_stream_case(benchmark::State& state, bool in_process) {
   const int64_t bytes = state.range(0);
-  AckServer ack;
-  ack.service.source.assign(bytes, 7);
-  grpc::GenericStub& stub = ack.stub;
+  std::unique_ptr<AckServer> ack_server = start_ack_server(state, bytes, in_process);
+  if (!ack_server) return;
+  grpc::GenericStub& stub = ack_server->stub;
   struct Reader final : Streaming {
     grpc::ByteBuffer out, in;
     int64_t got = 0;
@@ -499,6 +570,8 @@ void BM_GrpcPullStream(benchmark::State& state) {
   };
   time_calls(state, call, "gRPC pull stream failed validation");
 }
+void BM_GrpcPullStream(benchmark::State& state) { grpc_pull_stream_case(state, true); }
+void BM_GrpcPullStreamFromProcess(benchmark::State& state) { grpc_pull_stream_case(state, false); }
 
 void BM_Memcpy(benchmark::State& state) {
   const int64_t bytes = state.range(0);
@@ -543,8 +616,22 @@ BENCHMARK(BM_TcpLoopback)->Apply(tcp_variants);
 BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcStream)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcPullStream)->Apply([](auto* b) { sizes(b, false); });
+// The floors with the server in a process of its own, as a shard is: 4 and 64 MiB.
+void process_floors(benchmark::internal::Benchmark* b) {
+  b->Arg(4 << 20)->Arg(64 << 20)->UseRealTime()->MinTime(0.3);
+}
+BENCHMARK(BM_GrpcStreamToProcess)->Apply(process_floors);
+BENCHMARK(BM_GrpcPullStreamFromProcess)->Apply(process_floors);
 BENCHMARK(BM_Memcpy)->Apply([](auto* b) { sizes(b, false); });
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  if (argc == 4 && std::string_view(argv[1]) == "--ack-server")
+    return run_ack_server(std::atoi(argv[2]), std::atoll(argv[3]));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

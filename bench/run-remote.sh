@@ -3,8 +3,9 @@
 #   1. remote_bench: push and pull to 1, 2, 4 shards over message sizes of 64 KiB .. 64 MiB,
 #      next to raw TCP loopback (several write/read sizes), gRPC's floors (a unary call, a push
 #      stream and a pull stream of 1 MiB pieces, none of them read or copied) and memcpy
-#      measured in the same run, and push and pull at 4 and 64 MiB to shards that are `towers
-#      ps` processes; then the 4 MiB cases again, REPS (default 5) repetitions
+#      measured in the same run, and push, pull and gRPC's stream floors at 4 and 64 MiB
+#      against servers that are processes of their own (`towers ps`, `remote_bench
+#      --ack-server`); then the 4 MiB cases again, REPS (default 5) repetitions
 #      randomly interleaved, whose medians give the push and pull rates as shares of raw TCP
 #      (the best of its variants);
 #   2. the same training job (fashion net, Fashion-MNIST, sync, batch 128 per tower, one
