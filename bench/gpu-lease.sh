@@ -17,8 +17,9 @@
 #      mirrored parameters, time to 91%, towers and PyTorch.
 # On 2026-11-26 (H100) phase 1 took 196 s, the training runs 110 s.
 # LEASE_PHASES="correctness speed training" (default) picks phases; "profile" (ncu, about a
-# minute) and "remote" (the transport's 4 MiB shares on this machine's cores, about two
-# minutes) are for a second command on the same warm machine, if the lease has time left:
+# minute) and "remote" (the transport's 4 MiB shares on this machine's cores, shards as threads
+# and as processes, 5 interleaved repetitions, about two minutes) are for a second command on
+# the same warm machine, if the lease has time left:
 #   LEASE_PHASES="profile remote" bench/gpu-lease.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -92,7 +93,7 @@ if [[ " $phases " == *" profile "* ]]; then
 fi
 
 if [[ " $phases " == *" remote "* ]]; then
-  SWEEP=0 STEPS=30 ROUNDS=1 REPS=7 REMOTE_S=150 PHASES=remote \
+  SWEEP=0 STEPS=30 ROUNDS=1 REPS=5 REMOTE_S=150 PHASES=remote \
     within 160 bench/run-gpu.sh "$pack" "$out/remote" > "$out/remote.log" 2>&1
   stamp "remote done"
 fi
