@@ -118,13 +118,66 @@ pid_t start_shard_process(const std::string& cluster_file, int index) {
                      {"TOWERS_TOKEN=bench", "OPENBLAS_NUM_THREADS=1"});
 }
 
+// Child processes of a case, and a scratch folder: on destruction each child is given
+// `grace` seconds to end by itself (a shard ends once its workers are done), then SIGTERM,
+// then SIGKILL, and is reaped; the folder is removed.
+struct Children {
+  std::vector<pid_t> pids;
+  std::string dir;
+  double grace = 0.0;
+  Children() = default;
+  Children(const Children&) = delete;
+  Children& operator=(const Children&) = delete;
+  ~Children() {
+    auto reap_all = [&](double seconds) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+      for (;;) {
+        std::erase_if(pids, [](pid_t p) { return waitpid(p, nullptr, WNOHANG) != 0; });
+        if (pids.empty() || std::chrono::steady_clock::now() >= until) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    };
+    reap_all(grace);
+    for (pid_t p : pids) kill(p, SIGTERM);
+    reap_all(2.0);
+    for (pid_t p : pids) kill(p, SIGKILL);
+    for (pid_t p : pids) waitpid(p, nullptr, 0);
+    if (!dir.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  }
+};
+
+// Waits until child `pid` accepts connections on 127.0.0.1:port; throws at once if it has
+// ended, or after 30 s.
+void wait_listening(pid_t pid, int port, const std::string& what) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    int status = 0;
+    TOWERS_REQUIRE(waitpid(pid, &status, WNOHANG) == 0, "{} ended before it listened ({} {})",
+                   what, WIFEXITED(status) ? "exit" : "signal",
+                   WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    if (up) return;
+    TOWERS_REQUIRE(std::chrono::steady_clock::now() < until, "{} did not listen on port {} in 30 s",
+                   what, port);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // S shards serving one variable of n floats, and a worker's store connected to them. The
 // shards are threads of this process, or (processes) `towers ps` processes.
 struct Cluster {
+  Children children;  // first: the last member destroyed
   std::vector<remote::ShardOptions> opts;
   std::vector<std::thread> servers;
-  std::vector<pid_t> processes;
-  std::string dir;  // processes: where the cluster file is
   std::unique_ptr<ParameterLayout> layout;
   std::vector<float> params, grads;
   std::unique_ptr<Optimizer> opt;
@@ -132,25 +185,40 @@ struct Cluster {
   remote::RemoteConfig cfg;
 
   Cluster(int64_t n, int shards, bool in_processes = false) {
+    try {
+      start(n, shards, in_processes);
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+  ~Cluster() { stop(); }
+
+  void start(int64_t n, int shards, bool in_processes) {
     remote::Cluster c;
     c.worker = {"127.0.0.1:1"};
-    for (int i = 0; i < shards; ++i) c.ps.push_back(fmt::format("127.0.0.1:{}", free_port()));
+    const std::vector<int> ports = remote::free_loopback_ports(shards);
+    for (int port : ports) c.ps.push_back(fmt::format("127.0.0.1:{}", port));
+    cfg.cluster = c;
     if (in_processes) {
       char tmpl[] = "/tmp/remote_bench.XXXXXX";
-      TOWERS_REQUIRE(mkdtemp(tmpl) != nullptr, "remote_bench: cannot make a directory in /tmp");
-      dir = tmpl;
-      const std::string file = dir + "/cluster.json";
+      TOWERS_REQUIRE(mkdtemp(tmpl) != nullptr, "cannot make a directory in /tmp");
+      children.dir = tmpl;
+      const std::string file = children.dir + "/cluster.json";
       std::ofstream f(file);
       f << fmt::format(R"({{"cluster": {{"worker": ["127.0.0.1:1"], "ps": ["{}"]}}}})",
                        fmt::join(c.ps, "\", \""))
         << "\n";
       f.close();
+      TOWERS_REQUIRE(f.good(), "cannot write {}", file);
       for (int i = 0; i < shards; ++i) {
         const pid_t pid = start_shard_process(file, i);
         TOWERS_REQUIRE(pid > 0, "cannot start {}/../towers ps",
                        this_binary().parent_path().string());
-        processes.push_back(pid);
+        children.pids.push_back(pid);
       }
+      for (int i = 0; i < shards; ++i)
+        wait_listening(children.pids[i], ports[i], fmt::format("towers ps (ps:{})", i));
     } else {
       opts.resize(shards);
       for (int i = 0; i < shards; ++i) {
@@ -166,7 +234,6 @@ struct Cluster {
     params.assign(layout->total(), 0.5f);
     grads.assign(layout->total(), 1.0f);
     opt = std::make_unique<Optimizer>(*layout, OptimizerConfig{"sgd"});
-    cfg.cluster = c;
     cfg.token = "bench";
     cfg.rpc_timeout = 60;
     cfg.mode = "sync";
@@ -176,7 +243,9 @@ struct Cluster {
     store->initialize_shards(0);
     store->join();
   }
-  ~Cluster() {
+  // The store says it is done, the shards are told to shut down, and their threads joined; a
+  // shard process has a few seconds to end by itself (Children).
+  void stop() {
     store.reset();
     for (const std::string& a : cfg.cluster.ps) {
       auto stub = remote::Shard::NewStub(remote::open_channel(a, {}));
@@ -186,8 +255,8 @@ struct Cluster {
       stub->Shutdown(ctx.get(), req, &rep);
     }
     for (auto& t : servers) t.join();
-    for (pid_t p : processes) waitpid(p, nullptr, 0);
-    if (!dir.empty()) std::filesystem::remove_all(dir);
+    servers.clear();
+    children.grace = 5.0;
   }
 };
 
@@ -386,10 +455,11 @@ int serve_acks(AckService& service, std::unique_ptr<grpc::Server>& server, int p
   builder.AddListeningPort(fmt::format("127.0.0.1:{}", port), grpc::InsecureServerCredentials(),
                            &port);
   builder.SetMaxReceiveMessageSize(remote::kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // as a shard: one server a port
   remote::tune(builder);
   builder.RegisterService(&service);
   server = builder.BuildAndStart();
-  return port;
+  return server ? port : -1;
 }
 
 // `remote_bench --ack-server PORT PULL_BYTES`: an AckService in a process of its own, until
@@ -405,23 +475,27 @@ int run_ack_server(int port, int64_t pull_bytes) {
 // An AckService, as threads of this process or (in_process false) as a child process of this
 // binary, and a channel to it.
 struct AckServer {
+  Children children;  // first: the last member destroyed
   AckService service;
   std::unique_ptr<grpc::Server> server;
-  pid_t child = -1;
   std::unique_ptr<grpc::GenericStub> stub_;
   grpc::GenericStub& stub;
   explicit AckServer(int64_t pull_bytes = 0, bool in_process = true)
       : stub_(start(pull_bytes, in_process)), stub(*stub_) {}
   std::unique_ptr<grpc::GenericStub> start(int64_t pull_bytes, bool in_process) {
+    remote::keep_message_buffers();  // the client's side, as a worker process's
     int port = 0;
     if (in_process) {
       port = serve_acks(service, server, 0, pull_bytes);
+      TOWERS_REQUIRE(port > 0, "the ack server did not start");
     } else {
       port = free_port();
-      child = start_child({this_binary().string(), "--ack-server", std::to_string(port),
-                           std::to_string(pull_bytes)},
-                          {"OPENBLAS_NUM_THREADS=1"});
+      const pid_t child = start_child({this_binary().string(), "--ack-server",
+                                       std::to_string(port), std::to_string(pull_bytes)},
+                                      {"OPENBLAS_NUM_THREADS=1"});
       TOWERS_REQUIRE(child > 0, "cannot start {} --ack-server", this_binary().string());
+      children.pids.push_back(child);
+      wait_listening(child, port, "the ack server");
     }
     auto channel = remote::open_channel(fmt::format("127.0.0.1:{}", port), {});
     TOWERS_REQUIRE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30)),
@@ -430,10 +504,6 @@ struct AckServer {
   }
   ~AckServer() {
     if (server) server->Shutdown(std::chrono::system_clock::now());
-    if (child > 0) {
-      kill(child, SIGTERM);
-      waitpid(child, nullptr, 0);
-    }
   }
 };
 
