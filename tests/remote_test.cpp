@@ -878,7 +878,22 @@ Proc launch_and_kill_worker_1(const std::string& dir, int ps, std::vector<std::s
            launched(dir).count("worker:1");
   });
   EXPECT_TRUE(stepping) << read_all(l.log);
-  if (stepping) EXPECT_EQ(kill(launched(dir)["worker:1"], SIGKILL), 0);
+  if (stepping) {
+    // Launched roles run OpenBLAS single-threaded and are told so before it loads (no helper
+    // thread spinning at start); a value of the user's own is passed on unchanged.
+    const pid_t w1 = launched(dir)["worker:1"];
+    const std::string env = read_all("/proc/" + std::to_string(w1) + "/environ");
+    const char* mine = std::getenv("OPENBLAS_NUM_THREADS");
+    const std::string want = std::string("OPENBLAS_NUM_THREADS=") + (mine ? mine : "1");
+    std::vector<std::string> vars;
+    for (size_t at = 0, end; at < env.size(); at = end + 1) {
+      end = env.find('\0', at);
+      if (end == std::string::npos) end = env.size();
+      vars.push_back(env.substr(at, end - at));
+    }
+    EXPECT_NE(std::find(vars.begin(), vars.end(), want), vars.end()) << want;
+    EXPECT_EQ(kill(w1, SIGKILL), 0);
+  }
   return l;
 }
 
