@@ -260,15 +260,22 @@ struct Cluster {
   }
 };
 
-// The cluster of a case (BYTES, SHARDS), or null with the case skipped, saying why.
-std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes) {
+// What a case runs against (a Cluster, an AckServer), made from args, or null with the case
+// skipped, saying why it could not be set up.
+template <class T, class... Args>
+std::unique_ptr<T> make_or_skip(benchmark::State& state, Args&&... args) {
   try {
-    return std::make_unique<Cluster>(state.range(0) / 4, static_cast<int>(state.range(1)),
-                                     in_processes);
+    return std::make_unique<T>(std::forward<Args>(args)...);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     return nullptr;
   }
+}
+
+// The cluster of a case (BYTES, SHARDS), or null with the case skipped.
+std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes) {
+  return make_or_skip<Cluster>(state, state.range(0) / 4, static_cast<int>(state.range(1)),
+                               in_processes);
 }
 
 void push_case(benchmark::State& state, bool in_processes) {
@@ -507,17 +514,6 @@ struct AckServer {
   }
 };
 
-// The ack server of a case, or null with the case skipped, saying why.
-std::unique_ptr<AckServer> start_ack_server(benchmark::State& state, int64_t pull_bytes,
-                                            bool in_process) {
-  try {
-    return std::make_unique<AckServer>(pull_bytes, in_process);
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-    return nullptr;
-  }
-}
-
 void BM_GrpcUnary(benchmark::State& state) {
   const int64_t bytes = state.range(0);
   AckServer ack;
@@ -570,7 +566,7 @@ struct Streaming : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
 // on one PushStream, from the caller's memory, to a server that drains them unread.
 void grpc_stream_case(benchmark::State& state, bool in_process) {
   const int64_t bytes = state.range(0);
-  std::unique_ptr<AckServer> ack_server = start_ack_server(state, 0, in_process);
+  std::unique_ptr<AckServer> ack_server = make_or_skip<AckServer>(state, 0, in_process);
   if (!ack_server) return;
   grpc::GenericStub& stub = ack_server->stub;
   std::vector<char> data(bytes, 7);
@@ -614,7 +610,7 @@ void BM_GrpcStreamToProcess(benchmark::State& state) { grpc_stream_case(state, f
 // server from its memory without a copy, received and dropped unread.
 void grpc_pull_stream_case(benchmark::State& state, bool in_process) {
   const int64_t bytes = state.range(0);
-  std::unique_ptr<AckServer> ack_server = start_ack_server(state, bytes, in_process);
+  std::unique_ptr<AckServer> ack_server = make_or_skip<AckServer>(state, bytes, in_process);
   if (!ack_server) return;
   grpc::GenericStub& stub = ack_server->stub;
   struct Reader final : Streaming {
