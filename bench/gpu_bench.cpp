@@ -16,7 +16,9 @@
 //                        im2col + cuBLAS, 1 cuDNN with deterministic algorithms (the default),
 //                        2 cuDNN with any (--cudnn-nondeterministic, PyTorch's default), 3 and
 //                        4 as 1 and 2 with the algorithms chosen by timing them
-//                        (--cudnn-benchmark, torch.backends.cudnn.benchmark).
+//                        (--cudnn-benchmark, torch.backends.cudnn.benchmark), 5 and 6 as 1
+//                        and 3 kept to cuDNN's GEMM family (--cudnn-gemm-only: no FFT or
+//                        Winograd).
 //   BM_GpuComputeOnly    forward+backward alone (no host apply), graph vs plain launches: the
 //                        launch overhead a graph removes.
 //   BM_HostMomentumApply the momentum apply on the host parameters alone (the host's share).
@@ -129,6 +131,13 @@ bool valid_step(benchmark::State& state, const StepStats& s, const float* grads,
   return true;
 }
 
+// The cuDNN rules of a benchmark's cudnn argument (see the top of the file).
+void set_cudnn_rules(TowerPlacement& where, int cudnn) {
+  where.cudnn_nondeterministic = cudnn == 2 || cudnn == 4;
+  where.cudnn_benchmark = cudnn == 3 || cudnn == 4 || cudnn == 6;
+  where.cudnn_gemm_only = cudnn >= 5;
+}
+
 // One host-parameter tower step of model at batch, timed: parameters H2D, forward,
 // backward, gradients D2H, the momentum apply on the host.
 void time_host_param_step(benchmark::State& state, const std::string& model, int64_t batch,
@@ -137,8 +146,7 @@ void time_host_param_step(benchmark::State& state, const std::string& model, int
   auto g = model_conv(model, cudnn != 0);
   const int64_t total = g->layout().total();
   TowerPlacement where = placement(graphs, tf32);
-  where.cudnn_nondeterministic = cudnn == 2 || cudnn == 4;
-  where.cudnn_benchmark = cudnn >= 3;
+  set_cudnn_rules(where, cudnn);
   CudaTower tower(*g, batch, where);
   std::vector<float> params(total);
   g->layout().initialize(params.data(), 1);
@@ -163,7 +171,7 @@ void time_host_param_step(benchmark::State& state, const std::string& model, int
 
 // Args: graphs (0/1), tf32 (0/1), cudnn (1: cuDNN convolutions with deterministic algorithms,
 // 2: with any algorithm, --cudnn-nondeterministic; 3, 4: as 1, 2, timed, --cudnn-benchmark;
-// 0: im2col + cuBLAS).
+// 5, 6: as 1, 3, GEMM family only, --cudnn-gemm-only; 0: im2col + cuBLAS).
 void BM_GpuTowerStep(benchmark::State& state) {
   time_host_param_step(state, "cifar10", 128, state.range(0) != 0, state.range(1) != 0,
                        static_cast<int>(state.range(2)));
@@ -198,8 +206,7 @@ void time_mirrored_step(benchmark::State& state, const std::string& model, int64
   const int64_t total = g->layout().total();
   TowerPlacement where = placement(true, tf32);
   where.backward_branches = branches;
-  where.cudnn_nondeterministic = cudnn == 2 || cudnn == 4;
-  where.cudnn_benchmark = cudnn >= 3;
+  set_cudnn_rules(where, cudnn);
   CudaTower tower(*g, batch, where);
   std::vector<float> params(total), init(total);
   g->layout().initialize(params.data(), 1);
@@ -264,6 +271,8 @@ BENCHMARK(BM_GpuMirroredStep)->ArgNames({"batch", "tf32", "cudnn", "input", "bra
     ->Args({128, 0, 2, 0, 0})->Args({128, 1, 2, 0, 0})->Args({512, 0, 2, 0, 0})
     ->Args({128, 0, 3, 0, 0})->Args({128, 1, 3, 0, 0})->Args({512, 0, 3, 0, 0})
     ->Args({128, 0, 4, 0, 0})->Args({128, 1, 4, 0, 0})
+    ->Args({128, 0, 5, 0, 0})->Args({128, 1, 5, 0, 0})->Args({512, 0, 5, 0, 0})
+    ->Args({128, 0, 6, 0, 0})
     ->UseRealTime()->MinTime(bench_min_time(1.0))->Repetitions(3)->ReportAggregatesOnly(true);
 
 // BM_GpuModelStep's nets with mirrored parameters (BatchNorm's running statistics updated on

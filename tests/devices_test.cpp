@@ -63,6 +63,7 @@ TEST(Devices, BadDeviceFlags) {
            {"--backward-branches", "need --device cuda"},
            {"--cudnn-nondeterministic", "need --device cuda"},
            {"--cudnn-benchmark", "need --device cuda"},
+           {"--cudnn-gemm-only", "need --device cuda"},
            {"--device cuda --gpus -1", "--gpus must be >= 0"},
            {"--device cuda --mode async --reduce nccl", "--reduce nccl is for --mode sync"},
        }) {

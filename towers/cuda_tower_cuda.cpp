@@ -45,6 +45,7 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
                   &plans_, dev_.tf32()};
   exec_.cudnn_nondeterministic = p.cudnn_nondeterministic;
   exec_.cudnn_benchmark = p.cudnn_benchmark;
+  exec_.cudnn_gemm_only = p.cudnn_gemm_only;
   if (p.backward_branches) {
     dev_.make_lane();
     int64_t lane_scratch = 0;
@@ -55,6 +56,7 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
                          lane_scratch_.size(), dev_.lane_dnn(), &plans_, dev_.tf32()};
     lane_.exec.cudnn_nondeterministic = p.cudnn_nondeterministic;
     lane_.exec.cudnn_benchmark = p.cudnn_benchmark;
+    lane_.exec.cudnn_gemm_only = p.cudnn_gemm_only;
     lane_.test_delay_ns = p.test_backward_delay_ns;
     CUDA_CHECK(cudaEventCreateWithFlags(&lane_.fork, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&lane_.join, cudaEventDisableTiming));

@@ -46,6 +46,9 @@ struct TowerPlacement {
   // GPU: cuDNN's algorithms chosen by timing them (cudnnFind*), not by its heuristic ranking;
   // the choice may then differ from run to run.
   bool cudnn_benchmark = false;
+  // GPU: cuDNN's algorithms kept to the GEMM family (no FFT or Winograd), whose FP32 results
+  // round as the CPU tower's do (core/cudnn_conv.h).
+  bool cudnn_gemm_only = false;
   // Tests only: a spin kernel of this many ns on the compute stream before each layer's
   // backward, so that a gradient copy that does not wait for its layer reads stale data.
   int64_t test_backward_delay_ns = 0;

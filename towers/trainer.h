@@ -42,6 +42,7 @@ struct TrainConfig {
   bool backward_branches = false;   // cuda: weight gradients on a second stream
   bool cudnn_nondeterministic = false;  // cuda: cuDNN's fastest algorithms, deterministic or not
   bool cudnn_benchmark = false;     // cuda: cuDNN's algorithms chosen by timing them
+  bool cudnn_gemm_only = false;     // cuda: cuDNN's GEMM-family algorithms only (no FFT, Winograd)
   std::string input = "host";       // where training batches are made: host | device (cuda)
   std::string mode = "sync";        // sync | async | ssp
   int replicas_to_aggregate = 0;    // sync: update after the first K towers (0: all)

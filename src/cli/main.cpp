@@ -149,6 +149,11 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                "precision asked for, at most 1 GiB of workspace), as "
                "torch.backends.cudnn.benchmark does, instead of cuDNN's heuristic ranking: the "
                "choice, and with it the rounding, can differ from run to run");
+  app.add_flag("--cudnn-gemm-only", c.cudnn_gemm_only,
+               "cuda: keep cuDNN to its GEMM-family convolution algorithms (no FFT or Winograd, "
+               "which cuDNN often ranks first and whose FP32 results lie about 1e-3 from a "
+               "GEMM's): slower where those would be faster, and within FP32 rounding of the "
+               "CPU tower");
   app.add_flag("--backward-branches", c.backward_branches,
                "cuda: compute each layer's weight and bias gradients on a second stream, beside "
                "its input gradient (parallel branches of the step's graph; more device scratch)");

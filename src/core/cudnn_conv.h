@@ -18,6 +18,13 @@
 // where no timed candidate is usable; searches run one at a time and their choices are kept
 // for the process, per GPU, shape and rules. The choice can then differ from run to run with
 // the timings, and with it the rounding, so it is off by default.
+// Precision of the algorithm families: cuDNN's ranking often puts FFT and Winograd algorithms
+// first (on an H200 in FP32, for cifar10 at batch 128: FFT and Winograd backward passes), and
+// they round in the transformed domain: their FP32 results lie about 1e-3 (up to 1e-2)
+// from a GEMM's, relative, where two summation orders of a GEMM lie about 1e-6 apart. They are
+// allowed by default, as in PyTorch and TensorFlow; --cudnn-gemm-only keeps every direction to
+// the GEMM family (implicit GEMM, GEMM, direct; backward ALGO_0, ALGO_1, ALGO_3), whose results
+// stay within FP32 summation-order rounding of the CPU tower's.
 // A direction runs in the caller's workspace (the tower's scratch, sized for im2col and
 // allocated before any capture) where its algorithm fits; where not (cuDNN's deterministic
 // backward-filter algorithms often want a little more than im2col's buffer), in a workspace of
@@ -62,9 +69,11 @@ class CudnnConv {
   // the caller offers each call. deterministic = false (--cudnn-nondeterministic) lets every
   // direction take the first of cuDNN's ranking, deterministic or not. benchmark = true
   // (--cudnn-benchmark) ranks by measured time (cudnnFind*AlgorithmEx, which runs kernels on
-  // the handle's stream and blocks until they are done; never inside a capture).
+  // the handle's stream and blocks until they are done; never inside a capture). gemm_only =
+  // true (--cudnn-gemm-only) passes over every algorithm outside the GEMM family.
   CudnnConv(cudnnContext* handle, const Shape& shape, bool tf32, size_t workspace_bytes,
-            const std::string& who, bool deterministic = true, bool benchmark = false);
+            const std::string& who, bool deterministic = true, bool benchmark = false,
+            bool gemm_only = false);
   ~CudnnConv();
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;

@@ -56,21 +56,47 @@ std::string mib(size_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576
 // layer's scratch (see pick).
 constexpr size_t kOwnWorkspaceLimit = size_t{1} << 30;
 
+// What a plan may choose: the precision asked for (tf32), whether the algorithm must be
+// deterministic, and whether it must be of the GEMM family (--cudnn-gemm-only).
+struct Rules {
+  bool tf32 = false;
+  bool deterministic = true;
+  bool gemm_only = false;
+};
+
+// The GEMM family: algorithms that compute each output as a sum of products of the inputs
+// themselves, as the CPU tower does, so that they round as a GEMM does. The others transform
+// the operands (FFT, Winograd) and round in the transformed domain: in FP32 their results lie
+// about 1e-3 (sometimes 1e-2) from a GEMM's, relative, where two GEMM orders lie about 1e-6.
+bool gemm_family(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+bool gemm_family(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+}
+bool gemm_family(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
 // Whether cuDNN's ranked entry may be used at all: it ran, is deterministic (unless any will
-// do) and keeps to the precision asked for (FP32: no tensor-op math; never ALLOW_CONVERSION,
-// which may compute in FP16 or BF16).
+// do), keeps to the precision asked for (FP32: no tensor-op math; never ALLOW_CONVERSION,
+// which may compute in FP16 or BF16) and, with --cudnn-gemm-only, is of the GEMM family.
 template <class Perf>
-bool usable(const Perf& p, bool tf32, bool deterministic) {
+bool usable(const Perf& p, const Rules& r) {
   if (p.status != CUDNN_STATUS_SUCCESS) return false;
-  if (deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
+  if (r.deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
+  if (r.gemm_only && !gemm_family(p.algo)) return false;
   if (p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
-  return tf32 || p.mathType != CUDNN_TENSOR_OP_MATH;
+  return r.tf32 || p.mathType != CUDNN_TENSOR_OP_MATH;
 }
 
 // Whether a plan may take the entry: usable, within kOwnWorkspaceLimit.
 template <class Perf>
-bool allowed(const Perf& p, bool tf32, bool deterministic) {
-  return usable(p, tf32, deterministic) && p.memory <= kOwnWorkspaceLimit;
+bool allowed(const Perf& p, const Rules& r) {
+  return usable(p, r) && p.memory <= kOwnWorkspaceLimit;
 }
 
 // The first usable entry of cuDNN's ranking (its order is its estimate of speed, or with
@@ -81,10 +107,10 @@ bool allowed(const Perf& p, bool tf32, bool deterministic) {
 // cifar10 at batch 128 with TF32 on an H100: ALGO_1 wants 21.2 MiB of a 21.1 MiB scratch, and
 // every other deterministic one more). A towers::Error listing the ranking if nothing is usable.
 template <class Perf, class Name>
-const Perf& pick(const Perf* perf, int count, bool tf32, bool deterministic,
-                 Name name, const char* direction, const std::string& who, int64_t n) {
+const Perf& pick(const Perf* perf, int count, const Rules& r, Name name, const char* direction,
+                 const std::string& who, int64_t n) {
   for (int i = 0; i < count; ++i)
-    if (allowed(perf[i], tf32, deterministic)) return perf[i];
+    if (allowed(perf[i], r)) return perf[i];
   std::string seen;
   for (int i = 0; i < count; ++i)
     seen += fmt::format("{}{} ({}, {}{})", i ? ", " : "", name(perf[i].algo),
@@ -92,11 +118,11 @@ const Perf& pick(const Perf* perf, int count, bool tf32, bool deterministic,
                                                                     : "not deterministic",
                         mib(perf[i].memory),
                         perf[i].status == CUDNN_STATUS_SUCCESS ? "" : ", not supported");
-  TOWERS_BAD_INPUT("{}: cuDNN has no {}{} algorithm for this shape (batch {}) within {} of "
-                   "workspace{}; its ranking: {}; use --conv im2col",
-                   who, deterministic ? "deterministic " : "", direction, n,
-                   mib(kOwnWorkspaceLimit), tf32 ? "" : " in FP32",
-                   seen.empty() ? "empty" : seen);
+  TOWERS_BAD_INPUT(
+      "{}: cuDNN has no {}{}{} algorithm for this shape (batch {}) within {} of "
+      "workspace{}; its ranking: {}; use --conv im2col",
+      who, r.deterministic ? "deterministic " : "", r.gemm_only ? "GEMM-family " : "", direction, n,
+      mib(kOwnWorkspaceLimit), r.tf32 ? "" : " in FP32", seen.empty() ? "empty" : seen);
 }
 
 // A plan's set-up and first calls allocate and (with --cudnn-benchmark) run kernels: never
@@ -176,10 +202,10 @@ class Trial {
 // ranking that pick could take (allowed), up to what the trial has room for; a candidate that
 // wants more fails its trial and is passed over.
 template <class Perf>
-size_t search_workspace(const Perf* perf, int count, bool tf32, bool deterministic) {
+size_t search_workspace(const Perf* perf, int count, const Rules& r) {
   size_t most = 0;
   for (int i = 0; i < count; ++i)
-    if (allowed(perf[i], tf32, deterministic)) most = std::max(most, perf[i].memory);
+    if (allowed(perf[i], r)) most = std::max(most, perf[i].memory);
   return most;
 }
 
@@ -199,9 +225,8 @@ std::map<std::string, TimedChoice> searched;
 // to the ranking where no timed entry is usable. *ms: the measured time of a timed choice, or
 // -1 for a ranked one.
 template <class Perf, class Rank, class Find, class Name>
-Perf choose(Rank rank, Find find, Trial* trial, const std::string& key, bool tf32,
-            bool deterministic, Name name, const char* direction, const std::string& who,
-            int64_t n, float* ms) {
+Perf choose(Rank rank, Find find, Trial* trial, const std::string& key, const Rules& r, Name name,
+            const char* direction, const std::string& who, int64_t n, float* ms) {
   std::array<Perf, 16> ranked{};
   int count = 0;
   rank(static_cast<int>(ranked.size()), &count, ranked.data());
@@ -212,13 +237,12 @@ Perf choose(Rank rank, Find find, Trial* trial, const std::string& key, bool tf3
     if (hit == searched.end()) {
       std::array<Perf, 16> timed{};
       int found = 0;
-      const size_t ws =
-          std::min(search_workspace(ranked.data(), count, tf32, deterministic), trial->room());
+      const size_t ws = std::min(search_workspace(ranked.data(), count, r), trial->room());
       trial->with_workspace(ws, [&](void* space, size_t bytes) {
         find(static_cast<int>(timed.size()), &found, timed.data(), space, bytes);
       });
       for (int i = 0; i < found && hit == searched.end(); ++i)
-        if (allowed(timed[i], tf32, deterministic))
+        if (allowed(timed[i], r))
           hit = searched.emplace(key, TimedChoice{static_cast<int>(timed[i].algo),
                                                   timed[i].mathType, timed[i].time})
                     .first;
@@ -231,7 +255,7 @@ Perf choose(Rank rank, Find find, Trial* trial, const std::string& key, bool tf3
       return p;
     }
   }
-  return pick(ranked.data(), count, tf32, deterministic, name, direction, who, n);
+  return pick(ranked.data(), count, r, name, direction, who, n);
 }
 
 }  // namespace
@@ -281,7 +305,7 @@ struct CudnnConv::Impl {
 };
 
 CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t workspace,
-                     const std::string& who, bool deterministic, bool benchmark)
+                     const std::string& who, bool deterministic, bool benchmark, bool gemm_only)
     : impl_(std::make_unique<Impl>()) {
   const kernels::ConvGeometry& g = s.geo;
   TOWERS_CHECK(cudnn_window_fits(g.rows) && cudnn_window_fits(g.cols),
@@ -316,6 +340,7 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
   // the math type, the one that counts) runs in a workspace of its own, on this device.
   CUDA_CHECK(cudaGetDevice(&m.device));
   m.benchmarked = benchmark;
+  const Rules rules{tf32, deterministic, gemm_only};
   // --cudnn-benchmark: each direction's candidates timed on buffers of the layer's shapes, in
   // place of the heuristic ranking (choose), once per shape, GPU and rules in the process.
   std::unique_ptr<Trial> trial;
@@ -327,10 +352,11 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
         bytes(s.n * s.out_channels * g.rows.out * g.cols.out));
   }
   const auto key = [&](const char* direction) {
-    return fmt::format("{} {} n{} c{} {}x{} k{} {}x{} pad {},{} stride {},{} tf32 {} det {}",
-                       m.device, direction, s.n, g.channels, g.height, g.width, s.out_channels,
-                       g.rows.k, g.cols.k, g.rows.pad_before, g.cols.pad_before, g.rows.stride,
-                       g.cols.stride, tf32, deterministic);
+    return fmt::format(
+        "{} {} n{} c{} {}x{} k{} {}x{} pad {},{} stride {},{} tf32 {} det {} gemm {}", m.device,
+        direction, s.n, g.channels, g.height, g.width, s.out_channels, g.rows.k, g.cols.k,
+        g.rows.pad_before, g.cols.pad_before, g.rows.stride, g.cols.stride, tf32, deterministic,
+        gemm_only);
   };
   Trial* t = trial.get();
   {
@@ -344,7 +370,7 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
               handle, m.x, t->buffer(0), m.w, t->buffer(1), m.fwd, m.y, t->buffer(2), k, count,
               perf, ws, bytes));
         },
-        t, key("forward"), tf32, deterministic, fwd_name, "forward", who, s.n, &m.ms[0]);
+        t, key("forward"), rules, fwd_name, "forward", who, s.n, &m.ms[0]);
     m.fwd_algo = p.algo;
     adopt(m.fwd, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, m.x, m.w, m.fwd, m.y, m.fwd_algo,
@@ -362,8 +388,7 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
               handle, m.w, t->buffer(1), m.y, t->buffer(2), m.bwd_data, m.x, t->buffer(0), k,
               count, perf, ws, bytes));
         },
-        t, key("backward-data"), tf32, deterministic, bwd_data_name, "backward-data", who, s.n,
-        &m.ms[1]);
+        t, key("backward-data"), rules, bwd_data_name, "backward-data", who, s.n, &m.ms[1]);
     m.bwd_data_algo = p.algo;
     adopt(m.bwd_data, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, m.w, m.y, m.bwd_data, m.x,
@@ -377,14 +402,12 @@ CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t wor
                                                                     m.bwd_filter, m.w, k, count,
                                                                     perf));
         },
-        [&](int k, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* ws,
-            size_t bytes) {
+        [&](int k, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* ws, size_t bytes) {
           CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
               handle, m.x, t->buffer(0), m.y, t->buffer(2), m.bwd_filter, m.w, t->buffer(1), k,
               count, perf, ws, bytes));
         },
-        t, key("backward-filter"), tf32, deterministic, bwd_filter_name, "backward-filter", who,
-        s.n, &m.ms[2]);
+        t, key("backward-filter"), rules, bwd_filter_name, "backward-filter", who, s.n, &m.ms[2]);
     m.bwd_filter_algo = p.algo;
     adopt(m.bwd_filter, p.mathType);
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(

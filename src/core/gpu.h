@@ -84,6 +84,7 @@ struct GpuExec {
   const GpuLane* lane = nullptr;
   bool cudnn_nondeterministic = false;  // TowerPlacement::cudnn_nondeterministic
   bool cudnn_benchmark = false;         // TowerPlacement::cudnn_benchmark
+  bool cudnn_gemm_only = false;         // TowerPlacement::cudnn_gemm_only
 };
 
 // A tower's second lane on its GPU (--backward-branches): an exec of its own (a stream with

@@ -15,6 +15,11 @@
 // (handles, descriptors, rankings, workspace queries) is refused while the calling thread
 // captures a graph: towers plans its convolutions before any capture, and this holds it to that.
 // Only beta = 0 (overwrite) is emulated, which is all towers uses.
+// TOWERS_EMU_CUDNN_TRANSFORMS_FIRST=1 (tests) ranks a transform algorithm first in each
+// direction, as cuDNN often does on a GPU (forward FFT_TILING, backward-data WINOGRAD_NONFUSED,
+// backward-filter FFT; deterministic, FP32, one image's col buffer of workspace): a plan takes
+// them by default and passes over them with --cudnn-gemm-only. The emulator computes them as
+// it computes every algorithm (im2col + GEMM): only the choice differs, not the rounding.
 #include <cudnn.h>
 
 #include <algorithm>
@@ -137,11 +142,17 @@ void ranking(const std::vector<Perf>& all, int requested, int* returned, Perf* o
     if (*returned < requested) out[(*returned)++] = p;
 }
 
+// Whether the rankings start with a transform algorithm (see the top of the file).
+bool transforms_first() { return std::getenv("TOWERS_EMU_CUDNN_TRANSFORMS_FIRST") != nullptr; }
+
 // The algorithms of each direction, in the order of the _v7 ranking.
 std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd_candidates(const cudnnConvolutionStruct* c,
                                                           const ConvGeometry& g) {
   using P = cudnnConvolutionFwdAlgoPerf_t;
   std::vector<P> all;
+  if (transforms_first())
+    all.push_back(
+        entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING, true, needed_bytes(g), CUDNN_FMA_MATH));
   if (c->math != CUDNN_FMA_MATH)
     all.push_back(entry<P>(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true, 0,
                            CUDNN_TENSOR_OP_MATH));
@@ -151,14 +162,25 @@ std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd_candidates(const cudnnConvolution
 }
 std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data_candidates(const ConvGeometry& g) {
   using P = cudnnConvolutionBwdDataAlgoPerf_t;
-  return {entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false, 0, CUDNN_FMA_MATH),
-          entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true, needed_bytes(g), CUDNN_FMA_MATH)};
+  std::vector<P> all;
+  if (transforms_first())
+    all.push_back(entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED, true, needed_bytes(g),
+                           CUDNN_FMA_MATH));
+  all.push_back(entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false, 0, CUDNN_FMA_MATH));
+  all.push_back(entry<P>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true, needed_bytes(g), CUDNN_FMA_MATH));
+  return all;
 }
 std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter_candidates(const ConvGeometry& g) {
   using P = cudnnConvolutionBwdFilterAlgoPerf_t;
-  return {entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false, 0, CUDNN_FMA_MATH),
-          entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false, 0, CUDNN_FMA_MATH),
-          entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true, needed_bytes(g), CUDNN_FMA_MATH)};
+  std::vector<P> all;
+  if (transforms_first())
+    all.push_back(
+        entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, true, needed_bytes(g), CUDNN_FMA_MATH));
+  all.push_back(entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false, 0, CUDNN_FMA_MATH));
+  all.push_back(entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false, 0, CUDNN_FMA_MATH));
+  all.push_back(
+      entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true, needed_bytes(g), CUDNN_FMA_MATH));
+  return all;
 }
 
 // cudnnFind*AlgorithmEx: the direction's algorithms "timed" on the caller's buffers. The
@@ -291,7 +313,10 @@ cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnn
   ConvGeometry g;
   if (!geometry(x, w, c, y, &g)) return CUDNN_STATUS_BAD_PARAM;
   switch (algo) {
-    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: *bytes = needed_bytes(g); return CUDNN_STATUS_SUCCESS;
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM:
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING:
+      *bytes = needed_bytes(g);
+      return CUDNN_STATUS_SUCCESS;
     case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM:
     case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: *bytes = 0; return CUDNN_STATUS_SUCCESS;
     default: return CUDNN_STATUS_NOT_SUPPORTED;
@@ -366,7 +391,10 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t,
   if (!geometry(dx, w, c, dy, &g)) return CUDNN_STATUS_BAD_PARAM;
   switch (algo) {
     case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: *bytes = 0; return CUDNN_STATUS_SUCCESS;
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: *bytes = needed_bytes(g); return CUDNN_STATUS_SUCCESS;
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1:
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED:
+      *bytes = needed_bytes(g);
+      return CUDNN_STATUS_SUCCESS;
     default: return CUDNN_STATUS_NOT_SUPPORTED;
   }
 }
@@ -429,7 +457,10 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
   switch (algo) {
     case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0:
     case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: *bytes = 0; return CUDNN_STATUS_SUCCESS;
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: *bytes = needed_bytes(g); return CUDNN_STATUS_SUCCESS;
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1:
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT:
+      *bytes = needed_bytes(g);
+      return CUDNN_STATUS_SUCCESS;
     default: return CUDNN_STATUS_NOT_SUPPORTED;
   }
 }

@@ -162,26 +162,35 @@ TEST(EngineGpu, NcclAveragingMatchesHostAveraging) {
                 1e-4 * std::fabs(a[i]["loss"].get<double>())) << "step " << i + 1;
 }
 
-// --cudnn-benchmark through the CLI: the run says so, records it in its config, and both cuDNN
-// plans of the summary (tower 0's conv1 and conv2) were timed.
-TEST(EngineGpu, TimedCudnnPlansThroughTheCli) {
+// --cudnn-benchmark and --cudnn-gemm-only through the CLI: the run says so, records both in its
+// config, and both cuDNN plans of the summary (tower 0's conv1 and conv2) were timed among the
+// GEMM family's algorithms and name no FFT or Winograd one.
+TEST(EngineGpu, TimedGemmOnlyCudnnPlansThroughTheCli) {
   TOWERS_SKIP_WITHOUT_GPU();
   const std::string m = test_path("timed.jsonl");
   std::string out;
   ASSERT_EQ(run_towers("train --device cuda --model cifar10 --dataset synthetic --synthetic-size "
                        "256 --optimizer momentum --lr 0.01 --seed 3 --steps 3 --batch 16 "
-                       "--params mirrored --cudnn-benchmark --metrics " + m, &out), 0) << out;
-  EXPECT_NE(out.find("cuDNN algorithms timed"), std::string::npos) << out;
+                       "--params mirrored --cudnn-benchmark --cudnn-gemm-only --metrics " + m,
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("cuDNN algorithms timed, cuDNN's GEMM family only"), std::string::npos)
+      << out;
   auto config = metrics_events(m, "config");
   ASSERT_EQ(config.size(), 1u);
   EXPECT_EQ(config[0]["config"]["cudnn_benchmark"], true);
+  EXPECT_EQ(config[0]["config"]["cudnn_gemm_only"], true);
   auto sum = metrics_events(m, "summary");
   ASSERT_EQ(sum.size(), 1u);
   const json& plans = sum[0]["cudnn_plans"];
   ASSERT_EQ(plans.size(), 2u) << plans.dump();  // conv1 and conv2 at batch 16
-  for (const json& plan : plans)
-    EXPECT_NE(plan.get<std::string>().find(", batch 16: timed: forward "), std::string::npos)
-        << plans.dump();
+  for (const json& plan : plans) {
+    const std::string p = plan.get<std::string>();
+    EXPECT_NE(p.find(", batch 16, GEMM family: timed: forward "), std::string::npos) << p;
+    EXPECT_EQ(p.find("FFT"), std::string::npos) << p;
+    EXPECT_EQ(p.find("WINOGRAD"), std::string::npos) << p;
+  }
 }
 
 TEST(EngineGpu, EvalOnTheGpuMatchesEvalOnTheCpu) {

@@ -56,6 +56,7 @@ struct EngineConfig {
   bool backward_branches = false;  // TowerPlacement::backward_branches
   bool cudnn_nondeterministic = false;  // TowerPlacement::cudnn_nondeterministic
   bool cudnn_benchmark = false;         // TowerPlacement::cudnn_benchmark
+  bool cudnn_gemm_only = false;         // TowerPlacement::cudnn_gemm_only
   // The gradient guard (TowerGroup::guarded_push). An update whose loss is not finite is never
   // applied: it is recorded as skipped (the version still advances, so data and schedule go
   // on) and the run decides whether to go on. check_grad_norm: also compute the gradient's
