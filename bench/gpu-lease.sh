@@ -8,21 +8,24 @@
 # (default build-gpu/pack, unpacked from build-gpu/pack.tar.xz when it is not there yet).
 # Carry build-gpu/pack.tar.xz and data/fashion-mnist.
 #   1. correctness, side by side (at most 270 s): the whole suite with TOWERS_REQUIRE_GPU=1 in
-#      8 shards, the four compute-sanitizer tools in 4 shards each, and the PyTorch peers'
-#      torch.compile cache warmed on the idle cores;
+#      8 shards, run-gpu.sh's six compute-sanitizer runs (the four tools) in 4 shards each,
+#      and the PyTorch peers' torch.compile cache warmed on the idle cores;
 #   2. speed (at most 190 s): gpu_bench's rows of the bars (a cifar10 step at batch 128 and
 #      512, FP32 and TF32, host and mirrored parameters, cuDNN ranked, non-deterministic, timed
 #      and kept to the GEMM family, and the compute alone), then the PyTorch peers of the bars
 #      (eager, whole-step CUDA graph, reduce-overhead);
-#   3. training (at most 110 s): Fashion-MNIST to 90% with the main job's recipe, host and
+#   3. training (at most 100 s): Fashion-MNIST to 90% with the main job's recipe, host and
 #      mirrored parameters, time to 91%, towers and PyTorch.
-# On 2026-11-27 (H200) the suite took 133 s; 4 of the 12 sanitizer shards (3 per tool) had
+# On 2026-11-27 (H200) the suite took 133 s; 5 of the 18 sanitizer shards (3 per run) had
 # not finished in 200 s; the speed phase needed more than its 190 s (the last PyTorch peer was
 # cut), the training 75 s.
-# What OUT holds: lease.txt (the phases' times), summary.txt (every phase's summary) and
-# lease.tgz, everything else (logs, JSON, profiles), packed again after each phase, so that a
-# run cut short still leaves the phases it finished in three files. The phases write into
-# LEASE_WORK (default: a fresh temporary folder).
+# What OUT holds: lease.txt (the phases' times), summary.txt (every phase's summary), the
+# phases' top-level logs (tests.log, san.log, bench.log, fashion.log; profile.log,
+# remote.log), and lease.tgz, everything (logs, JSON,
+# profiles), packed again after each phase and when the script is stopped, so that a run cut
+# short still leaves what it did in a few files. If lease.tgz would pass 15 MiB it is packed
+# without the largest files (listed in OUT/left-out.txt). The phases write into LEASE_WORK
+# (default: a fresh temporary folder).
 # LEASE_PHASES="correctness speed training" (default) picks phases; "profile" (ncu, about a
 # minute) and "remote" (the transport's 4 MiB shares on this machine's cores, shards as threads
 # and as processes, 3 interleaved repetitions (5 did not finish in 150 s on the 16-core H200
@@ -35,8 +38,8 @@ out=${1:?usage: bench/gpu-lease.sh OUT [PACK]}
 pack=${2:-build-gpu/pack}
 phases=${LEASE_PHASES:-correctness speed training}
 mkdir -p "$out"
-work=${LEASE_WORK:-$(mktemp -d)}
-mkdir -p "$work"
+work=${LEASE_WORK:-$(mktemp -d)} || exit 2
+mkdir -p "$work" || exit 2
 if [ ! -x "$pack/towers" ] && [ -f build-gpu/pack.tar.xz ] && [ "$pack" = build-gpu/pack ]; then
   tar xJf build-gpu/pack.tar.xz -C build-gpu
 fi
@@ -56,6 +59,7 @@ within() {
   shift
   setsid "$@" &
   local sid=$!
+  echo "$sid" >> "$work/.sessions"
   (
     sleep "$s"
     end_session TERM "$sid" && echo "gpu-lease: cut after $s s: $*" >> "$out/lease.txt"
@@ -78,8 +82,33 @@ pack_results() {
     cat "$f"
   done > "$out/summary.txt"
   cp "$out/lease.txt" "$work/" 2>/dev/null
-  tar czf "$out/lease.tgz.part" -C "$work" . && mv "$out/lease.tgz.part" "$out/lease.tgz"
+  local log
+  for log in tests san bench fashion profile remote; do  # (at most 8 files come back)
+    [ -f "$work/$log.log" ] && cp "$work/$log.log" "$out/"
+  done
+  local limit=$((15 * 1024 * 1024))
+  rm -f "$out/left-out.txt"
+  local part="$out/lease.tgz.part"
+  tar czf "$part" -C "$work" . || rm -f "$part"
+  if [ -f "$part" ] && [ "$(stat -c %s "$part")" -gt "$limit" ]; then
+    # Too large to come back: leave out the largest files (over 1 MiB) and say which.
+    (cd "$work" && find . -type f -size +1M) > "$out/left-out.txt"
+    tar czf "$part" -C "$work" --exclude-from="$out/left-out.txt" . || rm -f "$part"
+  fi
+  if [ -f "$part" ]; then mv "$part" "$out/lease.tgz"; fi
 }
+# Stopped from outside (the machine's time limit): pack what the phases left.
+# (and end the phases' sessions, which would otherwise run on).
+stopped() {
+  stamp "stopped"
+  local sid
+  while read -r sid; do end_session KILL "$sid"; done < "$work/.sessions" 2>/dev/null
+  rm -f "$work/.sessions"
+  pack_results
+  [ -n "${LEASE_WORK:-}" ] || rm -rf "$work"
+  exit 143
+}
+trap stopped TERM INT
 stamp "start ($(cat "$pack/COMMIT" 2>/dev/null || echo unknown commit))"
 
 if [[ " $phases " == *" correctness "* ]]; then
@@ -104,7 +133,7 @@ if [[ " $phases " == *" speed "* ]]; then
 fi
 
 if [[ " $phases " == *" training "* ]]; then
-  PHASES=fashion FASHION_S=60 within 110 bench/run-gpu.sh "$pack" "$work/fashion" \
+  PHASES=fashion FASHION_S=60 within 100 bench/run-gpu.sh "$pack" "$work/fashion" \
     > "$work/fashion.log" 2>&1
   stamp "training done (exit $?)"
   pack_results
@@ -123,6 +152,7 @@ if [[ " $phases " == *" remote "* ]]; then
   pack_results
 fi
 
+rm -f "$work/.sessions"
 pack_results
 cat "$out/summary.txt"
 [ -n "${LEASE_WORK:-}" ] || rm -rf "$work"

@@ -152,8 +152,8 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_flag("--cudnn-gemm-only", c.cudnn_gemm_only,
                "cuda: keep cuDNN to its GEMM-family convolution algorithms (no FFT or Winograd, "
                "which cuDNN often ranks first and whose FP32 results lie about 1e-3 from a "
-               "GEMM's): slower where those would be faster, and within FP32 rounding of the "
-               "CPU tower");
+               "GEMM's): slower where those would be faster; in FP32 its results round like "
+               "the CPU tower's GEMMs");
   app.add_flag("--backward-branches", c.backward_branches,
                "cuda: compute each layer's weight and bias gradients on a second stream, beside "
                "its input gradient (parallel branches of the step's graph; more device scratch)");

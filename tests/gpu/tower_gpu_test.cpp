@@ -101,6 +101,13 @@ void expect_same_correct(int64_t gpu, int64_t cpu_correct, const CpuTower& cpu, 
 
 class TowerGpu : public ::testing::TestWithParam<const char*> {};
 
+// A tower's cuDNN plans, one note after another (for a failure's message).
+std::string plan_notes(const CudaTower& t) {
+  std::string all;
+  for (const std::string& note : t.gpu_plan_notes()) all += (all.empty() ? "" : "; ") + note;
+  return all.empty() ? "none" : all;
+}
+
 // What a GPU tower is compared with: the model (im2col convolutions), parameters from seed 7, a
 // random batch of n from seed 8, and the CPU tower's step on it.
 struct CpuReference {
@@ -144,6 +151,7 @@ TEST_P(TowerGpu, MatchesTheCpuTower) {
     CudaTower cuda(*gg, n, p);
     cuda.load_params(params.data());
     StepStats sg = cuda.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+    SCOPED_TRACE("plans: " + plan_notes(cuda));
     EXPECT_NEAR(sg.loss_sum, sc.loss_sum, 1e-5 * std::fabs(sc.loss_sum));
     // Per variable, norm-wise: cuBLAS or cuDNN sums a conv's dW over n * pixels products (4,608
     // for conv2 at n = 32, 18,432 for conv1) in another order than OpenBLAS's chunks, and the
@@ -179,6 +187,7 @@ void expect_cudnn_choice_matches_cpu(const TowerPlacement& p, const char* note,
   for (int step = 0; step < 3; ++step) {  // eager, captured, replayed
     SCOPED_TRACE("step " + std::to_string(step));
     StepStats sg = cuda.compute_gradients(ref.b.images.data(), ref.b.labels.data(), n, 1.0f / n);
+    SCOPED_TRACE("plans: " + plan_notes(cuda));
     EXPECT_NEAR(sg.loss_sum, ref.step.loss_sum, 1e-5 * std::fabs(ref.step.loss_sum));
     for (const Variable& v : ref.g->layout().variables())
       EXPECT_LT(norm_rel(cuda.grads() + v.offset, ref.cpu->grads() + v.offset, v.size), 1e-4)
@@ -221,18 +230,32 @@ TEST(TowerGpu, TimedCudnnPlansStillMatchTheCpuTower) {
 
 // The default plans (cuDNN's ranking, FFT and Winograd allowed, as in PyTorch) against plans
 // kept to the GEMM family, on one production batch (cifar10, 128) from the same parameters: the
-// loss within 1e-4 and every variable's gradient within 1e-2, relative, the range given for FP32
-// FFT convolutions, where two GEMM orders lie about 1e-6 apart (at batch 32 on an H200, the
-// default's conv1 weight gradient lay 1.2e-3 from the CPU tower's). Every GEMM-family plan
-// names no FFT or Winograd algorithm. On the emulator, whose rankings then start with
-// a transform algorithm (TOWERS_EMU_CUDNN_TRANSFORMS_FIRST), the default plans take it, the
-// GEMM-family plans pass over it, and the two compute the same bits (the emulator computes every
-// algorithm as im2col + GEMM).
+// loss within 1e-4 and every variable's gradient within 1e-2, relative, where two GEMM orders
+// lie about 1e-6 apart (at batch 32 on an H200, the default's conv1 weight gradient lay 1.2e-3
+// from the CPU tower's). Timed default plans (--cudnn-benchmark), which may also take a
+// transform forward, within 1e-1: a loose bound over the 3.2e-2 that such plans were seen at on
+// the H200 (batch 32), which still catches a plan that computes something else. Every
+// GEMM-family plan names no FFT or Winograd algorithm; the algorithms and distances are printed.
+// On the emulator, whose rankings then start with a transform algorithm
+// (TOWERS_EMU_CUDNN_TRANSFORMS_FIRST), the default plans take it, the GEMM-family plans pass
+// over it, and the two compute the same bits (the emulator computes every algorithm as im2col +
+// GEMM).
 TEST(TowerGpu, DefaultCudnnPlansStayNearTheGemmFamily) {
   TOWERS_SKIP_WITHOUT_GPU();
   struct TransformsFirst {  // on the emulator only; a real cuDNN never reads it
-    TransformsFirst() { setenv("TOWERS_EMU_CUDNN_TRANSFORMS_FIRST", "1", 1); }
-    ~TransformsFirst() { unsetenv("TOWERS_EMU_CUDNN_TRANSFORMS_FIRST"); }
+    const char* name = "TOWERS_EMU_CUDNN_TRANSFORMS_FIRST";
+    std::string before;
+    bool was_set = false;
+    TransformsFirst() {
+      if (const char* v = std::getenv(name)) before = v, was_set = true;
+      setenv(name, "1", 1);
+    }
+    ~TransformsFirst() {
+      if (was_set)
+        setenv(name, before.c_str(), 1);
+      else
+        unsetenv(name);
+    }
   } transforms_first;
   auto g = model_with("cifar10", ConvAlgorithm::Auto);
   const int64_t n = 128, total = g->layout().total();
@@ -241,35 +264,44 @@ TEST(TowerGpu, DefaultCudnnPlansStayNearTheGemmFamily) {
   const Batch b = random_batch(*g, n, 24);
   TowerPlacement exact_p = gpu(false);
   exact_p.cudnn_gemm_only = true;
-  CudaTower fast(*g, n, gpu(false)), exact(*g, n, exact_p);
-  fast.load_params(params.data());
+  CudaTower exact(*g, n, exact_p);
   exact.load_params(params.data());
-  const StepStats sf = fast.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
   const StepStats se = exact.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
-  for (const std::string& note : fast.gpu_plan_notes())
-    std::printf("  default: %s\n", note.c_str());
   for (const std::string& note : exact.gpu_plan_notes()) {
     std::printf("  --cudnn-gemm-only: %s\n", note.c_str());
     EXPECT_EQ(note.find("FFT"), std::string::npos) << note;
     EXPECT_EQ(note.find("WINOGRAD"), std::string::npos) << note;
   }
   ASSERT_EQ(static_cast<int64_t>(exact.gpu_plan_notes().size()), conv_layers(*g));
-  EXPECT_NEAR(sf.loss_sum, se.loss_sum, 1e-4 * std::fabs(se.loss_sum));
-  for (const Variable& v : g->layout().variables()) {
-    const double e = norm_rel(fast.grads() + v.offset, exact.grads() + v.offset, v.size);
-    std::printf("  %s: default %.3g from the GEMM family\n", v.spec.name.c_str(), e);
-    EXPECT_LT(e, 1e-2) << v.spec.name;
-  }
+  for (bool timed : {false, true}) {
+    SCOPED_TRACE(timed ? "timed default plans" : "ranked default plans");
+    TowerPlacement p = gpu(false);
+    p.cudnn_benchmark = timed;
+    CudaTower fast(*g, n, p);
+    fast.load_params(params.data());
+    const StepStats sf = fast.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
+    SCOPED_TRACE("plans: " + plan_notes(fast));
+    for (const std::string& note : fast.gpu_plan_notes())
+      std::printf("  %s: %s\n", timed ? "timed" : "default", note.c_str());
+    const double bound = timed ? 1e-1 : 1e-2;
+    EXPECT_NEAR(sf.loss_sum, se.loss_sum, 1e-4 * std::fabs(se.loss_sum));
+    for (const Variable& v : g->layout().variables()) {
+      const double e = norm_rel(fast.grads() + v.offset, exact.grads() + v.offset, v.size);
+      std::printf("  %s: %s %.3g from the GEMM family\n", v.spec.name.c_str(),
+                  timed ? "timed" : "default", e);
+      EXPECT_LT(e, bound) << v.spec.name;
+    }
 #ifdef TOWERS_EMULATED_GPU
-  ASSERT_EQ(fast.gpu_plan_notes().size(), exact.gpu_plan_notes().size());
-  for (const std::string& note : fast.gpu_plan_notes()) {
-    EXPECT_NE(note.find("forward FFT_TILING"), std::string::npos) << note;
-    EXPECT_NE(note.find("backward-data WINOGRAD_NONFUSED"), std::string::npos) << note;
-    EXPECT_NE(note.find("backward-filter FFT"), std::string::npos) << note;
-  }
-  EXPECT_EQ(sf.loss_sum, se.loss_sum);
-  EXPECT_EQ(std::memcmp(fast.grads(), exact.grads(), sizeof(float) * total), 0);
+    EXPECT_EQ(sf.loss_sum, se.loss_sum);
+    EXPECT_EQ(std::memcmp(fast.grads(), exact.grads(), sizeof(float) * total), 0);
+    if (!timed)  // (the emulator's timed order puts the algorithms without workspace first)
+      for (const std::string& note : fast.gpu_plan_notes()) {
+        EXPECT_NE(note.find("forward FFT_TILING"), std::string::npos) << note;
+        EXPECT_NE(note.find("backward-data WINOGRAD_NONFUSED"), std::string::npos) << note;
+        EXPECT_NE(note.find("backward-filter FFT"), std::string::npos) << note;
+      }
 #endif
+  }
 }
 
 TEST_P(TowerGpu, CudaGraphReplayIsBitwiseEagerLaunches) {
