@@ -4,7 +4,7 @@
 # GPU issues need in at most 9.5 minutes (570 s of phases), from the repository root on the
 # GPU machine:
 #   bench/gpu-lease.sh OUT [PACK]
-# OUT: where the results go (three files, below); PACK: the build bench/pack-gpu.sh made
+# OUT: where the results go (a few files, below); PACK: the build bench/pack-gpu.sh made
 # (default build-gpu/pack, unpacked from build-gpu/pack.tar.xz when it is not there yet).
 # Carry build-gpu/pack.tar.xz and data/fashion-mnist.
 #   1. correctness, side by side (at most 270 s): the whole suite with TOWERS_REQUIRE_GPU=1 in
@@ -20,10 +20,9 @@
 # not finished in 200 s; the speed phase needed more than its 190 s (the last PyTorch peer was
 # cut), the training 75 s.
 # What OUT holds: lease.txt (the phases' times), summary.txt (every phase's summary), the
-# phases' top-level logs (tests.log, san.log, bench.log, fashion.log; profile.log,
-# remote.log), and lease.tgz, everything (logs, JSON,
-# profiles), packed again after each phase and when the script is stopped, so that a run cut
-# short still leaves what it did in a few files. If lease.tgz would pass 15 MiB it is packed
+# phases' top-level logs (tests.log, san.log, bench.log, fashion.log; profile.log, remote.log)
+# and lease.tgz with everything (logs, JSON, profiles), packed again after each phase and when
+# the script is stopped, so that a run cut short still leaves what it did in a few files. If lease.tgz would pass 15 MiB it is packed
 # without the largest files (listed in OUT/left-out.txt). The phases write into LEASE_WORK
 # (default: a fresh temporary folder).
 # LEASE_PHASES="correctness speed training" (default) picks phases; "profile" (ncu, about a
@@ -97,8 +96,8 @@ pack_results() {
   fi
   if [ -f "$part" ]; then mv "$part" "$out/lease.tgz"; fi
 }
-# Stopped from outside (the machine's time limit): pack what the phases left.
-# (and end the phases' sessions, which would otherwise run on).
+# Stopped from outside (the machine's time limit): end the phases' sessions, which would
+# otherwise run on, and pack what they left.
 stopped() {
   stamp "stopped"
   local sid

@@ -17,7 +17,8 @@
 // Only beta = 0 (overwrite) is emulated, which is all towers uses.
 // TOWERS_EMU_CUDNN_TRANSFORMS_FIRST=1 (tests) ranks a transform algorithm first in each
 // direction, as cuDNN often does on a GPU (forward FFT_TILING, backward-data WINOGRAD_NONFUSED,
-// backward-filter FFT; deterministic, FP32, one image's col buffer of workspace): a plan takes
+// backward-filter FFT_TILING: not the FFT algorithms whose timed trials fail, see timed();
+// deterministic, FP32, one image's col buffer of workspace): a plan takes
 // them by default and passes over them with --cudnn-gemm-only. The emulator computes them as
 // it computes every algorithm (im2col + GEMM): only the choice differs, not the rounding.
 #include <cudnn.h>
@@ -174,8 +175,8 @@ std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter_candidates(const Con
   using P = cudnnConvolutionBwdFilterAlgoPerf_t;
   std::vector<P> all;
   if (transforms_first())
-    all.push_back(
-        entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, true, needed_bytes(g), CUDNN_FMA_MATH));
+    all.push_back(entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING, true, needed_bytes(g),
+                           CUDNN_FMA_MATH));
   all.push_back(entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false, 0, CUDNN_FMA_MATH));
   all.push_back(entry<P>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false, 0, CUDNN_FMA_MATH));
   all.push_back(
@@ -198,18 +199,12 @@ cudnnStatus_t timed(std::vector<Perf> all, Algo fft, const ConvGeometry& g, int 
   if (!usable(g, n, k, x, w, y, ws, ws_bytes, ws_bytes)) return CUDNN_STATUS_BAD_PARAM;
   std::stable_sort(all.begin(), all.end(),
                    [](const Perf& a, const Perf& b) { return a.memory < b.memory; });
-  // (Where the ranking holds that FFT algorithm already, its trial stands: cuDNN lists each
-  // algorithm once.)
-  size_t first = 0;  // the first entry that ran
-  if (std::none_of(all.begin(), all.end(), [&](const Perf& p) { return p.algo == fft; })) {
-    Perf failed = entry<Perf>(fft, true, 0, CUDNN_FMA_MATH);
-    failed.status = CUDNN_STATUS_NOT_SUPPORTED;
-    all.insert(all.begin(), failed);
-    first = 1;
-  }
+  Perf failed = entry<Perf>(fft, true, 0, CUDNN_FMA_MATH);
+  failed.status = CUDNN_STATUS_NOT_SUPPORTED;
+  all.insert(all.begin(), failed);
   const bool fail_all = std::getenv("TOWERS_EMU_CUDNN_FIND_FAILS") != nullptr;
-  for (size_t i = first; i < all.size(); ++i) {
-    all[i].time = static_cast<float>(i - first + 1);
+  for (size_t i = 1; i < all.size(); ++i) {
+    all[i].time = static_cast<float>(i);
     if (all[i].memory > ws_bytes || fail_all) all[i].status = CUDNN_STATUS_NOT_SUPPORTED;
   }
   ranking(all, requested, returned, out);
@@ -464,7 +459,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
     case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0:
     case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: *bytes = 0; return CUDNN_STATUS_SUCCESS;
     case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1:
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT:
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING:
       *bytes = needed_bytes(g);
       return CUDNN_STATUS_SUCCESS;
     default: return CUDNN_STATUS_NOT_SUPPORTED;
