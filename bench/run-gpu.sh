@@ -158,7 +158,9 @@ if [[ " $phases " == *" sanitize "* ]]; then
     runs=("${kept[@]}")
   fi
   # Each run in SAN_SHARDS gtest shards side by side (default 1): the tool's per-process cost is
-  # mostly on the host, and the machine has the cores. Every shard must print its summary.
+  # mostly on the host, and the machine has the cores. Every shard must print its summary. The
+  # logs keep every test's line and time (no --gtest_brief), so that a shard cut by its time
+  # limit shows which tests took it.
   san_shards=${SAN_SHARDS:-1}
   for r in "${runs[@]}"; do
     IFS='|' read -r name tool filter extra <<< "$r"
@@ -166,7 +168,7 @@ if [[ " $phases " == *" sanitize "* ]]; then
       # shellcheck disable=SC2086
       GTEST_TOTAL_SHARDS=$san_shards GTEST_SHARD_INDEX=$i timeout "${SANITIZE_S:-300}" \
         compute-sanitizer --tool "$tool" $extra --error-exitcode 99 \
-        "$build/tests/towers_tests" --gtest_brief=1 --gtest_filter="$filter" \
+        "$build/tests/towers_tests" --gtest_filter="$filter" \
         > "$out/sanitizer-$name-shard$i.txt" 2>&1 &
     done
   done

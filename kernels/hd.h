@@ -7,8 +7,10 @@
 
 #if defined(__CUDACC__)
 #define TOWERS_HD __host__ __device__ __forceinline__
+#define TOWERS_UNROLL _Pragma("unroll")  // a loop with fixed bounds: unrolled by nvcc
 #else
 #define TOWERS_HD inline
+#define TOWERS_UNROLL
 #endif
 
 // The CUDA types host code may name without including CUDA headers.

@@ -29,16 +29,22 @@ namespace cuda {  // the same rules, one thread per element
 void optimizer_update(CUstream_st* s, int64_t n, float* w, float* s0, float* s1, const float* g,
                       const RuleArgs& a);
 // The same update as a step's last kernels, captured once in its CUDA graph and replayed every
-// step: the scalars are read from device memory (*args, its rule fixed at launch) when the
-// kernel runs, so each replay applies that step's learning rate, and nothing is written when
-// *skip is non-zero (the step's loss was not finite).
-void optimizer_update_at(CUstream_st* s, int64_t n, float* w, float* s0, float* s1,
-                         const float* g, OptRule rule, const RuleArgs* args,
-                         const int32_t* skip);
+// step: the scalars are read from device memory when the kernel runs, so each replay applies
+// that step's learning rate, and nothing is written when *skip is non-zero (the step's loss was
+// not finite). Several variables of one flat array go in as few launches as fit (kUpdateSpans
+// variables a launch): variable k is elements [offset[k], offset[k] + size[k]) of w, s0, s1 and
+// g (s0, s1 null where the rule has fewer slots), updated with args[k] (its rule fixed at
+// launch). Spans must not overlap; elements outside them are not touched. The floats are
+// optimizer_update's on each variable.
+constexpr int kUpdateSpans = 16;
+void optimizer_update_spans_at(CUstream_st* s, int count, const int64_t* offset,
+                               const int64_t* size, float* w, float* s0, float* s1,
+                               const float* g, OptRule rule, const RuleArgs* args,
+                               const int32_t* skip);
 
 // What an update does beside the rule (optimizer_rules.h), on n elements. The scalars come
-// from *at when it is not null (read when the kernel runs, as optimizer_update_at's), else
-// from a; nothing is written when skip is not null and *skip is non-zero.
+// from *at when it is not null (read when the kernel runs, as optimizer_update_spans_at's),
+// else from a; nothing is written when skip is not null and *skip is non-zero.
 // A state variable's running average: w = state_step(w, rate, delta).
 void state_update(CUstream_st* s, int64_t n, float* w, const float* delta, float rate,
                   const int32_t* skip);

@@ -272,17 +272,18 @@ void pool_forward_both(const PoolCase& k, const Window& rows, const Window& cols
   got.argmax.assign(n_out, kNaN);
   kernels::cpu::maxpool_forward(k.planes, k.h, k.w, rows, cols, x.data(), want.y.data(),
                                 want.argmax.data());
+  const kc::PoolShape<int64_t> wide(rows, cols, k.h, k.w);
+  const kc::PoolShape<int32_t> narrow(rows, cols, k.h, k.w);
   for (int64_t idx = 0; idx < n_out; ++idx) {
     int64_t at = -1;
-    kc::maxpool_at(rows, cols, k.h, k.w, x.data(), idx, got.y[idx], at);
+    kc::maxpool_at(wide, x.data(), idx, got.y[idx], at);
     got.argmax[idx] = static_cast<float>(at);
   }
   // The kernels' 32-bit instantiation gives the same.
   for (int32_t idx = 0; idx < n_out; ++idx) {
     int32_t at = -1;
     float y = kNaN;
-    kc::maxpool_at<int32_t>(rows, cols, static_cast<int32_t>(k.h), static_cast<int32_t>(k.w),
-                            x.data(), idx, y, at);
+    kc::maxpool_at<int32_t>(narrow, x.data(), idx, y, at);
     EXPECT_TRUE(y == got.y[idx] && static_cast<float>(at) == got.argmax[idx])
         << "32-bit indices, output " << idx;
   }
@@ -324,14 +325,14 @@ TEST(PoolRules, BackwardGatherMatchesCpuScatter) {
       std::vector<float> want(n_in, kNaN), got(n_in, kNaN);
       kernels::cpu::maxpool_backward(k.planes, k.h, k.w, rows, cols, argmax.data(), dy.data(),
                                      want.data());
+      const kc::PoolShape<int64_t> wide(rows, cols, k.h, k.w);
+      const kc::PoolShape<int32_t> narrow(rows, cols, k.h, k.w);
       for (int64_t idx = 0; idx < n_in; ++idx)
-        got[idx] = kc::maxpool_backward_at(rows, cols, k.h, k.w, argmax.data(), dy.data(), idx);
+        got[idx] = kc::maxpool_backward_at(wide, argmax.data(), dy.data(), idx);
       // The gather adds each input's windows in the scatter's (row-major) order: exact.
       EXPECT_TRUE(same_floats(got, want));
       for (int32_t idx = 0; idx < n_in; ++idx)
-        got[idx] = kc::maxpool_backward_at<int32_t>(rows, cols, static_cast<int32_t>(k.h),
-                                                    static_cast<int32_t>(k.w), argmax.data(),
-                                                    dy.data(), idx);
+        got[idx] = kc::maxpool_backward_at<int32_t>(narrow, argmax.data(), dy.data(), idx);
       EXPECT_TRUE(same_floats(got, want)) << "32-bit indices";
     }
 }
@@ -356,7 +357,65 @@ const std::vector<LrnCase> kLrnCases = {
     {2, 6, 3, {1, 1.5f, 0.2f, 0.6f}},             // powf path
     {3, 9, 4, {0, 1.0f, 1.0f, 0.75f}},            // radius 0: the channel alone
     {2, 1, 5, {3, 1.0f, 0.7f, 0.75f}},            // one channel
+    {2, 20, 3, {3, 1.0f, 0.4f, 0.75f}},           // chunks of 8, 8 and 4 channels
+    {2, 13, 4, {6, 1.0f, 0.2f, 0.75f}},           // a radius past the chunked kernels' 4
 };
+
+// The per-element rules over every element, in the kernels' 64-bit and 32-bit instantiations
+// (which must agree bitwise); then, where the chunked kernels take the radius, the chunked
+// rules over every thread, which must give the per-element rules' floats bit for bit.
+void lrn_forward_rules(const LrnCase& k, const std::vector<float>& x, std::vector<float>& y,
+                       std::vector<float>& s) {
+  const int64_t count = k.n * k.c * k.hw;
+  y.assign(count, kNaN);
+  s.assign(count, kNaN);
+  const kc::LrnShape<int64_t> wide(k.p, k.c, k.hw);
+  const kc::LrnShape<int32_t> narrow(k.p, k.c, k.hw);
+  for (int64_t idx = 0; idx < count; ++idx) kc::lrn_forward_at(k.p, wide, x.data(), idx, y[idx], s[idx]);
+  std::vector<float> y32(count, kNaN), s32(count, kNaN);
+  for (int32_t idx = 0; idx < count; ++idx)
+    kc::lrn_forward_at<int32_t>(k.p, narrow, x.data(), idx, y32[idx], s32[idx]);
+  EXPECT_TRUE(same_floats(y32, y) && same_floats(s32, s)) << "32-bit indices";
+  if (!kc::lrn_chunked(k.p)) return;
+  const int64_t threads = kc::LrnShape<int64_t>::chunk_threads(k.n, k.c, k.hw);
+  std::vector<float> yc(count, kNaN), sc(count, kNaN);
+  for (int64_t t = 0; t < threads; ++t)
+    kc::lrn_forward_chunk<int64_t>(k.p, wide, x.data(), yc.data(), sc.data(), t);
+  EXPECT_TRUE(same_floats(yc, y) && same_floats(sc, s)) << "chunked";
+  std::fill(yc.begin(), yc.end(), kNaN);
+  std::fill(sc.begin(), sc.end(), kNaN);
+  for (int32_t t = 0; t < threads; ++t)
+    kc::lrn_forward_chunk<int32_t>(k.p, narrow, x.data(), yc.data(), sc.data(), t);
+  EXPECT_TRUE(same_floats(yc, y) && same_floats(sc, s)) << "chunked, 32-bit indices";
+}
+
+std::vector<float> lrn_backward_rules(const LrnCase& k, const std::vector<float>& x,
+                                      const std::vector<float>& y, const std::vector<float>& scale,
+                                      const std::vector<float>& dy) {
+  const int64_t count = k.n * k.c * k.hw;
+  const kc::LrnShape<int64_t> wide(k.p, k.c, k.hw);
+  const kc::LrnShape<int32_t> narrow(k.p, k.c, k.hw);
+  std::vector<float> got(count, kNaN), got32(count, kNaN);
+  for (int64_t idx = 0; idx < count; ++idx)
+    got[idx] = kc::lrn_backward_at(k.p, wide, x.data(), y.data(), scale.data(), dy.data(), idx);
+  for (int32_t idx = 0; idx < count; ++idx)
+    got32[idx] = kc::lrn_backward_at<int32_t>(k.p, narrow, x.data(), y.data(), scale.data(),
+                                              dy.data(), idx);
+  EXPECT_TRUE(same_floats(got32, got)) << "32-bit indices";
+  if (!kc::lrn_chunked(k.p)) return got;
+  const int64_t threads = kc::LrnShape<int64_t>::chunk_threads(k.n, k.c, k.hw);
+  std::vector<float> chunked(count, kNaN);
+  for (int64_t t = 0; t < threads; ++t)
+    kc::lrn_backward_chunk<int64_t>(k.p, wide, x.data(), y.data(), scale.data(), dy.data(),
+                                    chunked.data(), t);
+  EXPECT_TRUE(same_floats(chunked, got)) << "chunked";
+  std::fill(chunked.begin(), chunked.end(), kNaN);
+  for (int32_t t = 0; t < threads; ++t)
+    kc::lrn_backward_chunk<int32_t>(k.p, narrow, x.data(), y.data(), scale.data(), dy.data(),
+                                    chunked.data(), t);
+  EXPECT_TRUE(same_floats(chunked, got)) << "chunked, 32-bit indices";
+  return got;
+}
 
 TEST(LrnRules, ForwardMatchesCpuTwin) {
   uint64_t seed = 700;
@@ -364,17 +423,11 @@ TEST(LrnRules, ForwardMatchesCpuTwin) {
     SCOPED_TRACE(describe(k));
     const int64_t count = k.n * k.c * k.hw;
     const std::vector<float> x = random_floats(count, ++seed, -2.0f, 2.0f);  // (n, C, HW)
-    std::vector<float> y_want(count), s_want(count), y(count, kNaN), s(count, kNaN);
+    std::vector<float> y_want(count), s_want(count), y, s;
     kernels::cpu::lrn_forward(k.p, k.n, k.c, k.hw, x.data(), y_want.data(), s_want.data());
-    for (int64_t idx = 0; idx < count; ++idx)
-      kc::lrn_forward_at(k.p, k.c, k.hw, x.data(), idx, y[idx], s[idx]);
+    lrn_forward_rules(k, x, y, s);
     EXPECT_LT(max_rel_error(y, y_want), 1e-5);
     EXPECT_LT(max_rel_error(s, s_want), 1e-5);
-    std::vector<float> y32(count, kNaN), s32(count, kNaN);  // the kernels' 32-bit instantiation
-    for (int32_t idx = 0; idx < count; ++idx)
-      kc::lrn_forward_at<int32_t>(k.p, static_cast<int32_t>(k.c), static_cast<int32_t>(k.hw),
-                                  x.data(), idx, y32[idx], s32[idx]);
-    EXPECT_TRUE(same_floats(y32, y) && same_floats(s32, s)) << "32-bit indices";
   }
 }
 
@@ -385,22 +438,14 @@ TEST(LrnRules, BackwardMatchesCpuTwin) {
     const int64_t count = k.n * k.c * k.hw;
     const std::vector<float> x = random_floats(count, ++seed, -2.0f, 2.0f);
     const std::vector<float> dy = random_floats(count, ++seed);
-    std::vector<float> y(count), scale(count), want(count), got(count, kNaN);
+    std::vector<float> y(count), scale(count), want(count);
     kernels::cpu::lrn_forward(k.p, k.n, k.c, k.hw, x.data(), y.data(), scale.data());
     kernels::cpu::lrn_backward(k.p, k.n, k.c, k.hw, x.data(), y.data(), scale.data(), dy.data(),
                                want.data());
-    for (int64_t idx = 0; idx < count; ++idx)
-      got[idx] =
-          kc::lrn_backward_at(k.p, k.c, k.hw, x.data(), y.data(), scale.data(), dy.data(), idx);
+    const std::vector<float> got = lrn_backward_rules(k, x, y, scale, dy);
     // dx is the sum of two terms of order 1 that can cancel, and the CPU twin may be compiled
     // with fma contraction: its error is measured against that order (floor 0.1).
     EXPECT_LT(max_rel_error(got, want, 0.1), 1e-5);
-    std::vector<float> got32(count, kNaN);  // the kernels' 32-bit instantiation
-    for (int32_t idx = 0; idx < count; ++idx)
-      got32[idx] = kc::lrn_backward_at<int32_t>(k.p, static_cast<int32_t>(k.c),
-                                                static_cast<int32_t>(k.hw), x.data(), y.data(),
-                                                scale.data(), dy.data(), idx);
-    EXPECT_TRUE(same_floats(got32, got)) << "32-bit indices";
   }
 }
 
@@ -428,10 +473,12 @@ TEST(BiasRules, AddMatchesCpuTwin) {
       if (relu)
         for (float& v : want) v = std::max(v, 0.0f);  // as the CPU layers apply it
       for (int64_t idx = 0; idx < count; ++idx)
-        got[idx] = kc::bias_add_at(k.c, k.hw, bias.data(), y0.data(), relu, idx);
+        got[idx] = kc::bias_add_at(kc::Divisor<int64_t>(k.c), kc::Divisor<int64_t>(k.hw),
+                                   bias.data(), y0.data(), relu, idx);
       EXPECT_TRUE(same_floats(got, want));
       for (int32_t idx = 0; idx < count; ++idx)  // the kernels' 32-bit instantiation
-        got[idx] = kc::bias_add_at<int32_t>(static_cast<int32_t>(k.c), static_cast<int32_t>(k.hw),
+        got[idx] = kc::bias_add_at<int32_t>(kc::Divisor<int32_t>(static_cast<int32_t>(k.c)),
+                                            kc::Divisor<int32_t>(static_cast<int32_t>(k.hw)),
                                             bias.data(), y0.data(), relu, idx);
       EXPECT_TRUE(same_floats(got, want)) << "32-bit indices";
     }

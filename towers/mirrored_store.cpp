@@ -72,6 +72,7 @@ struct MirroredParameterStore::Impl {
   bool check;          // --on-divergence skip-step: a gradient whose norm is not finite is skipped
   std::vector<int64_t> keep;  // the trainable ranges, as the norm covers them
   std::vector<const Variable*> trainable;  // the variables the rule updates, layout order
+  std::vector<int64_t> trainable_offset, trainable_size;  // theirs, for the update's launches
   std::vector<const Variable*> state;      // running averages (ParamSpec::state_rate)
   kernels::OptRule rule;
   int nslots = 0;          // the rule's slots
@@ -98,8 +99,13 @@ struct MirroredParameterStore::Impl {
         check(chk), keep(o.layout().trainable_ranges()) {
     TOWERS_CHECK(clip >= 0.0 && std::isfinite(clip), "a clip bound of {}", clip);
     for (const Variable& v : opt.layout().variables()) {
-      if (v.spec.trainable) trainable.push_back(&v);
-      else if (v.spec.state_rate != 0.0f) state.push_back(&v);
+      if (v.spec.trainable) {
+        trainable.push_back(&v);
+        trainable_offset.push_back(v.offset);
+        trainable_size.push_back(v.size);
+      } else if (v.spec.state_rate != 0.0f) {
+        state.push_back(&v);
+      }
     }
     rule = opt.next_rule_args(0.0f).rule;
     nslots = opt.rule_slots();
@@ -232,12 +238,9 @@ struct MirroredParameterStore::Impl {
     float* g = r.tower->device_grads();
     if (guards()) guard(r, s, g, flag);
     beside_rule(r, s, g, true, {}, wargs, flag);
-    for (size_t k = 0; k < trainable.size(); ++k) {
-      const Variable* v = trainable[k];
-      kernels::cuda::optimizer_update_at(s, v->size, w + v->offset, slot(r, 0, v->offset),
-                                         slot(r, 1, v->offset), g + v->offset, rule, args + k,
-                                         flag);
-    }
+    kernels::cuda::optimizer_update_spans_at(
+        s, static_cast<int>(trainable.size()), trainable_offset.data(), trainable_size.data(), w,
+        slot(r, 0, 0), slot(r, 1, 0), g, rule, args, flag);
     beside_rule(r, s, g, false, {}, wargs, flag);
     CUDA_CHECK(cudaMemcpyAsync(r.flag_h.as<void>(), flag, sizeof(int32_t), cudaMemcpyDeviceToHost,
                                s));

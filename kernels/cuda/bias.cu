@@ -1,7 +1,7 @@
-// bias.cu — per-channel bias on the GPU: an element-wise add (with the ReLU fused) and the
-// gradient, a block per channel, or per segment of a channel where there are few channels and
-// many terms (then one thread per channel adds the segments); 32-bit indices where they fit. Rules in
-// kernels/cuda/bias_rules.h.
+// bias.cu — per-channel bias on the GPU: an element-wise add (with the ReLU fused; its channel
+// divided out by multiply and shift, kernels/divisor.h) and the gradient, a block per channel,
+// or per segment of a channel where there are few channels and many terms (then one thread per
+// channel adds the segments); 32-bit indices where they fit. Rules in kernels/cuda/bias_rules.h.
 #include "kernels/bias.h"
 #include "kernels/cuda/bias_rules.h"
 #include "kernels/cuda/launch.cuh"
@@ -16,13 +16,14 @@ namespace {
 
 template <class I>
 struct BiasAdd {
-  I c, hw;
+  Divisor<I> c, hw;
   const float* bias;
   float* y;
   bool relu;
   TOWERS_HD void operator()(I i) const { body(c, hw, bias, y, relu, i); }
-  static TOWERS_HD void body(I c, I hw, const float* __restrict__ bias, float* __restrict__ y,
-                             bool relu, I i) {
+  static TOWERS_HD void body(const Divisor<I>& c, const Divisor<I>& hw,
+                             const float* __restrict__ bias, float* __restrict__ y, bool relu,
+                             I i) {
     y[i] = bias_add_at<I>(c, hw, bias, y, relu, i);
   }
 };
@@ -34,7 +35,7 @@ void bias_add(CUstream_st* s, int64_t n, int64_t c, int64_t hw, const float* bia
   const int64_t count = n * c * hw;
   launch_narrow_or_wide(s, count, fits_int32_indices(count), [&](auto i) {
     using I = decltype(i);
-    return BiasAdd<I>{static_cast<I>(c), static_cast<I>(hw), bias, y, relu};
+    return BiasAdd<I>{Divisor<I>(static_cast<I>(c)), Divisor<I>(static_cast<I>(hw)), bias, y, relu};
   });
 }
 

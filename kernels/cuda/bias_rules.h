@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/bias.h"
+#include "kernels/divisor.h"
 #include "kernels/hd.h"
 
 namespace towers::kernels::cuda {
@@ -13,10 +14,14 @@ namespace towers::kernels::cuda {
 // whenever the tensor's indices fit (fits_int32_indices), and the tests run both.
 
 // y[idx] + bias[channel] of a (n, c, hw) tensor, then ReLU when relu (max(v, 0), as the CPU
-// layers write it).
+// layers write it). The channel is (idx / hw) mod c, divided by multiply and shift in 32 bits
+// (divisor.h).
 template <class I = int64_t>
-TOWERS_HD float bias_add_at(I c, I hw, const float* bias, const float* y, bool relu, I idx) {
-  const float v = y[idx] + bias[(idx / hw) % c];
+TOWERS_HD float bias_add_at(const Divisor<I>& c, const Divisor<I>& hw, const float* bias,
+                            const float* y, bool relu, I idx) {
+  I q, ch;
+  c.divmod(hw.div(idx), q, ch);
+  const float v = y[idx] + bias[ch];
   return relu && v < 0.0f ? 0.0f : v;
 }
 

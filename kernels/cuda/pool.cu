@@ -1,6 +1,6 @@
 // pool.cu — max-pooling on the GPU. Forward: one thread per output element; backward: one
-// thread per input element, gathering (no atomics); 32-bit indices where they fit. Rules in
-// kernels/cuda/pool_rules.h.
+// thread per input element, gathering (no atomics); 32-bit indices where they fit, divided by
+// multiply and shift (kernels/divisor.h). Rules in kernels/cuda/pool_rules.h.
 // Global average pooling: one thread per plane forward, one per input element backward; rules
 // in kernels/global_pool_rules.h.
 #include <algorithm>
@@ -16,17 +16,15 @@ namespace {
 
 template <class I>
 struct MaxpoolForward {
-  I h, w;
-  Window rows, cols;
+  PoolShape<I> shape;
   const float* x;
   float *y, *argmax;
-  TOWERS_HD void operator()(I i) const { body(h, w, rows, cols, x, y, argmax, i); }
-  static TOWERS_HD void body(I h, I w, const Window& rows, const Window& cols,
-                             const float* __restrict__ x, float* __restrict__ y,
-                             float* __restrict__ argmax, I i) {
+  TOWERS_HD void operator()(I i) const { body(shape, x, y, argmax, i); }
+  static TOWERS_HD void body(const PoolShape<I>& shape, const float* __restrict__ x,
+                             float* __restrict__ y, float* __restrict__ argmax, I i) {
     float m;
     I at;
-    maxpool_at<I>(rows, cols, h, w, x, i, m, at);
+    maxpool_at<I>(shape, x, i, m, at);
     y[i] = m;
     if (argmax != nullptr) argmax[i] = static_cast<float>(at);
   }
@@ -34,15 +32,13 @@ struct MaxpoolForward {
 
 template <class I>
 struct MaxpoolBackward {
-  I h, w;
-  Window rows, cols;
+  PoolShape<I> shape;
   const float *argmax, *dy;
   float* dx;
-  TOWERS_HD void operator()(I i) const { body(h, w, rows, cols, argmax, dy, dx, i); }
-  static TOWERS_HD void body(I h, I w, const Window& rows, const Window& cols,
-                             const float* __restrict__ argmax, const float* __restrict__ dy,
-                             float* __restrict__ dx, I i) {
-    dx[i] = maxpool_backward_at<I>(rows, cols, h, w, argmax, dy, i);
+  TOWERS_HD void operator()(I i) const { body(shape, argmax, dy, dx, i); }
+  static TOWERS_HD void body(const PoolShape<I>& shape, const float* __restrict__ argmax,
+                             const float* __restrict__ dy, float* __restrict__ dx, I i) {
+    dx[i] = maxpool_backward_at<I>(shape, argmax, dy, i);
   }
 };
 
@@ -78,8 +74,7 @@ void maxpool_forward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, const
   launch_narrow_or_wide(s, count, fits_int32_indices(std::max(count, planes * h * w)),
                         [&](auto i) {
                           using I = decltype(i);
-                          return MaxpoolForward<I>{static_cast<I>(h), static_cast<I>(w), rows,
-                                                   cols, x, y, argmax};
+                          return MaxpoolForward<I>{PoolShape<I>(rows, cols, h, w), x, y, argmax};
                         });
 }
 
@@ -89,8 +84,8 @@ void maxpool_backward(CUstream_st* s, int64_t planes, int64_t h, int64_t w, cons
   launch_narrow_or_wide(s, count, fits_int32_indices(std::max(count, planes * rows.out * cols.out)),
                         [&](auto i) {
                           using I = decltype(i);
-                          return MaxpoolBackward<I>{static_cast<I>(h), static_cast<I>(w), rows,
-                                                    cols, argmax, dy, dx};
+                          return MaxpoolBackward<I>{PoolShape<I>(rows, cols, h, w), argmax, dy,
+                                                    dx};
                         });
 }
 

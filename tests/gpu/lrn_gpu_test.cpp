@@ -1,6 +1,7 @@
 // GPU twin of LRN (kernels/cuda/lrn.cu) against the CPU twin on fresh random inputs, relative
 // error < 1e-5. Shapes: the CIFAR-10 net's norm1/norm2 (64x12x12, depth_radius 4, bias 1,
-// alpha 0.001/9, beta 0.75), a 24x24 variant, and awkward ones on the sqrt and powf paths.
+// alpha 0.001/9, beta 0.75), a 24x24 variant, awkward ones on the sqrt and powf paths, a
+// channel count that leaves a short chunk, and a radius past the chunked kernels' 4.
 // Skips without a CUDA device.
 #include <cstdint>
 #include <cstdio>
@@ -33,6 +34,8 @@ const std::vector<LrnCase> kCases = {
     {"norm 8x64x24x24", 8, 64, 576, {4, 1.0f, 0.001f / 9.0f, 0.75f}},
     {"awkward 3x5x7 r4 beta 0.5", 3, 5, 7, {4, 2.0f, 0.3f, 0.5f}},
     {"awkward 2x6x3 r1 beta 0.6 (powf)", 2, 6, 3, {1, 1.5f, 0.2f, 0.6f}},
+    {"chunks of 8, 8 and 4 channels 2x20x9 r3", 2, 20, 9, {3, 1.0f, 0.4f, 0.75f}},
+    {"radius 6, the per-element kernels 2x13x4", 2, 13, 4, {6, 1.0f, 0.2f, 0.75f}},
 };
 
 TEST(LrnGpu, ForwardAndBackwardMatchCpuTwin) {

@@ -181,6 +181,47 @@ TEST(OptimizerGpu, EveryRuleMatchesItsCpuTwinBitwise) {
   }
 }
 
+// The step's update (optimizer_update_spans_at): 20 variables with gaps between them (two
+// launches of at most 16), each with its own weight decay, against the CPU twin variable by
+// variable; the gaps stay as they were, and a set skip flag leaves everything untouched.
+TEST(OptimizerGpu, SpansUpdateMatchesItsCpuTwinBitwise) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  Stream s;
+  constexpr int kVars = 20;
+  std::vector<int64_t> offset, size;
+  int64_t at = 3;
+  for (int k = 0; k < kVars; ++k) {
+    const int64_t n = k == 5 ? 0 : 1 + (k * 7919) % 3001;  // one empty variable
+    offset.push_back(at);
+    size.push_back(n);
+    at += n + (k % 3);  // gaps of 0, 1 and 2 elements
+  }
+  const int64_t total = at + 4;
+  for (const cases::RuleCase& c : cases::rule_cases()) {
+    SCOPED_TRACE(c.name);
+    std::vector<kernels::RuleArgs> args(kVars, c.args);
+    for (int k = 0; k < kVars; ++k) args[k].wd = 0.001f * static_cast<float>(k % 4);
+    std::vector<float> w = random_floats(total, 51, -2.0f, 2.0f);
+    std::vector<float> s1 = random_floats(total, 52, 0.05f, 1.5f);
+    std::vector<float> s2 = random_floats(total, 53, 0.05f, 1.5f);
+    const std::vector<float> g = random_floats(total, 54, -3.0f, 3.0f);
+    DeviceArray<float> w_d(w), s1_d(s1), s2_d(s2), g_d(g);
+    DeviceArray<kernels::RuleArgs> args_d(args);
+    for (int32_t skip : {1, 0}) {
+      DeviceArray<int32_t> skip_d(std::vector<int32_t>{skip});
+      kernels::cuda::optimizer_update_spans_at(
+          s, kVars, offset.data(), size.data(), w_d.get(), c.slots >= 1 ? s1_d.get() : nullptr,
+          c.slots >= 2 ? s2_d.get() : nullptr, g_d.get(), c.args.rule, args_d.get(), skip_d.get());
+    }
+    for (int k = 0; k < kVars; ++k)
+      kernels::cpu::optimizer_update(size[k], w.data() + offset[k], s1.data() + offset[k],
+                                     s2.data() + offset[k], g.data() + offset[k], args[k]);
+    EXPECT_TRUE(same_bits(w_d.download(), w));
+    if (c.slots >= 1) EXPECT_TRUE(same_bits(s1_d.download(), s1));
+    if (c.slots >= 2) EXPECT_TRUE(same_bits(s2_d.download(), s2));
+  }
+}
+
 // ---- tree sum and scale ------------------------------------------------------------------------
 
 // Blocks whose magnitudes span several binades, so that another order of additions would show.
