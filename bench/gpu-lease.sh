@@ -25,8 +25,8 @@
 # the script is stopped, so that a run cut short still leaves what it did in a few files. If lease.tgz would pass 15 MiB it is packed
 # without the largest files (listed in OUT/left-out.txt). The phases write into LEASE_WORK
 # (default: a fresh temporary folder).
-# LEASE_PHASES="correctness speed training" (default) picks phases; "profile" (ncu, about a
-# minute) and "remote" (the transport's 4 MiB shares on this machine's cores, shards as threads
+# LEASE_PHASES="correctness speed training" (default) picks phases; "profile" (ncu, then the
+# dense layers' GEMMs one at a time; about a minute) and "remote" (the transport's 4 MiB shares on this machine's cores, shards as threads
 # and as processes, 3 interleaved repetitions (5 did not finish in 150 s on the 16-core H200
 # machine on 2026-11-27), about two minutes) are for a second command on
 # the same warm machine, if the lease has time left:

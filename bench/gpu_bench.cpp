@@ -26,13 +26,24 @@
 //                        cudaMemcpy of the same bytes: the PCIe limit.
 //   BM_GradAverageHost / BM_GradAverageNccl   averaging N towers' gradients: landing buffers
 //                        tree-summed on the host, or an NCCL all-reduce and one copy out.
+//   BM_DenseGemm         each GEMM of the cifar10 net's dense layers at batch 128, alone, 20
+//                        calls in a CUDA graph: as the tower calls cuBLAS (cublasSgemm: algo
+//                        -1), the transposed product with the operands swapped and then
+//                        transposed (algo -2), and the product through cuBLASLt with each of
+//                        its heuristic's first 8 candidates (algo 0..7; the label names the
+//                        candidate's kernel configuration). The 2026-11-27 profile found the
+//                        softmax layer's weight gradient (10 x 192, k = 128) taking 57 us, five
+//                        times local3's (2304 x 384): these rows measure the alternatives.
+//                        Not in run-gpu.sh's bench phase (its profile phase runs them).
 // Every benchmark validates its result before timing and skips (with the reason) without a
 // GPU. Napkin math: a cifar10 step is 106 MFLOP per image, 13.6 GFLOP per batch of 128; at an
 // H100's FP32 rate (67 TFLOP/s SXM) that is 0.2 ms per batch, 630 K images/s.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -40,7 +51,13 @@
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
+#include <fmt/format.h>
+#if defined(TOWERS_BENCH_CUBLASLT)
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#endif
 
+#include "core/check.h"
 #include "core/cuda_check.h"
 #include "core/gpu.h"
 #include "core/parallel.h"
@@ -48,6 +65,7 @@
 #include "data/augment.h"
 #include "data/pipeline.h"
 #include "data/synthetic.h"
+#include "kernels/gemm.h"
 #include "kernels/reduce.h"
 #include "models/model_file.h"
 #include "models/models.h"
@@ -446,6 +464,241 @@ void BM_GradAverageNccl(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n * out.size() * 4);
 }
 BENCHMARK(BM_GradAverageNccl)->ArgName("towers")->Arg(2)->Arg(4)->UseRealTime()->MinTime(bench_min_time(0.5));
+
+#if defined(TOWERS_BENCH_CUBLASLT)
+// The products of Dense::forward_gpu and Dense::backward_gpu (src/layers/dense.cpp) for the
+// cifar10 net's dense layers at batch 128, as row-major kernels::cuda::gemm calls.
+struct DenseGemm {
+  const char* name;
+  bool trans_a, trans_b;
+  int64_t m, n, k, lda, ldb, ldc;
+};
+std::vector<DenseGemm> dense_gemms() {
+  const int64_t n = 128;
+  struct Layer {
+    const char* name;
+    int64_t in, out;
+  };
+  std::vector<DenseGemm> out;
+  for (const Layer& l : {Layer{"local3", 2304, 384}, Layer{"local4", 384, 192},
+                         Layer{"softmax_linear", 192, 10}}) {
+    out.push_back({l.name, false, true, n, l.out, l.in, l.in, l.in, l.out});   // y = x W^T
+    out.push_back({l.name, true, false, l.out, l.in, n, l.out, l.in, l.in});   // dW = g^T x
+    out.push_back({l.name, false, false, n, l.in, l.out, l.out, l.in, l.in});  // dx = g W
+  }
+  return out;
+}
+
+// What BM_DenseGemm holds on the GPU, released however it ends.
+struct DenseGemmResources {
+  std::vector<void*> buffers;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cudaGraphExec_t graph = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  float* alloc(size_t bytes) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    buffers.push_back(p);
+    return static_cast<float*>(p);
+  }
+  ~DenseGemmResources() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    if (graph != nullptr) cudaGraphExecDestroy(graph);
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+    for (cublasLtMatrixLayout_t l : {la, lb, lc})
+      if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+    if (lt != nullptr) cublasLtDestroy(lt);
+    if (blas != nullptr) cublasDestroy(blas);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    for (void* p : buffers) cudaFree(p);
+  }
+};
+
+void lt_check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) TOWERS_FAIL("{}: {}", what, cublasGetStatusString(st));
+}
+
+// One product (dense_gemms()[product]) one way (algo: -2, -1 or a cuBLASLt candidate); the
+// label, or throws with what went wrong.
+void dense_gemm_case(benchmark::State& state, int product, int algo) {
+  const DenseGemm d = dense_gemms()[product];
+  static const char* kProducts[] = {"forward", "weight gradient", "input gradient"};
+  std::string label = std::string(d.name) + " " + kProducts[product % 3];
+  DenseGemmResources r;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  const int64_t a_rows = d.trans_a ? d.k : d.m, b_rows = d.trans_b ? d.n : d.k;
+  std::vector<float> a(a_rows * d.lda), b(b_rows * d.ldb);
+  Rng rng(9);
+  for (float& v : a) v = rng.uniform(-1.0f, 1.0f);
+  for (float& v : b) v = rng.uniform(-1.0f, 1.0f);
+  const size_t c_bytes = sizeof(float) * d.m * d.ldc;
+  float* a_d = r.alloc(sizeof(float) * a.size());
+  float* b_d = r.alloc(sizeof(float) * b.size());
+  float* c_d = r.alloc(c_bytes);
+  float* want_d = r.alloc(c_bytes);
+  float* ct_d = r.alloc(sizeof(float) * d.m * d.n);  // algo -2: the transposed product
+  const size_t ws_bytes = size_t{32} << 20;          // the tower's cuBLAS workspace
+  float* ws = r.alloc(ws_bytes);
+  CUDA_CHECK(cudaMemcpyAsync(a_d, a.data(), sizeof(float) * a.size(), cudaMemcpyHostToDevice,
+                             r.stream));
+  CUDA_CHECK(cudaMemcpyAsync(b_d, b.data(), sizeof(float) * b.size(), cudaMemcpyHostToDevice,
+                             r.stream));
+  lt_check(cublasCreate(&r.blas), "cublasCreate");
+  lt_check(cublasSetStream(r.blas, r.stream), "cublasSetStream");
+  lt_check(cublasSetWorkspace(r.blas, ws, ws_bytes), "cublasSetWorkspace");
+  // The tower's call (FP32: the handle's default math mode), which is also the reference.
+  auto sgemm = [&](float* c) {
+    kernels::cuda::gemm(r.blas, d.trans_a, d.trans_b, d.m, d.n, d.k, 1.0f, a_d, d.lda, b_d,
+                        d.ldb, 0.0f, c, d.ldc);
+  };
+  sgemm(want_d);
+  const float one = 1.0f, zero = 0.0f;
+  std::function<void()> run;
+  cublasLtMatmulHeuristicResult_t found[8];
+  if (algo == -1) {
+    run = [&] { sgemm(c_d); };
+    label += ", cublasSgemm as the tower calls it";
+  } else if (algo == -2) {
+    // C^T (n, m) = op(B)^T op(A)^T with the operands' roles swapped, then transposed into C by
+    // cublasSgeam: the same product, another kernel choice.
+    run = [&] {
+      kernels::cuda::gemm(r.blas, !d.trans_b, !d.trans_a, d.n, d.m, d.k, 1.0f, b_d, d.ldb, a_d,
+                          d.lda, 0.0f, ct_d, d.m);
+      // Row-major C^T (n, m) is column-major (m, n) with ld m; row-major C (m, n) is
+      // column-major (n, m) with ld ldc: C = (C^T)^T.
+      lt_check(cublasSgeam(r.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(d.n),
+                           static_cast<int>(d.m), &one, ct_d, static_cast<int>(d.m), &zero, c_d,
+                           static_cast<int>(d.ldc), c_d, static_cast<int>(d.ldc)),
+               "cublasSgeam");
+    };
+    label += ", operands swapped (C^T), then cublasSgeam's transpose";
+  } else {
+    // cuBLASLt: the same column-major call (kernels/gemm.h's mapping).
+    const kernels::cuda::SgemmCall call = kernels::cuda::sgemm_call(
+        d.trans_a, d.trans_b, d.m, d.n, d.k, a_d, d.lda, b_d, d.ldb, c_d, d.ldc);
+    const kernels::cuda::ColMajorGemm g = call.g;
+    const kernels::cuda::CublasInts x = call.x;
+    lt_check(cublasLtCreate(&r.lt), "cublasLtCreate");
+    lt_check(cublasLtMatmulDescCreate(&r.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+             "cublasLtMatmulDescCreate");
+    const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    lt_check(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+             "TRANSA");
+    lt_check(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+             "TRANSB");
+    lt_check(cublasLtMatrixLayoutCreate(&r.la, CUDA_R_32F, g.trans_a ? x.k : x.m,
+                                        g.trans_a ? x.m : x.k, x.lda),
+             "layout A");
+    lt_check(cublasLtMatrixLayoutCreate(&r.lb, CUDA_R_32F, g.trans_b ? x.n : x.k,
+                                        g.trans_b ? x.k : x.n, x.ldb),
+             "layout B");
+    lt_check(cublasLtMatrixLayoutCreate(&r.lc, CUDA_R_32F, x.m, x.n, x.ldc), "layout C");
+    lt_check(cublasLtMatmulPreferenceCreate(&r.pref), "cublasLtMatmulPreferenceCreate");
+    const uint64_t ws_limit = ws_bytes;
+    lt_check(cublasLtMatmulPreferenceSetAttribute(r.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws_limit, sizeof ws_limit),
+             "MAX_WORKSPACE_BYTES");
+    int count = 0;
+    lt_check(cublasLtMatmulAlgoGetHeuristic(r.lt, r.op, r.la, r.lb, r.lc, r.lc, r.pref, 8, found,
+                                            &count),
+             "cublasLtMatmulAlgoGetHeuristic");
+    if (algo >= count) {
+      state.SkipWithError(fmt::format("{}: cuBLASLt's heuristic offered {} candidates", label,
+                                      count).c_str());
+      return;
+    }
+    const cublasLtMatmulAlgo_t* al = &found[algo].algo;
+    int32_t id = 0, splitk = 0;
+    uint32_t tile = 0, stages = 0, reduction = 0;
+    size_t size = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &size);
+    cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile,
+                                         &size);
+    cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                         sizeof stages, &size);
+    cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                         sizeof splitk, &size);
+    cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                         sizeof reduction, &size);
+    label += fmt::format(", cuBLASLt candidate {} of {}: algo id {}, tile {}, stages {}, split-K "
+                         "{} (reduction {}), workspace {} B, waves {:.2f}",
+                         algo, count, id, tile, stages, splitk, reduction,
+                         found[algo].workspaceSize, found[algo].wavesCount);
+    const size_t ws_size = found[algo].workspaceSize;
+    run = [&, g, al, ws_size] {
+      lt_check(cublasLtMatmul(r.lt, r.op, &one, g.a, r.la, g.b, r.lb, &zero, c_d, r.lc, c_d, r.lc,
+                              al, ws, ws_size, r.stream),
+               "cublasLtMatmul");
+    };
+  }
+  // Validation: the product against the tower's, within FP32 summation noise; an element left
+  // unwritten (NaN) fails.
+  CUDA_CHECK(cudaMemsetAsync(c_d, 0xff, c_bytes, r.stream));
+  run();
+  std::vector<float> got(d.m * d.ldc), want(d.m * d.ldc);
+  CUDA_CHECK(cudaMemcpyAsync(got.data(), c_d, c_bytes, cudaMemcpyDeviceToHost, r.stream));
+  CUDA_CHECK(cudaMemcpyAsync(want.data(), want_d, c_bytes, cudaMemcpyDeviceToHost, r.stream));
+  CUDA_CHECK(cudaStreamSynchronize(r.stream));
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - want[i]) <= 1e-3f * std::max(1.0f, std::fabs(want[i])))) {
+      state.SkipWithError(fmt::format("{}: element {} is {}, cublasSgemm's {}", label, i, got[i],
+                                      want[i]).c_str());
+      return;
+    }
+  // Timed: kCalls calls captured in one CUDA graph, so that the GPU runs them back to back and
+  // the time is the kernels', not the host's launch rate.
+  constexpr int kCalls = 20;
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kCalls; ++i) run();
+  CUDA_CHECK(cudaStreamEndCapture(r.stream, &graph));
+  const cudaError_t inst = cudaGraphInstantiate(&r.graph, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_CHECK(inst);
+  CUDA_CHECK(cudaEventCreate(&r.start));
+  CUDA_CHECK(cudaEventCreate(&r.stop));
+  CUDA_CHECK(cudaGraphLaunch(r.graph, r.stream));  // warm-up
+  for (auto _ : state) {
+    CUDA_CHECK(cudaEventRecord(r.start, r.stream));
+    CUDA_CHECK(cudaGraphLaunch(r.graph, r.stream));
+    CUDA_CHECK(cudaEventRecord(r.stop, r.stream));
+    CUDA_CHECK(cudaEventSynchronize(r.stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, r.start, r.stop));
+    state.SetIterationTime(1e-3 * ms / kCalls);
+  }
+  state.counters["GFLOP_per_sec"] = benchmark::Counter(
+      2e-9 * d.m * d.n * d.k, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(label);
+}
+
+// Args: the product (dense_gemms() index: layer x {forward, weight gradient, input gradient}),
+// algo (-2: the transposed product and a transpose, -1: cublasSgemm as the tower calls it,
+// 0..7: cuBLASLt's heuristic candidate). Each row runs a fixed 50 iterations of 20 calls.
+void BM_DenseGemm(benchmark::State& state) {
+  if (skip_without_gpus(state)) return;
+  try {
+    dense_gemm_case(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)));
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+BENCHMARK(BM_DenseGemm)
+    ->ArgNames({"product", "algo"})
+    ->ArgsProduct({benchmark::CreateDenseRange(0, 8, 1), benchmark::CreateDenseRange(-2, 7, 1)})
+    ->UseManualTime()
+    ->Iterations(50)
+    ->Unit(benchmark::kMicrosecond);
+#endif  // TOWERS_BENCH_CUBLASLT
 
 }  // namespace
 

@@ -4,11 +4,12 @@
 #   tests     the whole suite with TOWERS_REQUIRE_GPU=1 (a GPU test that cannot run fails),
 #             in gtest shards run side by side; the summary counts passed, failed and skipped
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck on the GPU tests
-#   bench     gpu_bench, then the PyTorch peer on the same GPU (eager, compile, compile with
-#             CUDA graphs; FP32 and TF32), then --sync-bn on GPU towers; BENCH_FILTER (a
-#             gpu_bench --benchmark_filter) and PEERS (an extended regular expression on the
+#   bench     gpu_bench (all but BM_DenseGemm), then the PyTorch peer on the same GPU (eager,
+#             compile, compile with CUDA graphs; FP32 and TF32), then --sync-bn on GPU towers;
+#             BENCH_FILTER (a gpu_bench --benchmark_filter) and PEERS (an extended regular expression on the
 #             peers' names below) narrow it, BENCH_EXTRAS=0 leaves out --sync-bn
-#   profile   kernel-time profiles of a host-parameter and a mirrored step (ncu)
+#   profile   kernel-time profiles of a host-parameter and a mirrored step (ncu), and the dense
+#             layers' GEMMs one at a time (gpu_bench's BM_DenseGemm: cublasSgemm and cuBLASLt)
 #   fashion   Fashion-MNIST to 90% with the main job's recipe on one GPU tower, then the
 #             PyTorch run of the same net and recipe
 #   remote    bench/run-remote.sh on this machine's cores (the remote transport next to raw
@@ -239,7 +240,7 @@ fi
 
 # 3. Speed: towers, then the PyTorch peer on the same GPU, then --sync-bn on GPU towers.
 if [[ " $phases " == *" bench "* ]]; then
-  timeout "${BENCH_S:-400}" "$build/bench/gpu_bench" --benchmark_filter="${BENCH_FILTER:-.}" \
+  timeout "${BENCH_S:-400}" "$build/bench/gpu_bench" --benchmark_filter="${BENCH_FILTER:--BM_DenseGemm}" \
     --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json > "$out/gpu_bench.txt" 2>&1
   note "gpu_bench exit $?"
   grep -E '_median|BM_(Param|Grad)' "$out/gpu_bench.txt" | sed 's/^/  /' | tee -a "$summary"
@@ -285,6 +286,31 @@ if [[ " $phases " == *" profile "* ]]; then
   else
     note "profile: no ncu on this machine"
   fi
+  # The dense layers' GEMMs alone: the tower's cublasSgemm call and cuBLASLt's candidates.
+  timeout "${GEMM_S:-40}" "$build/bench/gpu_bench" --benchmark_filter='BM_DenseGemm' \
+    --benchmark_out="$out/dense_gemm.json" --benchmark_out_format=json > "$out/dense_gemm.txt" 2>&1
+  note "dense GEMMs exit $?"
+  python3 - "$out/dense_gemm.json" <<'PY' | tee -a "$summary"
+import json, sys
+try:
+    benchmarks = json.load(open(sys.argv[1]))["benchmarks"]
+except (OSError, ValueError, KeyError) as e:
+    print(f"  dense GEMMs: no complete JSON ({e}); dense_gemm.txt has the rows that finished")
+    sys.exit(0)
+rows = {}
+for b in benchmarks:
+    if b.get("error_occurred"):
+        continue
+    product, algo = (int(p.split(":")[1]) for p in b["name"].split("/")[1:3])
+    us = b["real_time"] * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b["time_unit"]]
+    rows.setdefault(product, []).append((us, algo, b.get("label", "")))
+for product in sorted(rows):
+    r = rows[product]
+    sgemm = [t for t, a, _ in r if a == -1]
+    best = min(r)
+    print(f"  dense GEMM {product} ({best[2].split(',')[0]}): cublasSgemm "
+          f"{sgemm[0] if sgemm else float('nan'):.1f} us, best {best[0]:.1f} us ({best[2]})")
+PY
 fi
 
 # 4. Fashion-MNIST to 90% on one GPU tower, the main job's recipe, then PyTorch's run.
