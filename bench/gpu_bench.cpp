@@ -151,9 +151,9 @@ bool valid_step(benchmark::State& state, const StepStats& s, const float* grads,
 
 // The cuDNN rules of a benchmark's cudnn argument (see the top of the file).
 void set_cudnn_rules(TowerPlacement& where, int cudnn) {
-  where.cudnn_nondeterministic = cudnn == 2 || cudnn == 4;
-  where.cudnn_benchmark = cudnn == 3 || cudnn == 4 || cudnn == 6;
-  where.cudnn_gemm_only = cudnn >= 5;
+  where.cudnn.nondeterministic = cudnn == 2 || cudnn == 4;
+  where.cudnn.benchmark = cudnn == 3 || cudnn == 4 || cudnn == 6;
+  where.cudnn.gemm_only = cudnn >= 5;
 }
 
 // One host-parameter tower step of model at batch, timed: parameters H2D, forward,

@@ -11,11 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "core/cudnn_rules.h"
 #include "core/device.h"
 #include "graph/graph.h"
-#include "layers/layer.h"
 #include "kernels/augment.h"
 #include "kernels/softmax_xent.h"
+#include "layers/layer.h"
 
 namespace towers::data {
 struct Dataset;
@@ -40,15 +41,11 @@ struct TowerPlacement {
   // GPU: each layer's weight and bias gradients on a second stream, beside its input gradient
   // (parallel branches of the step's graph; core/gpu.h GpuLane).
   bool backward_branches = false;
-  // GPU: cuDNN may run algorithms that are not deterministic (its fastest-ranked ones); by
-  // default it runs deterministic ones only, so a run's bits are a function of its seed.
-  bool cudnn_nondeterministic = false;
-  // GPU: cuDNN's algorithms chosen by timing them (cudnnFind*), not by its heuristic ranking;
-  // the choice may then differ from run to run.
-  bool cudnn_benchmark = false;
-  // GPU: cuDNN's algorithms kept to the GEMM family (no FFT or Winograd), whose FP32 results
-  // round as the CPU tower's do (core/cudnn_conv.h).
-  bool cudnn_gemm_only = false;
+  // GPU: how cuDNN's algorithms are chosen. By default deterministic ones only, so a run's bits
+  // are a function of its seed; nondeterministic: its fastest-ranked ones; benchmark: chosen by
+  // timing them (cudnnFind*), so the choice may differ from run to run; gemm_only: kept to the
+  // GEMM family (no FFT or Winograd), whose FP32 results round as the CPU tower's do.
+  CudnnRules cudnn;
   // Tests only: a spin kernel of this many ns on the compute stream before each layer's
   // backward, so that a gradient copy that does not wait for its layer reads stale data.
   int64_t test_backward_delay_ns = 0;

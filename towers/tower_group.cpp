@@ -54,9 +54,7 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
     p.tf32 = cfg_.tf32;
     p.cuda_graphs = cfg_.cuda_graphs;
     p.backward_branches = cfg_.backward_branches;
-    p.cudnn_nondeterministic = cfg_.cudnn_nondeterministic;
-    p.cudnn_benchmark = cfg_.cudnn_benchmark;
-    p.cudnn_gemm_only = cfg_.cudnn_gemm_only;
+    p.cudnn = cfg_.cudnn;
     towers_.push_back(make(graph, batch, p));
   }
   if (cfg_.sync_bn && cfg_.towers > 1) {

@@ -173,8 +173,7 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(c.gpus >= 0, "--gpus must be >= 0 (0 = all), got {}", c.gpus);
   TOWERS_REQUIRE(
       c.device == "cuda" || (c.gpus == 0 && !c.tf32 && c.cuda_graphs && !c.backward_branches &&
-                             !c.cudnn_nondeterministic && !c.cudnn_benchmark &&
-                             !c.cudnn_gemm_only && reduce == Reduce::Host),
+                             c.cudnn.is_default() && reduce == Reduce::Host),
       "--gpus, --tf32, --no-cuda-graphs, --backward-branches, --cudnn-nondeterministic, "
       "--cudnn-benchmark, --cudnn-gemm-only and --reduce nccl need --device cuda");
   TOWERS_REQUIRE(reduce == Reduce::Host ||
@@ -324,54 +323,55 @@ void validate(const TrainConfig& c) {
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
-  return {{"model", c.model},
-          {"dataset", c.dataset},
-          {"data_dir", c.data_dir},
-          {"augment", c.augment},
-          {"tta", c.tta},
-          {"synthetic_size", c.synthetic_size},
-          {"epochs", c.epochs},
-          {"steps", c.steps},
-          {"batch", c.batch},
-          {"towers", c.towers},
-          {"threads_per_tower", c.threads_per_tower},
-          {"placement", c.placement},
-          {"micro_batches", c.micro_batches},
-          {"device", c.device},
-          {"gpus", c.gpus},
-          {"reduce", c.reduce},
-          {"params", c.params},
-          {"sync_every", c.sync_every},
-          {"tf32", c.tf32},
-          {"cuda_graphs", c.cuda_graphs},
-          {"backward_branches", c.backward_branches},
-          {"cudnn_nondeterministic", c.cudnn_nondeterministic},
-          {"cudnn_benchmark", c.cudnn_benchmark},
-          {"cudnn_gemm_only", c.cudnn_gemm_only},
-          {"input", c.input},
-          {"mode", c.mode},
-          {"replicas_to_aggregate", c.replicas_to_aggregate},
-          {"staleness", c.staleness},
-          {"use_locking", c.use_locking},
-          {"staleness_aware_lr", c.staleness_aware_lr},
-          {"lr_scaling", c.lr_scaling},
-          {"on_divergence", c.on_divergence},
-          {"clip_grad_norm", c.clip_grad_norm},
-          {"seed", c.seed},
-          {"optimizer", c.optimizer.name},
-          {"momentum", c.optimizer.momentum ? nlohmann::json(*c.optimizer.momentum) : nlohmann::json()},
-          {"nesterov", c.optimizer.nesterov},
-          {"ema", c.optimizer.ema},
-          {"lookahead", c.optimizer.lookahead_k},
-          {"lookahead_alpha", c.optimizer.lookahead_alpha},
-          {"label_smoothing", c.label_smoothing},
-          {"sync_bn", c.sync_bn},
-          {"conv", c.conv},
-          {"lr", c.schedule.lr},
-          {"lr_schedule", c.schedule.kind},
-          {"decay_epochs", c.schedule.decay_epochs},
-          {"decay_factor", c.schedule.decay_factor},
-          {"warmup_epochs", c.schedule.warmup_epochs}};
+  return {
+      {"model", c.model},
+      {"dataset", c.dataset},
+      {"data_dir", c.data_dir},
+      {"augment", c.augment},
+      {"tta", c.tta},
+      {"synthetic_size", c.synthetic_size},
+      {"epochs", c.epochs},
+      {"steps", c.steps},
+      {"batch", c.batch},
+      {"towers", c.towers},
+      {"threads_per_tower", c.threads_per_tower},
+      {"placement", c.placement},
+      {"micro_batches", c.micro_batches},
+      {"device", c.device},
+      {"gpus", c.gpus},
+      {"reduce", c.reduce},
+      {"params", c.params},
+      {"sync_every", c.sync_every},
+      {"tf32", c.tf32},
+      {"cuda_graphs", c.cuda_graphs},
+      {"backward_branches", c.backward_branches},
+      {"cudnn_nondeterministic", c.cudnn.nondeterministic},
+      {"cudnn_benchmark", c.cudnn.benchmark},
+      {"cudnn_gemm_only", c.cudnn.gemm_only},
+      {"input", c.input},
+      {"mode", c.mode},
+      {"replicas_to_aggregate", c.replicas_to_aggregate},
+      {"staleness", c.staleness},
+      {"use_locking", c.use_locking},
+      {"staleness_aware_lr", c.staleness_aware_lr},
+      {"lr_scaling", c.lr_scaling},
+      {"on_divergence", c.on_divergence},
+      {"clip_grad_norm", c.clip_grad_norm},
+      {"seed", c.seed},
+      {"optimizer", c.optimizer.name},
+      {"momentum", c.optimizer.momentum ? nlohmann::json(*c.optimizer.momentum) : nlohmann::json()},
+      {"nesterov", c.optimizer.nesterov},
+      {"ema", c.optimizer.ema},
+      {"lookahead", c.optimizer.lookahead_k},
+      {"lookahead_alpha", c.optimizer.lookahead_alpha},
+      {"label_smoothing", c.label_smoothing},
+      {"sync_bn", c.sync_bn},
+      {"conv", c.conv},
+      {"lr", c.schedule.lr},
+      {"lr_schedule", c.schedule.kind},
+      {"decay_epochs", c.schedule.decay_epochs},
+      {"decay_factor", c.schedule.decay_factor},
+      {"warmup_epochs", c.schedule.warmup_epochs}};
 }
 
 // ---- train: setup, loop, summary ------------------------------------------------------------
@@ -412,9 +412,7 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   ec.tf32 = c.tf32;
   ec.cuda_graphs = c.cuda_graphs;
   ec.backward_branches = c.backward_branches;
-  ec.cudnn_nondeterministic = c.cudnn_nondeterministic;
-  ec.cudnn_benchmark = c.cudnn_benchmark;
-  ec.cudnn_gemm_only = c.cudnn_gemm_only;
+  ec.cudnn = c.cudnn;
   ec.device_input = c.input == "device";
   TOWERS_REQUIRE(ec.reduce == Reduce::Host || c.towers <= ec.gpus,
                  "--reduce nccl: {} towers on {} GPU(s); NCCL needs one tower per GPU (use "
@@ -431,9 +429,9 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
                          : "";
   placement =
       fmt::format("on {} GPU(s) ({}){}{}{}{}{}", ec.gpus, found.gpus[0].name, sharing,
-                  c.tf32 ? ", TF32" : "", c.cudnn_nondeterministic ? ", any cuDNN algorithm" : "",
-                  c.cudnn_benchmark ? ", cuDNN algorithms timed" : "",
-                  c.cudnn_gemm_only ? ", cuDNN's GEMM family only" : "");
+                  c.tf32 ? ", TF32" : "", c.cudnn.nondeterministic ? ", any cuDNN algorithm" : "",
+                  c.cudnn.benchmark ? ", cuDNN algorithms timed" : "",
+                  c.cudnn.gemm_only ? ", cuDNN's GEMM family only" : "");
   return ec;
 }
 
@@ -741,9 +739,7 @@ EvalResult Run::evaluate_now() {
     p.kind = ec_.device;
     p.threads = cores_;
     p.tf32 = ec_.tf32;  // evaluate with the arithmetic the run trains with
-    p.cudnn_nondeterministic = ec_.cudnn_nondeterministic;
-    p.cudnn_benchmark = ec_.cudnn_benchmark;
-    p.cudnn_gemm_only = ec_.cudnn_gemm_only;
+    p.cudnn = ec_.cudnn;
     eval_tower_ = make_tower(*graph_, 256, p);
   }
   // host_params() also refreshes the optimizer's slots where a store keeps them elsewhere.

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cudnn_rules.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 
@@ -40,9 +41,7 @@ struct TrainConfig {
   bool tf32 = false;                // cuda: TF32 tensor-core GEMMs
   bool cuda_graphs = true;          // cuda: replay each step as a CUDA graph
   bool backward_branches = false;   // cuda: weight gradients on a second stream
-  bool cudnn_nondeterministic = false;  // cuda: cuDNN's fastest algorithms, deterministic or not
-  bool cudnn_benchmark = false;     // cuda: cuDNN's algorithms chosen by timing them
-  bool cudnn_gemm_only = false;     // cuda: cuDNN's GEMM-family algorithms only (no FFT, Winograd)
+  CudnnRules cudnn;                 // cuda: how cuDNN's algorithms are chosen (core/gpu.h)
   std::string input = "host";       // where training batches are made: host | device (cuda)
   std::string mode = "sync";        // sync | async | ssp
   int replicas_to_aggregate = 0;    // sync: update after the first K towers (0: all)

@@ -139,17 +139,17 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_flag("--tf32", c.tf32, "cuda: TF32 tensor-core GEMMs (faster, about 1e-3 relative error)");
   app.add_flag("!--no-cuda-graphs", c.cuda_graphs,
                "cuda: launch each kernel of a step instead of replaying a captured CUDA graph");
-  app.add_flag("--cudnn-nondeterministic", c.cudnn_nondeterministic,
+  app.add_flag("--cudnn-nondeterministic", c.cudnn.nondeterministic,
                "cuda: let cuDNN run its fastest-ranked convolution algorithms even where they are "
                "not deterministic (backward passes that add with atomics, as PyTorch does by "
                "default): faster, but two runs with one seed no longer give the same bits");
-  app.add_flag("--cudnn-benchmark", c.cudnn_benchmark,
+  app.add_flag("--cudnn-benchmark", c.cudnn.benchmark,
                "cuda: time cuDNN's convolution algorithms once per shape and GPU and run the "
                "fastest that the rules allow (deterministic unless --cudnn-nondeterministic, the "
                "precision asked for, at most 1 GiB of workspace), as "
                "torch.backends.cudnn.benchmark does, instead of cuDNN's heuristic ranking: the "
                "choice, and with it the rounding, can differ from run to run");
-  app.add_flag("--cudnn-gemm-only", c.cudnn_gemm_only,
+  app.add_flag("--cudnn-gemm-only", c.cudnn.gemm_only,
                "cuda: keep cuDNN to its GEMM-family convolution algorithms (no FFT or Winograd, "
                "which cuDNN often ranks first and whose FP32 results lie about 1e-3 from a "
                "GEMM's): slower where those would be faster; in FP32 its results round like "

@@ -48,6 +48,7 @@
 #include <memory>
 #include <string>
 
+#include "core/cudnn_rules.h"
 #include "kernels/conv.h"
 #include "kernels/hd.h"  // cudnnContext
 
@@ -67,14 +68,13 @@ class CudnnConv {
   // Throws towers::Error naming `who` when the shape does not fit cuDNN (cudnn_window_fits) or
   // a direction has no deterministic algorithm within 1 GiB of workspace. The current device
   // is the handle's (a workspace of its own is taken from its pool). workspace_bytes is what
-  // the caller offers each call. deterministic = false (--cudnn-nondeterministic) lets every
-  // direction take the first of cuDNN's ranking, deterministic or not. benchmark = true
+  // the caller offers each call. rules.nondeterministic (--cudnn-nondeterministic) lets every
+  // direction take the first of cuDNN's ranking, deterministic or not. rules.benchmark
   // (--cudnn-benchmark) ranks by measured time (cudnnFind*AlgorithmEx, which runs kernels on
-  // the handle's stream and blocks until they are done; never inside a capture). gemm_only =
-  // true (--cudnn-gemm-only) passes over every algorithm outside the GEMM family.
+  // the handle's stream and blocks until they are done; never inside a capture).
+  // rules.gemm_only (--cudnn-gemm-only) passes over every algorithm outside the GEMM family.
   CudnnConv(cudnnContext* handle, const Shape& shape, bool tf32, size_t workspace_bytes,
-            const std::string& who, bool deterministic = true, bool benchmark = false,
-            bool gemm_only = false);
+            const std::string& who, const CudnnRules& rules = {});
   ~CudnnConv();
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;

@@ -305,8 +305,10 @@ struct CudnnConv::Impl {
 };
 
 CudnnConv::CudnnConv(cudnnContext* handle, const Shape& s, bool tf32, size_t workspace,
-                     const std::string& who, bool deterministic, bool benchmark, bool gemm_only)
+                     const std::string& who, const CudnnRules& cudnn)
     : impl_(std::make_unique<Impl>()) {
+  const bool deterministic = !cudnn.nondeterministic, benchmark = cudnn.benchmark,
+             gemm_only = cudnn.gemm_only;
   const kernels::ConvGeometry& g = s.geo;
   TOWERS_CHECK(cudnn_window_fits(g.rows) && cudnn_window_fits(g.cols),
                "{}: cuDNN's symmetric padding cannot give this layer's window", who);

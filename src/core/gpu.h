@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cudnn_rules.h"
 #include "kernels/hd.h"  // CUstream_st, cublasContext
 
 namespace towers {
@@ -82,9 +83,7 @@ struct GpuExec {
   GpuPlans* plans = nullptr;
   bool tf32 = false;
   const GpuLane* lane = nullptr;
-  bool cudnn_nondeterministic = false;  // TowerPlacement::cudnn_nondeterministic
-  bool cudnn_benchmark = false;         // TowerPlacement::cudnn_benchmark
-  bool cudnn_gemm_only = false;         // TowerPlacement::cudnn_gemm_only
+  CudnnRules cudnn;  // TowerPlacement::cudnn
 };
 
 // A tower's second lane on its GPU (--backward-branches): an exec of its own (a stream with

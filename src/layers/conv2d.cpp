@@ -199,12 +199,11 @@ bool Conv2D::gpu_uses_cudnn(const GpuExec& e) const {
 const CudnnConv& Conv2D::cudnn_plan(const GpuExec& e, int64_t n) const {
   return e.plans->get<CudnnConv>(this, n, [&] {
     const int64_t workspace = geo_.patch() * n * geo_.out_pixels();  // floats, as im2col's col
-    auto plan = std::make_unique<CudnnConv>(
-        e.dnn, CudnnConv::Shape{n, geo_, cfg_.out_channels}, e.tf32, sizeof(float) * workspace,
-        name(), !e.cudnn_nondeterministic, e.cudnn_benchmark, e.cudnn_gemm_only);
+    auto plan = std::make_unique<CudnnConv>(e.dnn, CudnnConv::Shape{n, geo_, cfg_.out_channels},
+                                            e.tf32, sizeof(float) * workspace, name(), e.cudnn);
     e.plans->note(fmt::format("{}, batch {}{}{}{}: {}", name(), n, e.tf32 ? ", TF32" : "",
-                              e.cudnn_nondeterministic ? ", any algorithm" : "",
-                              e.cudnn_gemm_only ? ", GEMM family" : "", plan->algorithms()));
+                              e.cudnn.nondeterministic ? ", any algorithm" : "",
+                              e.cudnn.gemm_only ? ", GEMM family" : "", plan->algorithms()));
     return plan;
   });
 }

@@ -242,7 +242,7 @@ TEST(CudnnConvGpu, ChoiceKeepsToWorkspaceAndDeterminism) {
   }
   // Without the determinism requirement (--cudnn-nondeterministic) the first of the ranking
   // that fits is taken, whatever it is; it computes the same function.
-  CudnnConv any(ctx.dnn, s, false, big, "any", /*deterministic=*/false);
+  CudnnConv any(ctx.dnn, s, false, big, "any", CudnnRules{.nondeterministic = true});
   std::printf("  FP32, any algorithm, %zu B offered: %s\n", big, any.algorithms().c_str());
   for (int d = 0; d < 3; ++d) {
     SCOPED_TRACE(names[d] + std::string(", any algorithm"));
@@ -256,9 +256,10 @@ TEST(CudnnConvGpu, ChoiceKeepsToWorkspaceAndDeterminism) {
   // says what its choice measured, and the deterministic ones take no non-deterministic
   // algorithm. timed_tight has the same shape and rules as timed: it takes the process's first
   // search's choice.
-  CudnnConv timed(ctx.dnn, s, false, big, "timed", true, /*benchmark=*/true);
-  CudnnConv timed_any(ctx.dnn, s, false, big, "timed, any", false, true);
-  CudnnConv timed_tight(ctx.dnn, s, false, 0, "timed, tight", true, true);
+  CudnnConv timed(ctx.dnn, s, false, big, "timed", CudnnRules{.benchmark = true});
+  CudnnConv timed_any(ctx.dnn, s, false, big, "timed, any",
+                      CudnnRules{.nondeterministic = true, .benchmark = true});
+  CudnnConv timed_tight(ctx.dnn, s, false, 0, "timed, tight", CudnnRules{.benchmark = true});
   for (const CudnnConv* plan : {&timed, &timed_any, &timed_tight}) {
     const std::string chosen = plan->algorithms();
     std::printf("  FP32, %s\n", chosen.c_str());
@@ -282,7 +283,7 @@ TEST(CudnnConvGpu, ChoiceKeepsToWorkspaceAndDeterminism) {
       EXPECT_EQ(chosen.find(banned), std::string::npos) << chosen;
   // With TF32 allowed, timed TF32 against the ranked TF32 plan (both round their products'
   // inputs to TF32, in different algorithms).
-  CudnnConv timed_tf32(ctx.dnn, s, true, big, "timed, TF32", true, true);
+  CudnnConv timed_tf32(ctx.dnn, s, true, big, "timed, TF32", CudnnRules{.benchmark = true});
   std::printf("  TF32, %s\n", timed_tf32.algorithms().c_str());
   for (int d = 0; d < 3; ++d) {
     SCOPED_TRACE(names[d] + std::string(", TF32, ") + timed_tf32.algorithms());
@@ -336,7 +337,7 @@ TEST(CudnnConvGpu, TimedPlanWithoutAUsableTrialTakesTheRanking) {
   const CudnnConv::Shape s = shape_of(2, 3, 9, 7, 3);
   const size_t big = sizeof(float) * s.geo.patch() * s.n * s.geo.out_pixels();
   setenv("TOWERS_EMU_CUDNN_FIND_FAILS", "1", 1);
-  CudnnConv timed(ctx.dnn, s, false, big, "timed", true, true);
+  CudnnConv timed(ctx.dnn, s, false, big, "timed", CudnnRules{.benchmark = true});
   unsetenv("TOWERS_EMU_CUDNN_FIND_FAILS");
   CudnnConv ranked(ctx.dnn, s, false, big, "ranked");
   std::string expected = "timed: " + ranked.algorithms();

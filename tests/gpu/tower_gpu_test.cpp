@@ -147,7 +147,7 @@ TEST_P(TowerGpu, MatchesTheCpuTower) {
     auto gg = model_with(GetParam(), conv);
     ASSERT_EQ(gg->layout().total(), total);
     TowerPlacement p = gpu(false);
-    p.cudnn_gemm_only = true;
+    p.cudnn.gemm_only = true;
     CudaTower cuda(*gg, n, p);
     cuda.load_params(params.data());
     StepStats sg = cuda.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
@@ -209,8 +209,8 @@ void expect_cudnn_choice_matches_cpu(const TowerPlacement& p, const char* note,
 TEST(TowerGpu, NondeterministicCudnnStillMatchesTheCpuTower) {
   TOWERS_SKIP_WITHOUT_GPU();
   TowerPlacement p = gpu(true);
-  p.cudnn_nondeterministic = true;
-  p.cudnn_gemm_only = true;
+  p.cudnn.nondeterministic = true;
+  p.cudnn.gemm_only = true;
   expect_cudnn_choice_matches_cpu(p, ", any algorithm, GEMM family: ", "backward-filter ALGO_0");
 }
 
@@ -220,10 +220,10 @@ TEST(TowerGpu, NondeterministicCudnnStillMatchesTheCpuTower) {
 TEST(TowerGpu, TimedCudnnPlansStillMatchTheCpuTower) {
   TOWERS_SKIP_WITHOUT_GPU();
   TowerPlacement p = gpu(true);
-  p.cudnn_benchmark = true;
-  p.cudnn_gemm_only = true;
+  p.cudnn.benchmark = true;
+  p.cudnn.gemm_only = true;
   expect_cudnn_choice_matches_cpu(p, ", GEMM family: timed: forward ", "forward IMPLICIT_GEMM (");
-  p.cudnn_nondeterministic = true;
+  p.cudnn.nondeterministic = true;
   expect_cudnn_choice_matches_cpu(
       p, ", any algorithm, GEMM family: timed: ", "backward-filter ALGO_0");
 }
@@ -263,7 +263,7 @@ TEST(TowerGpu, DefaultCudnnPlansStayNearTheGemmFamily) {
   g->layout().initialize(params.data(), 23);
   const Batch b = random_batch(*g, n, 24);
   TowerPlacement exact_p = gpu(false);
-  exact_p.cudnn_gemm_only = true;
+  exact_p.cudnn.gemm_only = true;
   CudaTower exact(*g, n, exact_p);
   exact.load_params(params.data());
   const StepStats se = exact.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);
@@ -276,7 +276,7 @@ TEST(TowerGpu, DefaultCudnnPlansStayNearTheGemmFamily) {
   for (bool timed : {false, true}) {
     SCOPED_TRACE(timed ? "timed default plans" : "ranked default plans");
     TowerPlacement p = gpu(false);
-    p.cudnn_benchmark = timed;
+    p.cudnn.benchmark = timed;
     CudaTower fast(*g, n, p);
     fast.load_params(params.data());
     const StepStats sf = fast.compute_gradients(b.images.data(), b.labels.data(), n, 1.0f / n);

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cudnn_rules.h"
 #include "core/tensor.h"
 #include "towers/parameter_store.h"
 #include "towers/run_stats.h"
@@ -54,9 +55,7 @@ struct EngineConfig {
   bool tf32 = false;
   bool cuda_graphs = true;
   bool backward_branches = false;  // TowerPlacement::backward_branches
-  bool cudnn_nondeterministic = false;  // TowerPlacement::cudnn_nondeterministic
-  bool cudnn_benchmark = false;         // TowerPlacement::cudnn_benchmark
-  bool cudnn_gemm_only = false;         // TowerPlacement::cudnn_gemm_only
+  CudnnRules cudnn;                // TowerPlacement::cudnn
   // The gradient guard (TowerGroup::guarded_push). An update whose loss is not finite is never
   // applied: it is recorded as skipped (the version still advances, so data and schedule go
   // on) and the run decides whether to go on. check_grad_norm: also compute the gradient's
