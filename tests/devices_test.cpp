@@ -64,6 +64,9 @@ TEST(Devices, BadDeviceFlags) {
            {"--cudnn-nondeterministic", "need --device cuda"},
            {"--cudnn-benchmark", "need --device cuda"},
            {"--cudnn-gemm-only", "need --device cuda"},
+           // A placement whose parts are all on the CPU has no cuDNN plans to rule.
+           {"--cudnn-gemm-only --placement 'hidden@cpu:0;softmax_linear@cpu:1'",
+            "need --device cuda, or a placement with a cuda:N part"},
            {"--device cuda --gpus -1", "--gpus must be >= 0"},
            {"--device cuda --mode async --reduce nccl", "--reduce nccl is for --mode sync"},
        }) {

@@ -133,7 +133,7 @@ int sum(const std::vector<int>& v) {
 }  // namespace
 
 PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement& placement,
-                         int micro_batches, int threads)
+                         int micro_batches, int threads, const CudnnRules& cudnn)
     : Tower(graph, max_batch),
       micro_batches_(micro_batches),
       total_threads_(sum(part_threads(placement, threads))),
@@ -226,6 +226,7 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
       CudaDevice& g = *part->gpu;
       part->exec = GpuExec{g.compute(), g.blas(), part->scratch.data(), part->scratch.size(),
                            g.dnn(), &part->plans, g.tf32()};
+      part->exec.cudnn = cudnn;
       g.activate();
       for (int j = 0; j < 2 * micro_batches; ++j) {  // a step's jobs: M forwards, M backwards
         part->start.push_back(nullptr);
@@ -244,6 +245,16 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
 }
 
 PlacedTower::~PlacedTower() = default;
+
+std::vector<std::string> PlacedTower::plan_notes() const {
+  std::vector<std::string> out;
+#if TOWERS_HAVE_CUDA
+  for (const auto& part : parts_)
+    for (const std::string& n : part->plans.notes())
+      out.push_back(part->spec.device_name() + ": " + n);
+#endif
+  return out;
+}
 
 const float* PlacedTower::part_params(int q) const { return parts_.at(q)->params.data(); }
 

@@ -67,14 +67,17 @@ struct PipelineStats {
 class PlacedTower final : public Tower {
  public:
   // threads: the tower's threads, shared out between the parts that give no count of their own.
+  // cudnn: how the GPU parts' cuDNN plans choose their algorithms.
   PlacedTower(const Graph& graph, int64_t max_batch, const Placement& placement, int micro_batches,
-              int threads);
+              int threads, const CudnnRules& cudnn = {});
   ~PlacedTower() override;
 
   // The tower's host work (the optimizer apply, its share of a reduction) uses every thread of
   // its parts, on an arena of its own.
   CpuDevice& device() override { return host_; }
   CpuDevice& host() override { return host_; }
+  // The GPU parts' cuDNN plans, part by part ("cuda:0: conv1, batch 64: ...").
+  std::vector<std::string> plan_notes() const override;
   // Each part applies its own span of an update, on its own threads, the parts at once: part
   // q's span runs from its first variable to the next part's (part 0 from 0, the last part to
   // the end). A GPU part's span is applied to the host copy by its part's thread (its

@@ -173,9 +173,8 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(c.gpus >= 0, "--gpus must be >= 0 (0 = all), got {}", c.gpus);
   TOWERS_REQUIRE(
       c.device == "cuda" || (c.gpus == 0 && !c.tf32 && c.cuda_graphs && !c.backward_branches &&
-                             c.cudnn.is_default() && reduce == Reduce::Host),
-      "--gpus, --tf32, --no-cuda-graphs, --backward-branches, --cudnn-nondeterministic, "
-      "--cudnn-benchmark, --cudnn-gemm-only and --reduce nccl need --device cuda");
+                             reduce == Reduce::Host),
+      "--gpus, --tf32, --no-cuda-graphs, --backward-branches and --reduce nccl need --device cuda");
   TOWERS_REQUIRE(reduce == Reduce::Host ||
                      (mode == Mode::Sync &&
                       (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate == c.towers)),
@@ -263,6 +262,7 @@ void validate(const TrainConfig& c) {
   }
   const ModelSpec spec = read_model(c.model);  // throws for an unknown model or a bad file
   const RunPlacement placement = run_placement(c, spec);
+  bool gpu_part = false;  // the placement puts a part on a GPU
   TOWERS_REQUIRE(!c.sync_bn || placement.text.empty(),
                  "--sync-bn with {}: a placed tower's parts normalize per tower; use whole "
                  "towers", placement.origin);
@@ -279,6 +279,7 @@ void validate(const TrainConfig& c) {
     for (size_t q = 0; q < parsed.parts.size(); ++q) {
       const PlacedPart& part = parsed.parts[q];
       if (part.kind != DeviceKind::Cuda) continue;
+      gpu_part = true;
       const GpuList found = list_gpus();
       TOWERS_REQUIRE(static_cast<size_t>(part.index) < found.gpus.size(),
                      "{}: part {} is placed on {}, but this machine has {} GPU(s){}",
@@ -290,6 +291,9 @@ void validate(const TrainConfig& c) {
     }
     check_micro_batches(*g, c.batch, c.micro_batches);
   }
+  TOWERS_REQUIRE(c.device == "cuda" || gpu_part || c.cudnn.is_default(),
+                 "--cudnn-nondeterministic, --cudnn-benchmark and --cudnn-gemm-only need --device "
+                 "cuda, or a placement with a cuda:N part");
   TOWERS_REQUIRE(c.conv.empty() || conv_algorithm_named(c.conv),
                  "--conv: unknown algorithm '{}' (known: auto, im2col, winograd)", c.conv);
   TOWERS_REQUIRE(find_optimizer(o.name), "--optimizer: unknown optimizer '{}' (known: {})",
@@ -385,6 +389,13 @@ nlohmann::json to_json(const TrainConfig& c) {
 //   run.summary();      the last checkpoint, the test pass, the summary line
 namespace {
 
+// The cuDNN rules other than the default, for a run's first line: ", cuDNN's GEMM family only".
+std::string cudnn_rules_text(const CudnnRules& r) {
+  return fmt::format("{}{}{}", r.nondeterministic ? ", any cuDNN algorithm" : "",
+                     r.benchmark ? ", cuDNN algorithms timed" : "",
+                     r.gemm_only ? ", cuDNN's GEMM family only" : "");
+}
+
 // The flags, as the engine takes them: strings become enums here, once. GPUs are checked
 // like every other input. placement describes where the towers run, for the first line.
 EngineConfig engine_config(const TrainConfig& c, int threads, std::string& placement) {
@@ -427,11 +438,8 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
                                        ceil_div(c.towers, ec.gpus),
                                        c.towers % ec.gpus == 0 ? "each" : "a")
                          : "";
-  placement =
-      fmt::format("on {} GPU(s) ({}){}{}{}{}{}", ec.gpus, found.gpus[0].name, sharing,
-                  c.tf32 ? ", TF32" : "", c.cudnn.nondeterministic ? ", any cuDNN algorithm" : "",
-                  c.cudnn.benchmark ? ", cuDNN algorithms timed" : "",
-                  c.cudnn.gemm_only ? ", cuDNN's GEMM family only" : "");
+  placement = fmt::format("on {} GPU(s) ({}){}{}{}", ec.gpus, found.gpus[0].name, sharing,
+                          c.tf32 ? ", TF32" : "", cudnn_rules_text(c.cudnn));
   return ec;
 }
 
@@ -501,6 +509,10 @@ class Run {
   std::string placement_;
   std::string placement_origin_;  // "--placement", or where the model file gives it
   std::optional<Placement> placed_;
+  bool placed_on_gpu() const {
+    return placed_ && std::any_of(placed_->parts.begin(), placed_->parts.end(),
+                                  [](const PlacedPart& p) { return p.kind == DeviceKind::Cuda; });
+  }
   int64_t per_update_ = 0, total_steps_ = 0, end_step_ = 0;
   std::vector<float> params_;
   std::unique_ptr<Optimizer> opt_;
@@ -638,9 +650,9 @@ void Run::place_towers() {
   }
   // The step driver sizes oneTBB's pool by the towers' threads: every part's.
   ec_.threads_per_tower = threads_;
-  placement_ = fmt::format("placed on {} parts ({}), {} micro-batch{}", parts.size(),
+  placement_ = fmt::format("placed on {} parts ({}), {} micro-batch{}{}", parts.size(),
                            fmt::join(parts, "; "), c_.micro_batches,
-                           c_.micro_batches > 1 ? "es" : "");
+                           c_.micro_batches > 1 ? "es" : "", cudnn_rules_text(c_.cudnn));
 }
 
 TowerGroup::TowerFactory Run::tower_factory() const {
@@ -648,7 +660,7 @@ TowerGroup::TowerFactory Run::tower_factory() const {
   return [this](const Graph& g, int64_t max_batch,
                 const TowerPlacement&) -> std::unique_ptr<Tower> {
     return std::make_unique<PlacedTower>(g, max_batch, *placed_, c_.micro_batches,
-                                         ec_.threads_per_tower);
+                                         ec_.threads_per_tower, c_.cudnn);
   };
 }
 
@@ -968,7 +980,9 @@ TrainSummary Run::summary() {
   // Which cuDNN algorithms the run's convolutions used (tower 0's plans; every tower of a run
   // plans the same shapes with the same rules, and with --cudnn-benchmark the towers of one GPU
   // share its timed choices, while another GPU's own timings may choose otherwise).
-  if (ec_.device == DeviceKind::Cuda) line["cudnn_plans"] = group_->tower(0).plan_notes();
+  // A placed tower's are its GPU parts', each noted with its device.
+  if (ec_.device == DeviceKind::Cuda || placed_on_gpu())
+    line["cudnn_plans"] = group_->tower(0).plan_notes();
   metrics_->write(line);
   if (!sum_.interrupted && chief_)
     say(fmt::format("done: {} steps ({:.2f} epochs) in {}, {:.0f} images/s; test accuracy {:.2f}% "

@@ -192,5 +192,33 @@ TEST(PlacedGpuCli, TrainsWithAGpuPart) {
   EXPECT_TRUE(std::isfinite(summary[0]["final_loss"].get<double>())) << summary[0].dump();
 }
 
+// The cuDNN rules reach a placed tower's GPU part: with --cudnn-gemm-only its plans (conv1 and
+// conv2 on cuda:0) say so in the summary, as a whole GPU tower's do, and the run's first line
+// and config record the rule.
+TEST(PlacedGpuCli, GpuPartTakesTheCudnnRules) {
+  TOWERS_SKIP_WITHOUT_GPU();
+  const std::string m = test_path("placed_gpu_rules.jsonl");
+  std::string out;
+  ASSERT_EQ(run_towers("train --model cifar10 --dataset synthetic --synthetic-size 256 --batch 16 "
+                       "--steps 2 --placement 'conv1..pool2@cuda:0;local3..softmax_linear@cpu:0' "
+                       "--cudnn-gemm-only --metrics " + m,
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("cuDNN's GEMM family only"), std::string::npos) << out;
+  const auto config = metrics_events(m, "config");
+  ASSERT_EQ(config.size(), 1u);
+  EXPECT_EQ(config[0]["config"]["cudnn_gemm_only"], true);
+  const auto summary = metrics_events(m, "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  const auto& plans = summary[0]["cudnn_plans"];
+  ASSERT_EQ(plans.size(), 2u) << summary[0].dump();  // conv1 and conv2, at batch 16
+  for (const auto& plan : plans) {
+    const std::string p = plan.get<std::string>();
+    EXPECT_EQ(p.rfind("cuda:0: conv", 0), 0u) << p;
+    EXPECT_NE(p.find(", batch 16, GEMM family: "), std::string::npos) << p;
+  }
+}
+
 }  // namespace
 }  // namespace towers
