@@ -507,6 +507,13 @@ struct DenseGemmResources {
     return static_cast<float*>(p);
   }
   ~DenseGemmResources() {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (stream != nullptr && cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
+        capturing != cudaStreamCaptureStatusNone) {  // a call failed while being captured
+      cudaGraph_t partial = nullptr;
+      if (cudaStreamEndCapture(stream, &partial) == cudaSuccess && partial != nullptr)
+        cudaGraphDestroy(partial);
+    }
     if (stream != nullptr) cudaStreamSynchronize(stream);
     if (graph != nullptr) cudaGraphExecDestroy(graph);
     if (start != nullptr) cudaEventDestroy(start);

@@ -358,6 +358,7 @@ const std::vector<LrnCase> kLrnCases = {
     {3, 9, 4, {0, 1.0f, 1.0f, 0.75f}},            // radius 0: the channel alone
     {2, 1, 5, {3, 1.0f, 0.7f, 0.75f}},            // one channel
     {2, 20, 3, {3, 1.0f, 0.4f, 0.75f}},           // chunks of 8, 8 and 4 channels
+    {2, 13, 5, {4, 1.0f, 0.3f, 0.75f}},           // the net's radius, a short last chunk
     {2, 13, 4, {6, 1.0f, 0.2f, 0.75f}},           // a radius past the chunked kernels' 4
 };
 

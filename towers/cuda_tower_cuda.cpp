@@ -42,8 +42,7 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
   row_correct_h_ = PinnedBuffer(sizeof(int32_t) * max_batch);
   noise_pin_ = PinnedBuffer(sizeof(kernels::StepNoise));
   exec_ = GpuExec{dev_.compute(), dev_.blas(), scratch_.data(), scratch_.size(), dev_.dnn(),
-                  &plans_, dev_.tf32()};
-  exec_.cudnn = p.cudnn;
+                  &plans_, dev_.tf32(), nullptr, p.cudnn};
   if (p.backward_branches) {
     dev_.make_lane();
     int64_t lane_scratch = 0;
@@ -51,8 +50,8 @@ CudaTower::CudaTower(const Graph& graph, int64_t max_batch, const TowerPlacement
       lane_scratch = std::max(lane_scratch, l->gpu_lane_scratch(max_batch));
     lane_scratch_ = DeviceBuffer(dev_, std::max<int64_t>(lane_scratch, 1));
     lane_.exec = GpuExec{dev_.lane(), dev_.lane_blas(), lane_scratch_.data(),
-                         lane_scratch_.size(), dev_.lane_dnn(), &plans_, dev_.tf32()};
-    lane_.exec.cudnn = p.cudnn;
+                         lane_scratch_.size(), dev_.lane_dnn(), &plans_, dev_.tf32(), nullptr,
+                         p.cudnn};
     lane_.test_delay_ns = p.test_backward_delay_ns;
     CUDA_CHECK(cudaEventCreateWithFlags(&lane_.fork, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&lane_.join, cudaEventDisableTiming));

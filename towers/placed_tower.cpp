@@ -225,8 +225,7 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
       part->noise = DeviceBuffer(dev, sizeof(kernels::StepNoise) / sizeof(float));
       CudaDevice& g = *part->gpu;
       part->exec = GpuExec{g.compute(), g.blas(), part->scratch.data(), part->scratch.size(),
-                           g.dnn(), &part->plans, g.tf32()};
-      part->exec.cudnn = cudnn;
+                           g.dnn(), &part->plans, g.tf32(), nullptr, cudnn};
       g.activate();
       for (int j = 0; j < 2 * micro_batches; ++j) {  // a step's jobs: M forwards, M backwards
         part->start.push_back(nullptr);

@@ -41,7 +41,7 @@ struct TrainConfig {
   bool tf32 = false;                // cuda: TF32 tensor-core GEMMs
   bool cuda_graphs = true;          // cuda: replay each step as a CUDA graph
   bool backward_branches = false;   // cuda: weight gradients on a second stream
-  CudnnRules cudnn;                 // cuda: how cuDNN's algorithms are chosen (core/gpu.h)
+  CudnnRules cudnn;                 // cuda: how cuDNN's algorithms are chosen (core/cudnn_rules.h)
   std::string input = "host";       // where training batches are made: host | device (cuda)
   std::string mode = "sync";        // sync | async | ssp
   int replicas_to_aggregate = 0;    // sync: update after the first K towers (0: all)

@@ -6,10 +6,12 @@ namespace towers {
 
 // The default: the first deterministic algorithm of cuDNN's heuristic ranking, of any family.
 struct CudnnRules {
-  bool nondeterministic =
-      false;               // --cudnn-nondeterministic: the first ranked, deterministic or not
-  bool benchmark = false;  // --cudnn-benchmark: ranked by measured time (cudnnFind*)
-  bool gemm_only = false;  // --cudnn-gemm-only: the GEMM family only (no FFT, Winograd)
+  // --cudnn-nondeterministic: the first ranked algorithm, deterministic or not.
+  bool nondeterministic = false;
+  // --cudnn-benchmark: ranked by measured time (cudnnFind*), not by cuDNN's heuristic.
+  bool benchmark = false;
+  // --cudnn-gemm-only: the GEMM family only (no FFT or Winograd).
+  bool gemm_only = false;
   bool is_default() const { return !nondeterministic && !benchmark && !gemm_only; }
 };
 
