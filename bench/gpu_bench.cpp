@@ -55,6 +55,8 @@
 #if defined(TOWERS_BENCH_CUBLASLT)
 #include <cublasLt.h>
 #include <cublas_v2.h>
+
+#include "core/cuda_device.h"  // CUBLAS_CHECK
 #endif
 
 #include "core/check.h"
@@ -529,10 +531,6 @@ struct DenseGemmResources {
   }
 };
 
-void lt_check(cublasStatus_t st, const char* what) {
-  if (st != CUBLAS_STATUS_SUCCESS) TOWERS_FAIL("{}: {}", what, cublasGetStatusString(st));
-}
-
 // One product (dense_gemms()[product]) one way (algo: -2, -1 or a cuBLASLt candidate); the
 // label, or throws with what went wrong.
 void dense_gemm_case(benchmark::State& state, int product, int algo) {
@@ -558,9 +556,9 @@ void dense_gemm_case(benchmark::State& state, int product, int algo) {
                              r.stream));
   CUDA_CHECK(cudaMemcpyAsync(b_d, b.data(), sizeof(float) * b.size(), cudaMemcpyHostToDevice,
                              r.stream));
-  lt_check(cublasCreate(&r.blas), "cublasCreate");
-  lt_check(cublasSetStream(r.blas, r.stream), "cublasSetStream");
-  lt_check(cublasSetWorkspace(r.blas, ws, ws_bytes), "cublasSetWorkspace");
+  CUBLAS_CHECK(cublasCreate(&r.blas));
+  CUBLAS_CHECK(cublasSetStream(r.blas, r.stream));
+  CUBLAS_CHECK(cublasSetWorkspace(r.blas, ws, ws_bytes));
   // The tower's call (FP32: the handle's default math mode), which is also the reference.
   auto sgemm = [&](float* c) {
     kernels::cuda::gemm(r.blas, d.trans_a, d.trans_b, d.m, d.n, d.k, 1.0f, a_d, d.lda, b_d,
@@ -581,10 +579,9 @@ void dense_gemm_case(benchmark::State& state, int product, int algo) {
                           d.lda, 0.0f, ct_d, d.m);
       // Row-major C^T (n, m) is column-major (m, n) with ld m; row-major C (m, n) is
       // column-major (n, m) with ld ldc: C = (C^T)^T.
-      lt_check(cublasSgeam(r.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(d.n),
-                           static_cast<int>(d.m), &one, ct_d, static_cast<int>(d.m), &zero, c_d,
-                           static_cast<int>(d.ldc), c_d, static_cast<int>(d.ldc)),
-               "cublasSgeam");
+      CUBLAS_CHECK(cublasSgeam(r.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(d.n),
+                               static_cast<int>(d.m), &one, ct_d, static_cast<int>(d.m), &zero, c_d,
+                               static_cast<int>(d.ldc), c_d, static_cast<int>(d.ldc)));
     };
     label += ", operands swapped (C^T), then cublasSgeam's transpose";
   } else {
@@ -593,31 +590,24 @@ void dense_gemm_case(benchmark::State& state, int product, int algo) {
         d.trans_a, d.trans_b, d.m, d.n, d.k, a_d, d.lda, b_d, d.ldb, c_d, d.ldc);
     const kernels::cuda::ColMajorGemm g = call.g;
     const kernels::cuda::CublasInts x = call.x;
-    lt_check(cublasLtCreate(&r.lt), "cublasLtCreate");
-    lt_check(cublasLtMatmulDescCreate(&r.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-             "cublasLtMatmulDescCreate");
+    CUBLAS_CHECK(cublasLtCreate(&r.lt));
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&r.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    lt_check(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
-             "TRANSA");
-    lt_check(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
-             "TRANSB");
-    lt_check(cublasLtMatrixLayoutCreate(&r.la, CUDA_R_32F, g.trans_a ? x.k : x.m,
-                                        g.trans_a ? x.m : x.k, x.lda),
-             "layout A");
-    lt_check(cublasLtMatrixLayoutCreate(&r.lb, CUDA_R_32F, g.trans_b ? x.n : x.k,
-                                        g.trans_b ? x.k : x.n, x.ldb),
-             "layout B");
-    lt_check(cublasLtMatrixLayoutCreate(&r.lc, CUDA_R_32F, x.m, x.n, x.ldc), "layout C");
-    lt_check(cublasLtMatmulPreferenceCreate(&r.pref), "cublasLtMatmulPreferenceCreate");
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&r.la, CUDA_R_32F, g.trans_a ? x.k : x.m,
+                                            g.trans_a ? x.m : x.k, x.lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&r.lb, CUDA_R_32F, g.trans_b ? x.n : x.k,
+                                            g.trans_b ? x.k : x.n, x.ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&r.lc, CUDA_R_32F, x.m, x.n, x.ldc));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&r.pref));
     const uint64_t ws_limit = ws_bytes;
-    lt_check(cublasLtMatmulPreferenceSetAttribute(r.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &ws_limit, sizeof ws_limit),
-             "MAX_WORKSPACE_BYTES");
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        r.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_limit, sizeof ws_limit));
     int count = 0;
-    lt_check(cublasLtMatmulAlgoGetHeuristic(r.lt, r.op, r.la, r.lb, r.lc, r.lc, r.pref, 8, found,
-                                            &count),
-             "cublasLtMatmulAlgoGetHeuristic");
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(r.lt, r.op, r.la, r.lb, r.lc, r.lc, r.pref, 8,
+                                                found, &count));
     if (algo >= count) {
       state.SkipWithError(fmt::format("{}: cuBLASLt's heuristic offered {} candidates", label,
                                       count).c_str());
@@ -642,9 +632,8 @@ void dense_gemm_case(benchmark::State& state, int product, int algo) {
                          found[algo].workspaceSize, found[algo].wavesCount);
     const size_t ws_size = found[algo].workspaceSize;
     run = [&, g, al, ws_size] {
-      lt_check(cublasLtMatmul(r.lt, r.op, &one, g.a, r.la, g.b, r.lb, &zero, c_d, r.lc, c_d, r.lc,
-                              al, ws, ws_size, r.stream),
-               "cublasLtMatmul");
+      CUBLAS_CHECK(cublasLtMatmul(r.lt, r.op, &one, g.a, r.la, g.b, r.lb, &zero, c_d, r.lc, c_d,
+                                  r.lc, al, ws, ws_size, r.stream));
     };
   }
   // Validation: the product against the tower's, within FP32 summation noise; an element left
