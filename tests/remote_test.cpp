@@ -372,6 +372,14 @@ TEST(RemoteShard, PushesOffTheRangeOrItsPiecesAreRefusedNotApplied) {
   // A stream that skips a piece: refused at the second message.
   EXPECT_NE(s.push({piece(h, 0, g, 0, 300), piece(h, 600, g, 0, 300)}).find("from float 300"),
             std::string::npos);
+  // A second message that is not a PushRequest at all (a field of wire type 7): refused as it
+  // is received, while the first piece may still be being taken.
+  {
+    const std::string junk = "\x0f\xff\xff\xff";
+    const grpc::Slice js(junk.data(), junk.size());
+    const std::string e = s.push({piece(h, 0, g, 0, 300), grpc::ByteBuffer(&js, 1)});
+    EXPECT_NE(e.find("PushStream: "), std::string::npos) << e;
+  }
   // The whole gradient again, in pieces of one and two: the round is applied once (sgd, lr 1).
   EXPECT_EQ(s.push({piece(h, 0, g, 0, 300), piece(h, 300, g, 0, 600), piece(h, 900, g, 0, 124)}),
             "");

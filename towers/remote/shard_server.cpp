@@ -564,7 +564,10 @@ class ShardService final : public ShardBase {
   // PushStream: every message is taken as it arrives (push_message: in sync mode each piece is
   // copied into the worker's round buffer, and applied at once when it completes the piece
   // across the workers), so the shard's work overlaps the wire; the end of the stream is the
-  // push's end (push_end, on a thread of threads_: it may wait at the barrier).
+  // push's end (push_end: it may wait at the barrier). gRPC's thread only parses a message's
+  // small fields and asks for the next one; the messages are taken in order by one task at a
+  // time on a thread of threads_, which then ends the push (decision 66): the stream's
+  // window is given back as soon as a piece is received, not after it has been applied.
   class PushReader final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
    public:
     PushReader(ShardService* shard, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* reply)
@@ -573,48 +576,90 @@ class ShardService final : public ShardBase {
       StartRead(&in_);
     }
     void OnReadDone(bool ok) override {
-      if (!ok) {  // the client has sent everything, or has gone
-        shard_->threads_.run([this] {
-          Status s;
-          try {
-            PushReply rep;
-            s = call_.ctx->IsCancelled()
-                    ? Status(StatusCode::CANCELLED, fmt::format("{}: PushStream cancelled", shard_->name_))
-                    : shard_->push_end(call_, rep);
-            if (s.ok()) *reply_ = encode(rep);
-          } catch (const std::exception& e) {
-            s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
-          }
-          Finish(s);
-        });
-        return;
+      bool read_on = false, start = false;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (finishing_) return;  // a read that was under way when the push was refused
+        if (!ok) {
+          ended_ = true;  // the client has sent everything, or has gone
+        } else if (error_.ok()) {
+          Taken m;
+          std::string error;
+          if (decode(in_, PushRequest::kGradsFieldNumber, m.head, m.grads, &error))
+            queue_.push_back(std::move(m));
+          else
+            error_ = Status(StatusCode::INVALID_ARGUMENT,
+                            fmt::format("{}: PushStream: {}", shard_->name_, error));
+          read_on = error_.ok();
+        }
+        start = !busy_;
+        busy_ = true;
       }
-      Status s;
-      try {
-        PushRequest m;
-        Bulk grads;
-        std::string error;
-        s = decode(in_, PushRequest::kGradsFieldNumber, m, grads, &error)
-                ? shard_->push_message(call_, m, grads)
-                : Status(StatusCode::INVALID_ARGUMENT,
-                         fmt::format("{}: PushStream: {}", shard_->name_, error));
-      } catch (const std::exception& e) {
-        s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
-      }
-      in_.Clear();
-      if (!s.ok()) {
-        Finish(s);
-        return;
-      }
-      StartRead(&in_);
+      in_.Clear();  // the message's floats live on in its Bulk's slices
+      if (start) shard_->threads_.run([this] { take(); });
+      if (read_on) StartRead(&in_);
     }
     void OnDone() override { delete this; }
 
    private:
+    struct Taken {
+      PushRequest head;
+      Bulk grads;
+    };
+    // The queued messages in order, then (the stream ended, or a message was refused) the
+    // push's end; the reactor finishes here, once.
+    void take() {
+      std::unique_lock<std::mutex> l(mu_);
+      for (;;) {
+        if (error_.ok() && !queue_.empty()) {
+          Taken m = std::move(queue_.front());
+          queue_.pop_front();
+          l.unlock();
+          Status s;
+          try {
+            s = shard_->push_message(call_, m.head, m.grads);
+          } catch (const std::exception& e) {
+            s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
+          }
+          l.lock();
+          if (!s.ok() && error_.ok()) error_ = s;
+          continue;
+        }
+        if (error_.ok() && !ended_) {
+          busy_ = false;  // the next message starts the next task
+          return;
+        }
+        queue_.clear();  // after a refusal: not taken
+        finishing_ = true;
+        break;
+      }
+      Status s = error_;
+      l.unlock();
+      if (s.ok()) {
+        try {
+          PushReply rep;
+          s = call_.ctx->IsCancelled()
+                  ? Status(StatusCode::CANCELLED,
+                           fmt::format("{}: PushStream cancelled", shard_->name_))
+                  : shard_->push_end(call_, rep);
+          if (s.ok()) *reply_ = encode(rep);
+        } catch (const std::exception& e) {
+          s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
+        }
+      }
+      Finish(s);
+    }
+
     ShardService* shard_;
     grpc::ByteBuffer* reply_;
-    grpc::ByteBuffer in_;
-    PushCall call_;
+    grpc::ByteBuffer in_;  // gRPC's thread only
+    PushCall call_;        // take()'s task only
+    std::mutex mu_;
+    std::deque<Taken> queue_;  // received, not yet taken
+    Status error_;             // the first refusal: the push ends with it
+    bool busy_ = false;        // a take() task is queued or running
+    bool ended_ = false;       // no message will follow
+    bool finishing_ = false;   // Finish is called, or about to be
   };
 
   grpc::ServerReadReactor<grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext* ctx,
