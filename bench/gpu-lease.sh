@@ -26,10 +26,11 @@
 # without the largest files (listed in OUT/left-out.txt). The phases write into LEASE_WORK
 # (default: a fresh temporary folder).
 # LEASE_PHASES="correctness speed training" (default) picks phases; "profile" (ncu, then the
-# dense layers' GEMMs one at a time; about a minute) and "remote" (the transport's 4 MiB shares on this machine's cores, shards as threads
-# and as processes, 3 interleaved repetitions (5 did not finish in 150 s on the 16-core H200
-# machine on 2026-11-27), about two minutes) are for a second command on
-# the same warm machine, if the lease has time left:
+# dense layers' GEMMs one at a time; about a minute) and "remote" (the transport's 4 MiB shares
+# on this machine's cores, against shard processes only, 3 interleaved repetitions, at most
+# two minutes: every 4 MiB case with 5 repetitions did not finish in 150 s on the 16-core H200
+# machine on 2026-11-27) are for a second command on the same warm machine, if the lease has
+# time left:
 #   LEASE_PHASES="profile remote" bench/gpu-lease.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -145,8 +146,11 @@ if [[ " $phases " == *" profile "* ]]; then
 fi
 
 if [[ " $phases " == *" remote "* ]]; then
-  SWEEP=0 STEPS=30 ROUNDS=1 REPS=3 REMOTE_S=150 PHASES=remote \
-    within 160 bench/run-gpu.sh "$pack" "$work/remote" > "$work/remote.log" 2>&1
+  # What the transport's bar reads (issue 11): push and pull to 1, 2 and 4 shard processes,
+  # gRPC's floors against a process, raw TCP's two best variants; no training job.
+  CASES='BM_(PushToProcesses|PullFromProcesses)/4194304/|BM_Grpc(StreamToProcess|PullStreamFromProcess)/4194304|BM_TcpLoopback/4194304/(262144|1048576)/' \
+    SWEEP=0 ROUNDS=0 REPS=3 REMOTE_S=110 PHASES=remote \
+    within 120 bench/run-gpu.sh "$pack" "$work/remote" > "$work/remote.log" 2>&1
   stamp "remote done"
   pack_results
 fi

@@ -15,7 +15,9 @@
 # Prints, and writes to OUT/summary.txt.
 #   bench/run-remote.sh [BUILD_DIR] [OUT_DIR]     STEPS=N (default 60), ROUNDS=R (default 3)
 # SWEEP=0 leaves out step 1's pass over the sizes (the 4 MiB cases, which the shares come
-# from, still run).
+# from, still run). CASES (a --benchmark_filter; default every 4 MiB case) narrows the 4 MiB
+# pass, and ROUNDS=0 leaves out step 2 (a short lease on a GPU machine's cores:
+# bench/gpu-lease.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -31,7 +33,7 @@ if [ "${SWEEP:-1}" != 0 ]; then
   "$build/bench/remote_bench" --benchmark_out="$out/remote_bench.json" \
     --benchmark_out_format=json > "$out/remote_bench.txt" 2>&1
 fi
-"$build/bench/remote_bench" --benchmark_filter='/4194304(/|$)' --benchmark_repetitions="$reps" \
+"$build/bench/remote_bench" --benchmark_filter="${CASES:-/4194304(/|\$)}" --benchmark_repetitions="$reps" \
   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/remote_bench_4mib.json" --benchmark_out_format=json \
   > "$out/remote_bench_4mib.txt" 2>&1
@@ -63,6 +65,8 @@ def summary(path):
         j = json.loads(line)
         if j["event"] == "summary":
             return j
+if rounds == 0:
+    sys.exit(0)
 one = [summary(f"{out}/one-process-{r}.jsonl") for r in range(1, rounds + 1)]
 two = [[summary(f"{out}/launch-{r}/worker-{w}.jsonl") for w in (0, 1)] for r in range(1, rounds + 1)]
 print("images/s, sync, fashion net, batch 128 per tower, 1 thread per tower")

@@ -45,9 +45,8 @@ RunResult run_towers(const std::string& args) {
 }
 
 std::string temp_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / ("towers_cli_" + std::to_string(getpid())) /
-                 (std::string(info->test_suite_name()) + "." + info->name());
+  const fs::path dir = testutil::test_folder(
+      "towers_cli_", *::testing::UnitTest::GetInstance()->current_test_info());
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();

@@ -53,12 +53,58 @@ inline int run_towers(const std::string& args, std::string* output = nullptr) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+// The folder of a test's files: TempDir/<prefix><pid>/<suite>.<test>. test_path's prefix is
+// "towers_test_", cli_test.cpp's temp_dir's "towers_cli_".
+inline std::filesystem::path test_folder(const std::string& prefix,
+                                         const ::testing::TestInfo& info) {
+  return std::filesystem::path(::testing::TempDir()) / (prefix + std::to_string(getpid())) /
+         (std::string(info.test_suite_name()) + "." + info.name());
+}
+
+// A test's folders go when it passes (or skips); a failed test's stay, and the test's output
+// says where. The process's folders go at its end once they are empty. (Runs, checkpoints and
+// datasets of the end-to-end tests come to about a gigabyte per run of the suite.)
+class RemovePassedTestsFolders : public ::testing::EmptyTestEventListener {
+ public:
+  static constexpr const char* kPrefixes[] = {"towers_test_", "towers_cli_"};
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    namespace fs = std::filesystem;
+    for (const char* prefix : kPrefixes) {
+      const fs::path dir = test_folder(prefix, info);
+      std::error_code ec;
+      if (!fs::exists(dir, ec)) continue;
+      if (info.result()->Failed()) {
+        std::printf("[  KEPT    ] %s (the failed test's files)\n", dir.c_str());
+        continue;
+      }
+      fs::remove_all(dir, ec);
+      // A parameterised test's name has slashes ("Models/Suite.Test/1"): its emptied parents
+      // below the process's folder go too (remove: only an empty folder).
+      const fs::path top = fs::path(::testing::TempDir()) / (prefix + std::to_string(getpid()));
+      for (fs::path p = dir.parent_path();
+           p != top && p.has_relative_path() && p.string().size() > top.string().size();
+           p = p.parent_path())
+        if (!fs::remove(p, ec)) break;
+    }
+  }
+  void OnTestProgramEnd(const ::testing::UnitTest&) override {
+    namespace fs = std::filesystem;
+    for (const char* prefix : kPrefixes) {
+      std::error_code ec;
+      fs::remove(fs::path(::testing::TempDir()) / (prefix + std::to_string(getpid())), ec);
+    }  // (remove: only an empty folder)
+  }
+};
+inline const bool kRemovePassedTestsFolders = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new RemovePassedTestsFolders);
+  return true;
+}();
+
 // A path inside a folder of its own for the running test; nothing exists there yet.
 inline std::string test_path(const std::string& name) {
   namespace fs = std::filesystem;
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / ("towers_test_" + std::to_string(getpid())) /
-                 (std::string(info->test_suite_name()) + "." + info->name());
+  const fs::path dir =
+      test_folder("towers_test_", *::testing::UnitTest::GetInstance()->current_test_info());
   fs::create_directories(dir);
   fs::remove_all(dir / name);
   return (dir / name).string();

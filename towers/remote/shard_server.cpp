@@ -67,10 +67,10 @@ OptimizerConfig optimizer_from_json(const std::string& text) {
   return c;
 }
 
-// The threads that serve the raw calls (Push, Pull). A call may wait, at the sync barrier or
-// for a version, until other calls have arrived, so each call that may wait gets a thread of
-// its own: one waiting in the pool, or a new one when none is. (A worker's pull in plain sync
-// that need not wait is served on gRPC's thread: PullStream.)
+// The threads that serve the raw calls (Push, Pull) and take PushStream's messages. A call may
+// wait, at the sync barrier or for a version, until other calls have arrived, so each call that
+// may wait gets a thread of its own: one waiting in the pool, or a new one when none is. (A
+// worker's pull in plain sync that need not wait is served on gRPC's thread: PullStream.)
 class CallThreads {
  public:
   ~CallThreads() {
@@ -565,9 +565,10 @@ class ShardService final : public ShardBase {
   // copied into the worker's round buffer, and applied at once when it completes the piece
   // across the workers), so the shard's work overlaps the wire; the end of the stream is the
   // push's end (push_end: it may wait at the barrier). gRPC's thread only parses a message's
-  // small fields and asks for the next one; the messages are taken in order by one task at a
-  // time on a thread of threads_, which then ends the push (decision 66): the stream's
-  // window is given back as soon as a piece is received, not after it has been applied.
+  // small fields, queues it and asks for the next one, while less than kAhead bytes wait to
+  // be taken; the messages are taken in order by one task at a time on a thread of threads_,
+  // which then ends the push (decision 66): the stream's window is given back as soon as a
+  // piece is received, not after it has been applied.
   class PushReader final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
    public:
     PushReader(ShardService* shard, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* reply)
@@ -582,30 +583,54 @@ class ShardService final : public ShardBase {
         if (finishing_) return;  // a read that was under way when the push was refused
         if (!ok) {
           ended_ = true;  // the client has sent everything, or has gone
-        } else if (error_.ok()) {
+        } else {
           Taken m;
-          std::string error;
-          if (decode(in_, PushRequest::kGradsFieldNumber, m.head, m.grads, &error))
-            queue_.push_back(std::move(m));
-          else
-            error_ = Status(StatusCode::INVALID_ARGUMENT,
-                            fmt::format("{}: PushStream: {}", shard_->name_, error));
-          read_on = error_.ok();
+          try {
+            std::string error;
+            if (!decode(in_, PushRequest::kGradsFieldNumber, m.head, m.grads, &error))
+              m.refusal = Status(StatusCode::INVALID_ARGUMENT,
+                                 fmt::format("{}: PushStream: {}", shard_->name_, error));
+          } catch (const std::exception& e) {
+            m.refusal =
+                Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
+          }
+          // A message that does not parse is refused in its turn, after the ones before it;
+          // nothing after it is read.
+          read_on = m.refusal.ok();
+          queued_ += m.grads.size();
+          queue_.push_back(std::move(m));
+          if (read_on && queued_ >= kAhead) {
+            read_on = false;
+            paused_ = true;  // take() reads on
+          }
+          in_.Clear();  // the message's floats live on in its Bulk's slices
         }
         start = !busy_;
         busy_ = true;
       }
-      in_.Clear();  // the message's floats live on in its Bulk's slices
-      if (start) shard_->threads_.run([this] { take(); });
+      if (start) start_taking();
       if (read_on) StartRead(&in_);
     }
     void OnDone() override { delete this; }
 
    private:
+    static constexpr size_t kAhead = 8 << 20;  // bytes received and not yet taken, at most
     struct Taken {
       PushRequest head;
       Bulk grads;
+      Status refusal;  // not OK: a message that did not parse
     };
+    void start_taking() {
+      try {
+        shard_->threads_.run([this] { take(); });
+      } catch (const std::exception& e) {  // no thread to take them: the push fails
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          finishing_ = true;
+        }
+        Finish(Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what())));
+      }
+    }
     // The queued messages in order, then (the stream ended, or a message was refused) the
     // push's end; the reactor finishes here, once.
     void take() {
@@ -614,12 +639,18 @@ class ShardService final : public ShardBase {
         if (error_.ok() && !queue_.empty()) {
           Taken m = std::move(queue_.front());
           queue_.pop_front();
+          queued_ -= m.grads.size();
+          const bool resume = paused_ && queued_ < kAhead;
+          if (resume) paused_ = false;
           l.unlock();
-          Status s;
-          try {
-            s = shard_->push_message(call_, m.head, m.grads);
-          } catch (const std::exception& e) {
-            s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
+          if (resume) StartRead(&in_);
+          Status s = m.refusal;
+          if (s.ok()) {
+            try {
+              s = shard_->push_message(call_, m.head, m.grads);
+            } catch (const std::exception& e) {
+              s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
+            }
           }
           l.lock();
           if (!s.ok() && error_.ok()) error_ = s;
@@ -652,12 +683,14 @@ class ShardService final : public ShardBase {
 
     ShardService* shard_;
     grpc::ByteBuffer* reply_;
-    grpc::ByteBuffer in_;  // gRPC's thread only
+    grpc::ByteBuffer in_;  // read into by one read at a time; cleared under mu_
     PushCall call_;        // take()'s task only
     std::mutex mu_;
     std::deque<Taken> queue_;  // received, not yet taken
-    Status error_;             // the first refusal: the push ends with it
+    size_t queued_ = 0;        // their floats' bytes
+    Status error_;             // the first refusal, in the stream's order: the push ends with it
     bool busy_ = false;        // a take() task is queued or running
+    bool paused_ = false;      // no read is asked for until take() has caught up
     bool ended_ = false;       // no message will follow
     bool finishing_ = false;   // Finish is called, or about to be
   };
@@ -941,8 +974,8 @@ class ShardService final : public ShardBase {
         begin_piece(c.head.lr());  // from here, readers wait for the round
         if (copying_ > 0) {
           // A worker's pull still holds the parameters (gRPC has not sent all it was lent):
-          // the piece is applied once the hold ends (release_params), never by holding up
-          // gRPC's thread, which may be the one that sends them.
+          // the piece is applied once the hold ends (release_params), by the thread that ends
+          // it, rather than by a thread waiting here for gRPC to send them.
           deferred_.push_back({w, grads, at, lo, hi});
           return Status::OK;
         }
