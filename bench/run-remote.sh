@@ -75,11 +75,14 @@ print("  1 process x 2 towers:   " + ", ".join(f"{s['train_images_per_sec']:.0f}
 print("  2 processes x 1 tower:  " + ", ".join(f"{w[0]['train_images_per_sec']:.0f}" for w in two) +
       f"   median {statistics.median(w[0]['train_images_per_sec'] for w in two):.0f}")
 print("per step of each worker (ms; the last round): tower step (pull + compute, p50), of it the "
-      "pull (mean), then the push (mean; with the wait at the barrier)")
+      "pull (mean), then the push (mean), of it the wait at the barrier for the other worker "
+      "(the shards' count) and the rest (sending, and the shard taking the gradient)")
 for w, s in enumerate(two[-1]):
     t = s["remote"]
     step = s["towers"][0]["step_ms_p50"]
     pull = 1e3 * t["pull_seconds"] / max(t["pulls"], 1)
     push = 1e3 * t["push_seconds"] / max(t["pushes"], 1)
-    print(f"  worker {w}: step {step:.1f} = pull {pull:.1f} + compute {step - pull:.1f}; push {push:.1f}")
+    wait = 1e3 * t["push_wait_seconds"] / max(t["pushes"], 1)
+    print(f"  worker {w}: step {step:.1f} = pull {pull:.1f} + compute {step - pull:.1f}; "
+          f"push {push:.1f} = wait {wait:.1f} + send {push - wait:.1f}")
 PY

@@ -958,6 +958,45 @@ TEST(RemoteCli, AsyncWorkersRecordTheStalenessTheShardsSaw) {
   EXPECT_EQ(counted, static_cast<int64_t>(steps.size()));
 }
 
+// A sync push's time includes its wait at the barrier for the other workers' gradients; the
+// shards count that wait and the worker's summary gives it apart (remote.push_wait_seconds).
+// Worker 1's tower sleeps 60 ms a step, so worker 0, pushing first, waits at every round
+// (bounded below by a quarter of the sleeps, whatever the load), and worker 1, arriving last,
+// finds each round complete. Async pushes never wait.
+TEST(RemoteCli, SyncPushesReportTheirWaitAtTheBarrier) {
+  const std::string dir = test_path("launch"), async_dir = test_path("async");
+  std::string out;
+  const std::string train =
+      "train --model mlp --dataset synthetic --synthetic-size 2000 "
+      "--batch 16 --lr 0.01 --steps 20 --eval-every 0 --slow-tower 1:60";
+  ASSERT_EQ(
+      run_towers(fmt::format("launch --ps 2 --workers 2 --out {} -- {} --mode sync", dir, train),
+                 &out),
+      0)
+      << out;
+  double wait[2] = {0, 0};
+  for (int w = 0; w < 2; ++w) {
+    const auto summary = metrics_events(fmt::format("{}/worker-{}.jsonl", dir, w), "summary");
+    ASSERT_EQ(summary.size(), 1u) << w;
+    const auto& r = summary[0]["remote"];
+    wait[w] = r["push_wait_seconds"].get<double>();
+    EXPECT_GE(wait[w], 0.0) << w;
+    EXPECT_LE(wait[w], r["push_seconds"].get<double>()) << w;
+  }
+  EXPECT_GE(wait[0], 0.25 * 20 * 0.060) << out;
+  EXPECT_GT(wait[0], wait[1]) << out;
+  ASSERT_EQ(run_towers(fmt::format("launch --ps 1 --workers 2 --out {} -- {} --mode async",
+                                   async_dir, train),
+                       &out),
+            0)
+      << out;
+  for (int w = 0; w < 2; ++w) {
+    const auto summary = metrics_events(fmt::format("{}/worker-{}.jsonl", async_dir, w), "summary");
+    ASSERT_EQ(summary.size(), 1u) << w;
+    EXPECT_EQ(summary[0]["remote"]["push_wait_seconds"].get<double>(), 0.0) << w;
+  }
+}
+
 // Plain sync cannot go on without a worker: the chief stops with an error that names it.
 TEST(RemoteCli, SyncStopsNamingTheLostWorker) {
   const std::string dir = test_path("launch");

@@ -201,8 +201,11 @@ int64_t ns_since(Clock::time_point t0) {
 }  // namespace
 
 nlohmann::json RemoteParameterStore::timing() const {
-  return {{"pulls", pulls_.load()}, {"pull_seconds", pull_ns_.load() * 1e-9},
-          {"pushes", pushes_.load()}, {"push_seconds", push_ns_.load() * 1e-9}};
+  return {{"pulls", pulls_.load()},
+          {"pull_seconds", pull_ns_.load() * 1e-9},
+          {"pushes", pushes_.load()},
+          {"push_seconds", push_ns_.load() * 1e-9},
+          {"push_wait_seconds", push_wait_ns_.load() * 1e-9}};
 }
 
 int64_t RemoteParameterStore::pull(Tower& tower) {
@@ -307,6 +310,11 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
       rec.contributors = 0;  // late: the round was applied without this worker's gradient
     }
     version_.store(v);
+    // The push's wait at the barrier: the longest a shard held it for the other workers
+    // (the shards' waits overlap; the push ends with the last reply).
+    double wait = 0.0;
+    for (const PushReply& r : reps) wait = std::max(wait, r.wait_seconds());
+    push_wait_ns_ += static_cast<int64_t>(wait * 1e9);
   } else {
     int64_t seen = version_.load();
     while (seen < v && !version_.compare_exchange_weak(seen, v)) {}

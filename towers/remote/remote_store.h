@@ -78,7 +78,8 @@ class RemoteParameterStore final : public ParameterStore {
   // Tells the shards this worker is done (also done by the destructor).
   void finish();
   // Where this worker's time went at the store: calls and seconds of pulls and of pushes (a
-  // sync push includes the wait at the barrier for the other workers), over all towers.
+  // sync push includes the wait at the barrier for the other workers, which push_wait_seconds
+  // gives apart: the shards' own count of it), over all towers.
   nlohmann::json timing() const;
 
   // What a tower's pull reads (sync: the current round, waited for), into dst (the flat
@@ -145,6 +146,7 @@ class RemoteParameterStore final : public ParameterStore {
   int n_clocks_ = 0;
   std::atomic<bool> stop_{false}, finished_{false};
   std::atomic<int64_t> pulls_{0}, pushes_{0}, pull_ns_{0}, push_ns_{0};
+  std::atomic<int64_t> push_wait_ns_{0};  // sync: of push_ns_, the waits at the barrier
   std::thread heartbeat_;
 };
 

@@ -1441,6 +1441,7 @@ class ShardService final : public ShardBase {
       complete_round();
     }
     ++waiting_[w];
+    const auto waited_from = std::chrono::steady_clock::now();
     const Status s = wait(l, c.ctx, [&] { return version_.load() > round; },
                           [&] {
                             return fmt::format("the other workers' gradients of round {}", round);
@@ -1468,6 +1469,8 @@ class ShardService final : public ShardBase {
     rep.set_correct(t.correct);
     rep.set_examples(t.examples);
     rep.set_contributors(t.contributors);
+    rep.set_wait_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - waited_from).count());
     return Status::OK;
   }
 
