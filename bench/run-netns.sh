@@ -128,7 +128,8 @@ print(f"{subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip(
 print(open(f"{out}/exits.txt").read().rstrip())
 print("updates: the run's (global) step count when the worker ended; pushes: the worker's own;")
 print("dropped: late gradients the shard dropped in the run (all workers); staleness: the largest")
-print(f"{'run':18s} {'worker':>6s} {'images/s':>9s} {'updates':>8s} {'pushes':>7s} {'dropped':>8s} {'staleness':>9s} {'push ms':>8s} {'pull ms':>8s}")
+print("push ms: a push's mean time, of it wait ms at the barrier (the shards' count; sync only)")
+print(f"{'run':18s} {'worker':>6s} {'images/s':>9s} {'updates':>8s} {'pushes':>7s} {'dropped':>8s} {'staleness':>9s} {'push ms':>8s} {'wait ms':>8s} {'pull ms':>8s}")
 for name in ("fair", "straggler-sync", "straggler-backup", "straggler-async"):
     for w in (0, 1):
         s = summary(f"{out}/{name}.worker-{w}.jsonl")
@@ -137,8 +138,9 @@ for name in ("fair", "straggler-sync", "straggler-backup", "straggler-async"):
             continue
         r = s.get("remote", {})
         push = 1e3 * r.get("push_seconds", 0) / max(r.get("pushes", 0), 1)
+        wait = 1e3 * r.get("push_wait_seconds", 0) / max(r.get("pushes", 0), 1)
         pull = 1e3 * r.get("pull_seconds", 0) / max(r.get("pulls", 0), 1)
         print(f"{name:18s} {w:6d} {s['train_images_per_sec']:9.0f} {s['steps']:8d} "
               f"{r.get('pushes', 0):7d} {s.get('dropped_by_shards', 0):8d} "
-              f"{s.get('max_staleness', 0):9d} {push:8.1f} {pull:8.1f}")
+              f"{s.get('max_staleness', 0):9d} {push:8.1f} {wait:8.1f} {pull:8.1f}")
 PY
