@@ -53,12 +53,16 @@ inline int run_towers(const std::string& args, std::string* output = nullptr) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-// The folder of a test's files: TempDir/<prefix><pid>/<suite>.<test>. test_path's prefix is
+// This process's folder of tests' files: TempDir/<prefix><pid>. test_path's prefix is
 // "towers_test_", cli_test.cpp's temp_dir's "towers_cli_".
+inline std::filesystem::path process_folder(const std::string& prefix) {
+  return std::filesystem::path(::testing::TempDir()) / (prefix + std::to_string(getpid()));
+}
+
+// The folder of a test's files: <process_folder>/<suite>.<test>.
 inline std::filesystem::path test_folder(const std::string& prefix,
                                          const ::testing::TestInfo& info) {
-  return std::filesystem::path(::testing::TempDir()) / (prefix + std::to_string(getpid())) /
-         (std::string(info.test_suite_name()) + "." + info.name());
+  return process_folder(prefix) / (std::string(info.test_suite_name()) + "." + info.name());
 }
 
 // A test's folders go when it passes (or skips); a failed test's stay, and the test's output
@@ -80,10 +84,8 @@ class RemovePassedTestsFolders : public ::testing::EmptyTestEventListener {
       fs::remove_all(dir, ec);
       // A parameterised test's name has slashes ("Models/Suite.Test/1"): its emptied parents
       // below the process's folder go too (remove: only an empty folder).
-      const fs::path top = fs::path(::testing::TempDir()) / (prefix + std::to_string(getpid()));
-      for (fs::path p = dir.parent_path();
-           p != top && p.has_relative_path() && p.string().size() > top.string().size();
-           p = p.parent_path())
+      const fs::path top = process_folder(prefix);
+      for (fs::path p = dir.parent_path(); p != top; p = p.parent_path())
         if (!fs::remove(p, ec)) break;
     }
   }
@@ -91,8 +93,8 @@ class RemovePassedTestsFolders : public ::testing::EmptyTestEventListener {
     namespace fs = std::filesystem;
     for (const char* prefix : kPrefixes) {
       std::error_code ec;
-      fs::remove(fs::path(::testing::TempDir()) / (prefix + std::to_string(getpid())), ec);
-    }  // (remove: only an empty folder)
+      fs::remove(process_folder(prefix), ec);  // only an empty folder
+    }
   }
 };
 inline const bool kRemovePassedTestsFolders = [] {

@@ -585,15 +585,13 @@ class ShardService final : public ShardBase {
           ended_ = true;  // the client has sent everything, or has gone
         } else {
           Taken m;
-          try {
+          m.refusal = shard_->guarded([&] {
             std::string error;
-            if (!decode(in_, PushRequest::kGradsFieldNumber, m.head, m.grads, &error))
-              m.refusal = Status(StatusCode::INVALID_ARGUMENT,
-                                 fmt::format("{}: PushStream: {}", shard_->name_, error));
-          } catch (const std::exception& e) {
-            m.refusal =
-                Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
-          }
+            return decode(in_, PushRequest::kGradsFieldNumber, m.head, m.grads, &error)
+                       ? Status::OK
+                       : Status(StatusCode::INVALID_ARGUMENT,
+                                fmt::format("{}: PushStream: {}", shard_->name_, error));
+          });
           // A message that does not parse is refused in its turn, after the ones before it;
           // nothing after it is read.
           read_on = m.refusal.ok();
@@ -644,14 +642,10 @@ class ShardService final : public ShardBase {
           if (resume) paused_ = false;
           l.unlock();
           if (resume) StartRead(&in_);
-          Status s = m.refusal;
-          if (s.ok()) {
-            try {
-              s = shard_->push_message(call_, m.head, m.grads);
-            } catch (const std::exception& e) {
-              s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
-            }
-          }
+          const Status s =
+              m.refusal.ok()
+                  ? shard_->guarded([&] { return shard_->push_message(call_, m.head, m.grads); })
+                  : m.refusal;
           l.lock();
           if (!s.ok() && error_.ok()) error_ = s;
           continue;
@@ -666,18 +660,16 @@ class ShardService final : public ShardBase {
       }
       Status s = error_;
       l.unlock();
-      if (s.ok()) {
-        try {
+      if (s.ok())
+        s = shard_->guarded([&] {
+          if (call_.ctx->IsCancelled())
+            return Status(StatusCode::CANCELLED,
+                          fmt::format("{}: PushStream cancelled", shard_->name_));
           PushReply rep;
-          s = call_.ctx->IsCancelled()
-                  ? Status(StatusCode::CANCELLED,
-                           fmt::format("{}: PushStream cancelled", shard_->name_))
-                  : shard_->push_end(call_, rep);
-          if (s.ok()) *reply_ = encode(rep);
-        } catch (const std::exception& e) {
-          s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what()));
-        }
-      }
+          const Status end = shard_->push_end(call_, rep);
+          if (end.ok()) *reply_ = encode(rep);
+          return end;
+        });
       Finish(s);
     }
 
@@ -867,19 +859,20 @@ class ShardService final : public ShardBase {
     }
   };
 
-  // Runs call() on a thread of threads_ and finishes the reactor with its status; an exception
-  // is the call's error, not the shard's end.
+  // call()'s status; an exception is the call's error (INTERNAL), not the shard's end.
+  template <class Call>
+  Status guarded(Call&& call) {
+    try {
+      return call();
+    } catch (const std::exception& e) {
+      return {StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what())};
+    }
+  }
+
+  // Runs call() on a thread of threads_ and finishes the reactor with its status.
   template <class Call>
   void serve(grpc::ServerUnaryReactor* r, Call call) {
-    threads_.run([r, call = std::move(call), this] {
-      Status s;
-      try {
-        s = call();
-      } catch (const std::exception& e) {
-        s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what()));
-      }
-      r->Finish(s);
-    });
+    threads_.run([r, call = std::move(call), this] { r->Finish(guarded(call)); });
   }
 
   bool initialized() {
@@ -1441,7 +1434,7 @@ class ShardService final : public ShardBase {
       complete_round();
     }
     ++waiting_[w];
-    const auto waited_from = std::chrono::steady_clock::now();
+    const Clock::time_point waited_from = Clock::now();
     const Status s = wait(l, c.ctx, [&] { return version_.load() > round; },
                           [&] {
                             return fmt::format("the other workers' gradients of round {}", round);
@@ -1469,8 +1462,7 @@ class ShardService final : public ShardBase {
     rep.set_correct(t.correct);
     rep.set_examples(t.examples);
     rep.set_contributors(t.contributors);
-    rep.set_wait_seconds(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - waited_from).count());
+    rep.set_wait_seconds(seconds_since(waited_from));
     return Status::OK;
   }
 
