@@ -8,8 +8,9 @@
 # (default build-gpu/pack, unpacked from build-gpu/pack.tar.xz when it is not there yet).
 # Carry build-gpu/pack.tar.xz and data/fashion-mnist.
 #   1. correctness, side by side (at most 270 s): the whole suite with TOWERS_REQUIRE_GPU=1 in
-#      8 shards, run-gpu.sh's six compute-sanitizer runs (the four tools) in 4 shards each,
-#      and the PyTorch peers' torch.compile cache warmed on the idle cores;
+#      8 shards, run-gpu.sh's six compute-sanitizer runs (the four tools) as jobs of a few
+#      tests, 16 at once from one queue (bench/sanitize.py), and the PyTorch peers'
+#      torch.compile cache warmed on the idle cores;
 #   2. speed (at most 190 s): gpu_bench's rows of the bars (a cifar10 step at batch 128 and
 #      512, FP32 and TF32, host and mirrored parameters, cuDNN ranked, non-deterministic, timed
 #      and kept to the GEMM family, and the compute alone), then the PyTorch peers of the bars
@@ -32,6 +33,9 @@
 # machine on 2026-11-27) are for a second command on the same warm machine, if the lease has
 # time left:
 #   LEASE_PHASES="profile remote" bench/gpu-lease.sh OUT
+# and "sanitize" checks again, alone, the tests that the correctness phase's sanitizers did not
+# finish (san/sanitizer-unfinished.txt in its lease.tgz, carried back to the machine):
+#   LEASE_PHASES=sanitize SANITIZE_ONLY_TESTS=FILE SANITIZE_S=200 bench/gpu-lease.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bench/gpu-lease.sh OUT [PACK]}
@@ -114,12 +118,19 @@ stamp "start ($(cat "$pack/COMMIT" 2>/dev/null || echo unknown commit))"
 if [[ " $phases " == *" correctness "* ]]; then
   PHASES=tests SHARDS=8 TESTS_S=200 within 210 bench/run-gpu.sh "$pack" "$work/tests" \
     > "$work/tests.log" 2>&1 &
-  PHASES=sanitize SAN_SHARDS=4 SANITIZE_S=255 within 265 bench/run-gpu.sh "$pack" "$work/san" \
+  PHASES=sanitize SAN_SLOTS=16 SANITIZE_S=255 within 270 bench/run-gpu.sh "$pack" "$work/san" \
     > "$work/san.log" 2>&1 &
   PEERS='^(compile_graphs_fp32|compile_graphs_tf32)$' \
     PHASES=warm within 200 bench/run-gpu.sh "$pack" "$work/warm" > "$work/warm.log" 2>&1 &
   wait
   stamp "correctness done"
+  pack_results
+fi
+
+if [[ " $phases " == *" sanitize "* ]]; then
+  PHASES=sanitize SAN_SLOTS=16 SANITIZE_S=${SANITIZE_S:-200} within $((${SANITIZE_S:-200} + 15)) \
+    bench/run-gpu.sh "$pack" "$work/san" > "$work/san.log" 2>&1
+  stamp "sanitize done (exit $?)"
   pack_results
 fi
 

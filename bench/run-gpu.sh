@@ -26,7 +26,7 @@
 # side by side and the training runs 110 s; the bench phase, cut there at 200 s, needs about
 # 250 s):
 #   PHASES=tests SHARDS=8 TESTS_S=200 bench/run-gpu.sh P OUT/tests &
-#   PHASES=sanitize SAN_SHARDS=3 SANITIZE_S=200 bench/run-gpu.sh P OUT/san &
+#   PHASES=sanitize SAN_SLOTS=16 SANITIZE_S=200 bench/run-gpu.sh P OUT/san &
 #   PHASES=warm bench/run-gpu.sh P OUT/warm & wait
 #   TOWERS_BENCH_MIN_TIME=0.5 PEER_S=3 PHASES=bench bench/run-gpu.sh P OUT/bench
 #   PHASES=fashion FASHION_S=60 bench/run-gpu.sh P OUT/fashion
@@ -143,7 +143,6 @@ fi
 #    error reports off and memory checking on.
 if [[ " $phases " == *" sanitize "* ]]; then
   gpu_filter=${SANITIZE_FILTER:-'*Gpu*:*GPU*:NcclReducer.*:-*EngineGpu*'}
-  start=$SECONDS
   runs=(
     "memcheck|memcheck|*Gpu*:*GPU*:-*EngineGpu*:NcclReducer.*|"
     "memcheck-nccl|memcheck|NcclReducer.*|--report-api-errors no"
@@ -158,47 +157,17 @@ if [[ " $phases " == *" sanitize "* ]]; then
     for r in "${runs[@]}"; do [[ " $SANITIZE_ONLY " == *" ${r%%|*} "* ]] && kept+=("$r"); done
     runs=("${kept[@]}")
   fi
-  # Each run in SAN_SHARDS gtest shards side by side (default 1): the tool's per-process cost is
-  # mostly on the host, and the machine has the cores. Every shard must print its summary. The
-  # logs keep every test's line and time (no --gtest_brief), so that a shard cut by its time
-  # limit shows which tests took it.
-  san_shards=${SAN_SHARDS:-1}
-  for r in "${runs[@]}"; do
-    IFS='|' read -r name tool filter extra <<< "$r"
-    for ((i = 0; i < san_shards; ++i)); do
-      # shellcheck disable=SC2086
-      GTEST_TOTAL_SHARDS=$san_shards GTEST_SHARD_INDEX=$i timeout "${SANITIZE_S:-300}" \
-        compute-sanitizer --tool "$tool" $extra --error-exitcode 99 \
-        "$build/tests/towers_tests" --gtest_filter="$filter" \
-        > "$out/sanitizer-$name-shard$i.txt" 2>&1 &
-    done
-  done
-  wait
-  for r in "${runs[@]}"; do
-    IFS='|' read -r name tool filter extra <<< "$r"
-    log="$out/sanitizer-$name.txt"
-    : > "$log"
-    total=0 missing=0
-    for ((i = 0; i < san_shards; ++i)); do
-      shard="$out/sanitizer-$name-shard$i.txt"
-      errors=$(sed -n -e 's/^========= ERROR SUMMARY: \([0-9]*\) error.*/\1/p' \
-        -e 's/^========= RACECHECK SUMMARY: .*(\([0-9]*\) error.*/\1/p' "$shard" | tail -1)
-      # A shard that the filter left no test (compute-sanitizer then says the target "terminated
-      # before first instrumented API call") has nothing to report.
-      if [ -z "$errors" ] && grep -q '^\[==========\] 0 tests from 0 test suites ran' "$shard"; then
-        errors=0
-      fi
-      if [ -z "$errors" ]; then missing=$((missing + 1)); else total=$((total + errors)); fi
-      { echo "##### shard $i of $san_shards"; cat "$shard"; } >> "$log"
-      rm -f "$shard"
-    done
-    if [ "$missing" -gt 0 ]; then
-      note "sanitizer $name: $total errors in the shards that finished; $missing of $san_shards shards printed no summary (timed out or crashed); tests $(count_gtest "$log")"
-    else
-      note "sanitizer $name: $total errors; tests $(count_gtest "$log")"
-    fi
-  done
-  note "sanitizers: $((SECONDS - start)) s"
+  # The runs' tests as jobs of a few tests each, one compute-sanitizer process a job, SAN_SLOTS
+  # (default 4) at once from one queue, the costliest first (bench/sanitize.py): the tool's
+  # per-process cost is mostly on the host, and the machine has the cores. The logs keep every
+  # test's line and time (no --gtest_brief); a test counts as checked only once its job's tool
+  # has printed its error summary, and sanitizer-unfinished.txt names the others
+  # (SANITIZE_ONLY_TESTS=that file checks just those, in a later command).
+  only=()
+  [ -n "${SANITIZE_ONLY_TESTS:-}" ] && only=(--only "$SANITIZE_ONLY_TESTS")
+  python3 bench/sanitize.py --tests "$build/tests/towers_tests" --out "$out" \
+    --seconds "${SANITIZE_S:-300}" --slots "${SAN_SLOTS:-4}" --costs bench/sanitize-costs.txt \
+    "${only[@]}" "${runs[@]}" | tee -a "$summary"
 fi
 
 # The PyTorch speed peers: name, then torch_cifar10.py's flags. The tutorial net at batch 128
