@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One GPU lease in one command. The device machines are lent for about 15 minutes of device
 # time in all (their start included) and at most 10 minutes a command, so this runs what the
-# GPU issues need in at most 9.5 minutes (570 s of phases), from the repository root on the
+# GPU issues need in at most 9.5 minutes (560 s of phases), from the repository root on the
 # GPU machine:
 #   bench/gpu-lease.sh OUT [PACK]
 # OUT: where the results go (a few files, below); PACK: the build bench/pack-gpu.sh made
 # (default build-gpu/pack, unpacked from build-gpu/pack.tar.xz when it is not there yet).
 # Carry build-gpu/pack.tar.xz and data/fashion-mnist.
-#   1. correctness, side by side (at most 270 s): the whole suite with TOWERS_REQUIRE_GPU=1 in
+#   1. correctness, side by side (at most 265 s): the whole suite with TOWERS_REQUIRE_GPU=1 in
 #      8 shards, run-gpu.sh's six compute-sanitizer runs (the four tools) as jobs of a few
 #      tests, 16 at once from one queue (bench/sanitize.py), and the PyTorch peers'
 #      torch.compile cache warmed on the idle cores;
@@ -89,7 +89,7 @@ pack_results() {
   done > "$out/summary.txt"
   cp "$out/lease.txt" "$work/" 2>/dev/null
   local log
-  for log in tests san bench fashion profile remote; do  # (at most 8 files come back)
+  for log in tests san san-again bench fashion profile remote; do  # (at most 8 files come back)
     [ -f "$work/$log.log" ] && cp "$work/$log.log" "$out/"
   done
   local limit=$((15 * 1024 * 1024))
@@ -120,7 +120,7 @@ stamp "start ($(cat "$pack/COMMIT" 2>/dev/null || echo unknown commit))"
 if [[ " $phases " == *" correctness "* ]]; then
   PHASES=tests SHARDS=8 TESTS_S=200 within 210 bench/run-gpu.sh "$pack" "$work/tests" \
     > "$work/tests.log" 2>&1 &
-  PHASES=sanitize SAN_SLOTS=16 SANITIZE_S=255 within 270 bench/run-gpu.sh "$pack" "$work/san" \
+  PHASES=sanitize SAN_SLOTS=16 SANITIZE_S=240 within 265 bench/run-gpu.sh "$pack" "$work/san" \
     > "$work/san.log" 2>&1 &
   PEERS='^(compile_fp32|compile_graphs_fp32|compile_graphs_tf32)$' \
     PHASES=warm within 200 bench/run-gpu.sh "$pack" "$work/warm" > "$work/warm.log" 2>&1 &
@@ -130,8 +130,13 @@ if [[ " $phases " == *" correctness "* ]]; then
 fi
 
 if [[ " $phases " == *" sanitize "* ]]; then
-  PHASES=sanitize SAN_SLOTS=16 SANITIZE_S=${SANITIZE_S:-200} within $((${SANITIZE_S:-200} + 15)) \
-    bench/run-gpu.sh "$pack" "$work/san" > "$work/san.log" 2>&1
+  # (into san-again: beside a correctness phase of the same command, whose unfinished tests
+  # it then checks unless SANITIZE_ONLY_TESTS names others)
+  rest=${SANITIZE_ONLY_TESTS:-}
+  [ -z "$rest" ] && [ -f "$work/san/sanitizer-unfinished.txt" ] && rest=$work/san/sanitizer-unfinished.txt
+  SANITIZE_ONLY_TESTS=$rest PHASES=sanitize SAN_SLOTS=16 SANITIZE_S=${SANITIZE_S:-200} \
+    within $((${SANITIZE_S:-200} + 25)) bench/run-gpu.sh "$pack" "$work/san-again" \
+    > "$work/san-again.log" 2>&1
   stamp "sanitize done (exit $?)"
   pack_results
 fi

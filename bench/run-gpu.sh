@@ -70,6 +70,7 @@ fi
 export TOWERS_FASHION_MNIST="$fashion"
 summary="$out/summary.txt"
 : > "$summary"
+failed_phases=()  # the exit code: 1 when the suite or the sanitizers found something
 note() { echo "$*" | tee -a "$summary"; }
 
 {
@@ -125,7 +126,8 @@ if [[ " $phases " == *" tests "* ]]; then
   grep -h '^\[  FAILED  \] [A-Za-z]' "$out/tests.txt" | sort -u > "$out/tests-failed.txt"
   grep -h -A1 ': Skipped$' "$out/tests.txt" | grep -v '^--' > "$out/tests-skipped.txt"
   note "tests: $(count_gtest "$out/tests.txt") ($((SECONDS - start)) s, $shards shards); of the skips, $(grep -c '^needs more GPUs:' "$out/tests-skipped.txt") need more GPUs than this machine has"
-  [ -s "$out/tests-failed.txt" ] && sed 's/^/  /' "$out/tests-failed.txt" | tee -a "$summary"
+  [ -s "$out/tests-failed.txt" ] && sed 's/^/  /' "$out/tests-failed.txt" | tee -a "$summary" &&
+    failed_phases+=(tests)
   [ -s "$out/tests-skipped.txt" ] && sed 's/^/  skipped: /' "$out/tests-skipped.txt" | tee -a "$summary"
 fi
 
@@ -168,6 +170,11 @@ if [[ " $phases " == *" sanitize "* ]]; then
   python3 bench/sanitize.py --tests "$build/tests/towers_tests" --out "$out" \
     --seconds "${SANITIZE_S:-300}" --slots "${SAN_SLOTS:-4}" --costs bench/sanitize-costs.txt \
     "${only[@]}" "${runs[@]}" | tee -a "$summary"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    note "sanitizers: exit $rc (an error, a failed or unfinished test, or a job that ended abnormally)"
+    failed_phases+=(sanitize)
+  fi
 fi
 
 # The PyTorch speed peers: name, then torch_cifar10.py's flags. The tutorial net at batch 128
@@ -350,4 +357,8 @@ if [[ " $phases " == *" remote "* ]]; then
   else
     note "remote: no remote_bench in $build"
   fi
+fi
+if [ "${#failed_phases[@]}" -gt 0 ]; then
+  note "failed: ${failed_phases[*]}"
+  exit 1
 fi

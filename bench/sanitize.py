@@ -7,53 +7,64 @@
 RUN is NAME|TOOL|GTEST_FILTER|EXTRA_FLAGS (run-gpu.sh's list). Each run's tests are listed
 with --gtest_list_tests and cut into jobs of a few tests each; every job is one
 compute-sanitizer process. The jobs of all runs share N slots, the costliest first, so that
-no slot idles while another still holds a long queue: fixed gtest shards finished unevenly
-(on an H200 on 2026-11-27, 5 of 18 shards had not finished after 200 s while others had
-ended long before).
+no slot idles while another still holds a long queue (fixed gtest shards, 3 per tool, left 5
+of 18 unfinished after 200 s on an H200 on 2026-11-27).
 
 A test's cost is its time in --costs (lines "TEST SECONDS" or "RUN|TEST SECONDS"; run-gpu.sh
 passes bench/sanitize-costs.txt, the emulator's times), or 1 s where unknown, times a factor
 per tool (racecheck is the slowest). A test whose cost is above a job's target runs alone.
 
+A test counts as checked when its job's tool printed its error summary and the job exited as
+a sanitizer run does (0; 1 with a failed test; 99 with errors). A job cut at the time limit,
+or one that crashed before the summary, leaves its tests unchecked, even those that printed
+OK: an error report of theirs may be missing. A job that crashed after its summary (at the
+program's exit, say) has its tests checked, and fails the run.
+
 What DIR holds:
   sanitizer-NAME.txt        every job's output of the run, one after the other
-  sanitizer-jobs.txt        one line a job: run, tests, estimated and measured seconds, exit
-                            code, errors (to correct the costs after a run)
-  sanitizer-times.txt       "RUN|TEST SECONDS" for every test that ran to its end (a --costs
-                            file for the next run)
-  sanitizer-unfinished.txt  "RUN|TEST" for every test not checked to its end: not reached, or
-                            in a job that the time limit cut or that crashed (a test counts
-                            only once its job's tool printed its error summary); --only this
-                            file checks just those
+  sanitizer-jobs.txt        one line a job: run, tests, estimated and measured seconds, how it
+                            ended, errors (to correct the costs after a run)
+  sanitizer-times.txt       "RUN|TEST SECONDS" for every test that ran to its end, and for the
+                            test a cut job was running, the time it had run (a lower bound):
+                            a --costs file for the next run
+  sanitizer-unfinished.txt  "RUN|TEST" for every test not checked: --only this file checks
+                            just those
 It prints one line per run ("sanitizer NAME: E errors; tests passed P, failed F, skipped S,
 unfinished U of T") and names the failed and unfinished tests. The exit code is 0 only when
-every test of every run finished and passed with 0 errors.
+every run had tests, every test was checked and passed, every job exited as a sanitizer run
+does, and the tools found 0 errors. SIGTERM or SIGINT ends the running jobs and writes the
+report as at the time limit.
 """
 
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 # How much slower a tool is than the others, roughly (racecheck instruments every shared
-# memory access): only the order of the queue depends on it.
+# memory access): only the queue's order and the jobs' sizes depend on it.
 TOOL_FACTOR = {"racecheck": 4.0}
 
 RESULT = re.compile(r"^\[ +(OK|FAILED|SKIPPED) +\] (\S+)(?:, where .*)? \((\d+) ms\)$")
 ERRORS = (re.compile(r"^========= ERROR SUMMARY: (\d+) error"),
           re.compile(r"^========= RACECHECK SUMMARY: .*\((\d+) error"))
+# The jobs run with gtest's defaults whatever the caller's environment says (a sharded suite
+# sets GTEST_TOTAL_SHARDS, which would leave each job's tests to other shards).
+GTEST_FLAGS = ["--gtest_print_time=1", "--gtest_brief=0", "--gtest_color=no"]
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("GTEST_")}
 
 
 def list_tests(binary, gtest_filter):
     """The full names of the tests that gtest_filter selects, in gtest's order."""
     out = subprocess.run([binary, "--gtest_list_tests", "--gtest_filter=" + gtest_filter],
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, env=ENV).stdout
     tests, suite = [], None
-    for line in out.splitlines():
-        if not line.strip():
+    for line in out.decode(errors="replace").splitlines():
+        if not line.strip() or line.startswith("Running main()"):
             continue
         if not line.startswith(" "):
             suite = line.split("#")[0].strip()
@@ -103,18 +114,25 @@ def make_jobs(runs, costs, slots):
     return jobs
 
 
-def stop(procs):
-    """Ends the jobs' whole process groups: TERM, then KILL those left after 5 s."""
+def stop(jobs):
+    """Ends the jobs still running, and their process groups (the tool and the program it
+    runs): TERM, then KILL to every such group 5 s later, whether or not the tool itself has
+    ended. A tool that is still not reaped 5 s after that is given up ("would not end")."""
+    live = [j for j in jobs if j["proc"].poll() is None]
+    for j in live:
+        j["cut"] = True
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
+        for j in live:
+            try:
+                os.killpg(j["proc"].pid, sig)
+            except ProcessLookupError:
+                pass
         end = time.monotonic() + 5
-        while time.monotonic() < end and any(p.poll() is None for p in procs):
+        while time.monotonic() < end and any(j["proc"].poll() is None for j in live):
             time.sleep(0.1)
+    for j in live:
+        if j["proc"].poll() is None:
+            j["stuck"] = True
 
 
 def parse(log):
@@ -132,6 +150,51 @@ def parse(log):
     return results, errors
 
 
+def run_queue(a, jobs, deadline):
+    """Runs the jobs, a.slots at once, until they are done or the deadline (or a signal)."""
+    interrupted = []
+
+    def on_signal(signum, _frame):
+        interrupted.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    queue, running = list(jobs), []
+    try:
+        while queue or running:
+            now = time.monotonic()
+            late = now >= deadline or bool(interrupted)
+            while queue and len(running) < a.slots and not late:
+                job = queue.pop(0)
+                run = job["run"]
+                cmd = [a.sanitizer, "--tool", run["tool"], *run["extra"], "--error-exitcode",
+                       "99", a.tests, "--gtest_filter=" + ":".join(job["tests"]), *GTEST_FLAGS]
+                job["file"] = open(job["log"], "wb")
+                job["started"] = now
+                # A process group of its own (the tool and the program it runs end together),
+                # in the caller's session, so that whoever ends the caller's session ends it.
+                job["proc"] = subprocess.Popen(cmd, stdout=job["file"], stderr=subprocess.STDOUT,
+                                               env=ENV, preexec_fn=lambda: os.setpgid(0, 0))
+                running.append(job)
+            if late and running:
+                stop(running)
+            for job in list(running):
+                if job["proc"].poll() is None and not job.get("stuck"):
+                    continue
+                job["rc"] = job["proc"].returncode
+                job["seconds"] = time.monotonic() - job["started"]
+                job["file"].close()
+                running.remove(job)
+            if late:
+                break
+            time.sleep(0.2)
+    finally:
+        left = [j for j in running if j["proc"].poll() is None]
+        if left:
+            stop(left)
+    return bool(interrupted)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tests", required=True, help="the towers_tests binary")
@@ -143,96 +206,89 @@ def main():
     ap.add_argument("--sanitizer", default="compute-sanitizer")
     ap.add_argument("runs", nargs="+", help="NAME|TOOL|GTEST_FILTER|EXTRA_FLAGS")
     a = ap.parse_args()
-    if a.slots < 1 or a.seconds <= 0:
-        ap.error("--slots must be at least 1 and --seconds positive")
     start = time.monotonic()
     deadline = start + a.seconds
+    if a.slots < 1 or a.seconds <= 0:
+        ap.error("--slots must be at least 1 and --seconds positive")
+    for spec in a.runs:
+        parts = spec.split("|")
+        if len(parts) != 4 or not all(parts[:3]):
+            ap.error(f"a run is NAME|TOOL|GTEST_FILTER|EXTRA_FLAGS, not '{spec}'")
     if os.path.exists(a.out) and not os.path.isdir(a.out):
         ap.error(f"--out: '{a.out}' exists and is not a folder")
     if not os.access(a.tests, os.X_OK):
         ap.error(f"--tests: '{a.tests}' is not an executable file")
+    if shutil.which(a.sanitizer) is None:
+        ap.error(f"--sanitizer: '{a.sanitizer}' is not a program on the PATH")
     os.makedirs(a.out, exist_ok=True)
 
     only = None
     if a.only:
         with open(a.only) as f:
             only = {line.strip() for line in f if line.strip()}
-    runs = []
+    runs, listed = [], set()
     for spec in a.runs:
-        parts = spec.split("|")
-        if len(parts) != 4 or not all(parts[:3]):
-            ap.error(f"a run is NAME|TOOL|GTEST_FILTER|EXTRA_FLAGS, not '{spec}'")
-        name, tool, gtest_filter, extra = parts
+        name, tool, gtest_filter, extra = spec.split("|")
         tests = list_tests(a.tests, gtest_filter)
+        listed |= {f"{name}|{t}" for t in tests}
+        run = {"name": name, "tool": tool, "extra": extra.split(), "tests": tests,
+               "listed": len(tests)}
         if only is not None:
-            tests = [t for t in tests if f"{name}|{t}" in only]
-        runs.append({"name": name, "tool": tool, "extra": extra.split(), "tests": tests})
+            run["tests"] = [t for t in tests if f"{name}|{t}" in only]
+        runs.append(run)
     jobs = make_jobs([r for r in runs if r["tests"]], read_costs(a.costs), a.slots)
 
     logs_dir = os.path.join(a.out, "sanitizer-jobs")
     os.makedirs(logs_dir, exist_ok=True)
-    queue, running = list(jobs), []
     for k, job in enumerate(jobs):
         job["log"] = os.path.join(logs_dir, f"{job['run']['name']}-{k}.txt")
-    while queue or running:
-        now = time.monotonic()
-        while queue and len(running) < a.slots and now < deadline:
-            job = queue.pop(0)
-            run = job["run"]
-            cmd = [a.sanitizer, "--tool", run["tool"], *run["extra"], "--error-exitcode", "99",
-                   a.tests, "--gtest_filter=" + ":".join(job["tests"])]
-            job["file"] = open(job["log"], "w")
-            job["started"] = now
-            job["proc"] = subprocess.Popen(cmd, stdout=job["file"], stderr=subprocess.STDOUT,
-                                           start_new_session=True)
-            running.append(job)
-        if now >= deadline and running:
-            stop([job["proc"] for job in running])
-            for job in running:
-                job["cut"] = True
-        for job in list(running):
-            rc = job["proc"].poll()
-            if rc is None:
-                continue
-            job["rc"] = rc
-            job["seconds"] = time.monotonic() - job["started"]
-            job["file"].close()
-            running.remove(job)
-        if not queue and not running:
-            break
-        if now >= deadline and not running:
-            break
-        time.sleep(0.2)
+    interrupted = run_queue(a, jobs, deadline)
 
-    ok = True
+    ok = not interrupted
     unfinished_all, times, job_lines = [], [], []
     for run in runs:
         mine = [j for j in jobs if j["run"] is run]
         passed = failed = skipped = errors = 0
-        unfinished, failed_names, no_summary = [], [], 0
+        unfinished, failed_names, no_summary, abnormal = [], [], 0, []
         with open(os.path.join(a.out, f"sanitizer-{run['name']}.txt"), "w") as log:
             for j in mine:
                 text = ""
                 if "proc" in j:
-                    with open(j["log"]) as f:
+                    with open(j["log"], errors="replace") as f:
                         text = f.read()
-                state = ("not started" if "proc" not in j else
-                         "cut at the time limit" if j.get("cut") else f"exit {j['rc']}")
-                log.write(f"##### job: {len(j['tests'])} tests, {state}\n{text}")
+                    os.remove(j["log"])
                 results, errs = parse(text)
+                rc = j.get("rc")
+                if "proc" not in j:
+                    state = "not started"
+                elif j.get("stuck"):
+                    state = "would not end"
+                elif j.get("cut"):
+                    state = "cut at the time limit"
+                else:
+                    state = f"exit {rc}"
+                log.write(f"##### job: {len(j['tests'])} tests, {state}\n{text}")
+                checked = "proc" in j and not j.get("cut") and errs is not None
                 if "proc" in j and errs is None:
                     no_summary += 1
+                # How a sanitizer run ends: 0; 1 (a test failed, no errors found); 99 (errors).
+                any_failed = any(results.get(t, ("",))[0] == "FAILED" for t in j["tests"])
+                if checked and not (rc == 0 or (rc == 1 and any_failed) or (rc == 99 and errs > 0)):
+                    abnormal.append(f"{state} ({len(j['tests'])} tests from {j['tests'][0]})")
                 errors += errs or 0
                 job_lines.append(f"{run['name']} tests={len(j['tests'])} estimated={j['cost']:.1f}s "
                                  f"took={j.get('seconds', 0):.1f}s {state} errors="
                                  f"{'none printed' if errs is None else errs} first={j['tests'][0]}")
+                ran_for = sum(ms for _, ms in results.values()) / 1000
+                running_test = j.get("cut")  # the first test without a result was running
                 for t in j["tests"]:
                     status, ms = results.get(t, (None, 0))
                     if status is not None:
                         times.append(f"{run['name']}|{t} {ms / 1000:.2f}")
-                    # Checked only where the tool printed its summary: without it, an error
-                    # report of the test may be missing.
-                    if status is None or errs is None:
+                    elif running_test:
+                        times.append(f"{run['name']}|{t} {max(j['seconds'] - ran_for, 0):.2f}")
+                        running_test = False
+                    if status is None or not checked:
                         unfinished.append(t)
                         continue
                     if status == "OK":
@@ -248,18 +304,33 @@ def main():
                 f"{failed}, skipped {skipped}, unfinished {len(unfinished)} of {len(run['tests'])}")
         if no_summary:
             line += f" ({no_summary} jobs printed no error summary: cut or crashed)"
+        if run["listed"] == 0:
+            line += " (its filter selects no test)"
         print(line)
         for t in failed_names:
             print(f"  failed: {t}")
         for t in unfinished:
             print(f"  unfinished: {t}")
+        for what in abnormal:
+            print(f"  a job ended abnormally after its error summary: {what}")
         unfinished_all += [f"{run['name']}|{t}" for t in unfinished]
-        ok = ok and errors == 0 and failed == 0 and not unfinished and no_summary == 0
+        ok = (ok and errors == 0 and failed == 0 and not unfinished and no_summary == 0
+              and not abnormal and run["listed"] > 0)
+    if only is not None:
+        stale = sorted(only - listed)
+        for entry in stale:
+            print(f"  --only: '{entry}' names no test of the runs")
+        ok = ok and not stale
     for name, lines in (("sanitizer-unfinished.txt", unfinished_all),
                         ("sanitizer-times.txt", times), ("sanitizer-jobs.txt", job_lines)):
         with open(os.path.join(a.out, name), "w") as f:
             f.writelines(line + "\n" for line in lines)
-    print(f"sanitizers: {len(jobs)} jobs in {a.slots} slots, {time.monotonic() - start:.0f} s")
+    try:
+        os.rmdir(logs_dir)  # (emptied: each job's log is in its run's file)
+    except OSError:
+        pass
+    end = " (ended by a signal)" if interrupted else ""
+    print(f"sanitizers: {len(jobs)} jobs in {a.slots} slots, {time.monotonic() - start:.0f} s{end}")
     return 0 if ok else 1
 
 

@@ -1,8 +1,10 @@
 // bench/sanitize.py, the GPU run's compute-sanitizer queue, against stand-ins for the tool: it
-// must count a test as checked only where the tool printed its error summary, report errors
-// and cut jobs, and check again just the tests it did not finish. The program under the
-// stand-ins is this binary with a few quick tests.
+// must count a test as checked only where the tool printed its error summary and the job
+// ended as a sanitizer run does, report errors, failures, crashes and cut jobs, end what it
+// cut, and check again just the tests it did not finish. The program under the stand-ins is
+// this binary with a few quick tests.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +27,10 @@ namespace fs = std::filesystem;
 constexpr const char* kTests =
     "Safetensors.RoundTripWithAlignedHeaderAndMetadata:Checkpoint.RoundTripIsBitwise:"
     "Checkpoint.LatestPicksHighestStep";
+constexpr const char* kRun = "memcheck|memcheck|{}|";  // of kTests
+// Four parameterised tests (Suite/Name.Test/param).
+constexpr const char* kShapes =
+    "shapes|memcheck|Shapes/ConvTest.ForwardMatchesDirectConvolution/*|";
 
 // Runs a shell command; its exit code, and stdout and stderr in *out.
 int run(const std::string& cmd, std::string* out) {
@@ -38,33 +44,23 @@ int run(const std::string& cmd, std::string* out) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-// A stand-in for compute-sanitizer: drops the tool's flags, runs `before`, then the program,
-// then prints `summary` as the tool's last line; exits with `exit_code` (or the program's).
-std::string stand_in(const std::string& dir, const std::string& name, const std::string& before,
-                     const std::string& summary, const std::string& exit_code = "$rc") {
-  const std::string path = dir + "/" + name;
-  std::ofstream f(path);
-  f << "#!/bin/bash\nargs=()\nwhile [ $# -gt 0 ]; do\n  case \"$1\" in\n"
-       "    --tool|--error-exitcode|--report-api-errors) shift 2 ;;\n"
-       "    *) args+=(\"$1\"); shift ;;\n  esac\ndone\n"
-    << before << "\n\"${args[@]}\"; rc=$?\necho '" << summary << "'\nexit " << exit_code << "\n";
-  f.close();
-  fs::permissions(path, fs::perms::owner_all);
-  return path;
-}
-
-// sanitize.py with one run of the three tests under `sanitizer`; its exit code and output.
-int sanitize(const std::string& sanitizer, const std::string& out, double seconds,
-             std::string* output, const std::string& extra = "") {
-  return run(fmt::format("python3 '{}/bench/sanitize.py' --tests /proc/{}/exe --out '{}' "
-                         "--seconds {} --slots 2 --sanitizer '{}' {} 'memcheck|memcheck|{}|'",
-                         TOWERS_SOURCE_DIR, getpid(), out, seconds, sanitizer, extra, kTests),
-             output);
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream f(path);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Whether a process lives (a zombie does not: it has ended and waits to be reaped).
+bool alive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  const std::string stat = read_text(fmt::format("/proc/{}/stat", pid));
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || stat.compare(paren, 3, ") Z") != 0;
+}
+
+// Counts a file's lines.
+long lines(const std::string& path) {
+  const std::string text = read_text(path);
+  return static_cast<long>(std::count(text.begin(), text.end(), '\n'));
 }
 
 class SanitizeScript : public ::testing::Test {
@@ -76,87 +72,199 @@ class SanitizeScript : public ::testing::Test {
     dir_ = fs::path(testutil::test_path("sanitize")).string();
     fs::create_directories(dir_);
   }
+
+  // A stand-in for compute-sanitizer: `args` holds the program and its flags (the tool's
+  // flags dropped), `tests` the names in its --gtest_filter; then `body`.
+  std::string stand_in(const std::string& name, const std::string& body) const {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream f(path);
+    f << "#!/bin/bash\nargs=()\ntests=()\nwhile [ $# -gt 0 ]; do\n  case \"$1\" in\n"
+         "    --tool|--error-exitcode|--report-api-errors) shift 2 ;;\n"
+         "    --gtest_filter=*) IFS=: read -ra tests <<< \"${1#--gtest_filter=}\"; "
+         "args+=(\"$1\"); shift ;;\n"
+         "    *) args+=(\"$1\"); shift ;;\n  esac\ndone\n"
+      << body << "\n";
+    f.close();
+    fs::permissions(path, fs::perms::owner_all);
+    return path;
+  }
+  // One that runs the program and then prints `summary`, exiting with the program's code.
+  std::string runs_then(const std::string& name, const std::string& summary) const {
+    return stand_in(name, "\"${args[@]}\"; rc=$?\necho '" + summary + "'\nexit $rc");
+  }
+  // One that runs nothing: it prints each test's line (FAILED, with a parameter, for
+  // `fails`), the summary, and exits with `code`.
+  std::string prints(const std::string& name, const std::string& fails,
+                     const std::string& code) const {
+    return stand_in(name,
+                    "for t in \"${tests[@]}\"; do\n  if [ \"$t\" = '" + fails +
+                        "' ]; then echo \"[  FAILED  ] $t, where GetParam() = (1 ms) (7 ms)\"\n"
+                        "  else echo \"[       OK ] $t (3 ms)\"; fi\ndone\n"
+                        "echo '========= ERROR SUMMARY: 0 errors'\nexit " +
+                        code);
+  }
+
+  // sanitize.py with the given runs under `sanitizer`; its exit code and output.
+  int sanitize(const std::string& sanitizer, const std::string& out, double seconds,
+               std::string* output, const std::string& runs = "",
+               const std::string& extra = "") const {
+    return run(fmt::format("python3 '{}/bench/sanitize.py' --tests /proc/{}/exe --out '{}/{}' "
+                           "--seconds {} --slots 2 --sanitizer '{}' {} '{}'",
+                           TOWERS_SOURCE_DIR, getpid(), dir_, out, seconds, sanitizer, extra,
+                           runs.empty() ? fmt::format(kRun, kTests) : runs),
+               output);
+  }
   std::string dir_;
 };
 
-TEST_F(SanitizeScript, CleanToolRunsEveryTestOnce) {
-  const std::string tool = stand_in(dir_, "clean", "", "========= ERROR SUMMARY: 0 errors");
+TEST_F(SanitizeScript, CleanToolChecksEveryTestOfEveryRun) {
+  const std::string tool = runs_then("clean", "========= ERROR SUMMARY: 0 errors");
   std::string out;
-  EXPECT_EQ(sanitize(tool, dir_ + "/out", 120, &out), 0) << out;
+  const std::string runs = fmt::format(kRun, kTests) + "' '" + kShapes;
+  EXPECT_EQ(sanitize(tool, "out", 120, &out, runs), 0) << out;
   EXPECT_NE(out.find("sanitizer memcheck: 0 errors; tests passed 3, failed 0, skipped 0, "
-                     "unfinished 0 of 3"),
+                     "unfinished 0 of 3\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("sanitizer shapes: 0 errors; tests passed 4, failed 0, skipped 0, "
+                     "unfinished 0 of 4\n"),
             std::string::npos)
       << out;
   const std::string times = read_text(dir_ + "/out/sanitizer-times.txt");
   EXPECT_NE(times.find("memcheck|Checkpoint.RoundTripIsBitwise "), std::string::npos) << times;
-  EXPECT_EQ(std::count(times.begin(), times.end(), '\n'), 3) << times;
+  EXPECT_NE(times.find("shapes|Shapes/ConvTest.ForwardMatchesDirectConvolution/c2x7x6_k3s2_same "),
+            std::string::npos)
+      << times;
+  EXPECT_EQ(lines(dir_ + "/out/sanitizer-times.txt"), 7) << times;
   EXPECT_EQ(read_text(dir_ + "/out/sanitizer-unfinished.txt"), "");
+}
+
+// A suite run in shards sets GTEST_TOTAL_SHARDS and GTEST_SHARD_INDEX, which the jobs must
+// not inherit (they would leave their tests to other shards), nor GTEST_BRIEF.
+TEST_F(SanitizeScript, TheCallersGtestEnvironmentDoesNotReachTheJobs) {
+  const std::string tool = runs_then("clean", "========= ERROR SUMMARY: 0 errors");
+  std::string out;
+  EXPECT_EQ(run(fmt::format("GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=1 GTEST_BRIEF=1 python3 "
+                            "'{}/bench/sanitize.py' --tests /proc/{}/exe --out '{}/out' "
+                            "--seconds 120 --slots 2 --sanitizer '{}' '{}'",
+                            TOWERS_SOURCE_DIR, getpid(), dir_, tool, fmt::format(kRun, kTests)),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("tests passed 3, failed 0, skipped 0, unfinished 0 of 3\n"), std::string::npos)
+      << out;
 }
 
 TEST_F(SanitizeScript, ErrorsAndRacecheckSummariesAreCounted) {
   const std::string memcheck =
-      stand_in(dir_, "errors", "", "========= ERROR SUMMARY: 2 errors", "99");
+      stand_in("errors", "\"${args[@]}\"\necho '========= ERROR SUMMARY: 2 errors'\nexit 99");
   std::string out;
-  EXPECT_EQ(sanitize(memcheck, dir_ + "/out", 120, &out), 1) << out;
+  EXPECT_EQ(sanitize(memcheck, "out", 120, &out), 1) << out;
   // Every job's summary counts: 2 errors a job.
-  const std::string jobs = read_text(dir_ + "/out/sanitizer-jobs.txt");
-  const auto n = std::count(jobs.begin(), jobs.end(), '\n');
+  const long n = lines(dir_ + "/out/sanitizer-jobs.txt");
   EXPECT_GE(n, 1);
   EXPECT_NE(out.find(fmt::format("sanitizer memcheck: {} errors; tests passed 3,", 2 * n)),
             std::string::npos)
       << out;
   const std::string racecheck =
-      stand_in(dir_, "races", "",
-               "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)", "99");
-  EXPECT_EQ(sanitize(racecheck, dir_ + "/out2", 120, &out), 1) << out;
+      stand_in("races",
+               "\"${args[@]}\"\necho '========= RACECHECK SUMMARY: 1 hazard displayed (1 error, "
+               "0 warnings)'\nexit 99");
+  EXPECT_EQ(sanitize(racecheck, "out2", 120, &out), 1) << out;
   EXPECT_NE(out.find(fmt::format("sanitizer memcheck: {} errors;", n)), std::string::npos) << out;
+}
+
+TEST_F(SanitizeScript, FailedTestsAndCrashesAfterTheSummaryFailTheRun) {
+  std::string out;
+  const std::string failing =
+      prints("fails", "Shapes/ConvTest.ForwardMatchesDirectConvolution/c2x9x9_k4s1_same", "1");
+  EXPECT_EQ(sanitize(failing, "failed", 120, &out, kShapes), 1) << out;
+  EXPECT_NE(out.find("sanitizer shapes: 0 errors; tests passed 3, failed 1, skipped 0, "
+                     "unfinished 0 of 4\n  failed: Shapes/ConvTest.ForwardMatchesDirectConvolution/"
+                     "c2x9x9_k4s1_same\n"),
+            std::string::npos)
+      << out;
+  // Every test passed and the tool found nothing, but the job ended with a crash.
+  const std::string crashes = prints("crashes", "", "139");
+  EXPECT_EQ(sanitize(crashes, "crashed", 120, &out, kShapes), 1) << out;
+  EXPECT_NE(out.find("tests passed 4, failed 0, skipped 0, unfinished 0 of 4\n"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("a job ended abnormally after its error summary: exit 139"), std::string::npos)
+      << out;
+  // The same lines with a clean exit pass: the stand-in's lines are read as the tool's.
+  EXPECT_EQ(sanitize(prints("passes", "", "0"), "passed", 120, &out, kShapes), 0) << out;
 }
 
 TEST_F(SanitizeScript, ATestWithoutTheToolsSummaryIsUnfinishedAndCheckedAgain) {
   // The tool prints no summary: the tests ran, but they do not count.
-  const std::string silent = stand_in(dir_, "silent", "", "(no summary)");
   std::string out;
-  EXPECT_EQ(sanitize(silent, dir_ + "/silent-out", 120, &out), 1) << out;
+  EXPECT_EQ(sanitize(runs_then("silent", "(no summary)"), "silent-out", 120, &out), 1) << out;
   EXPECT_NE(out.find("unfinished 3 of 3"), std::string::npos) << out;
-  // A tool that hangs is cut at the time limit, and says so.
+  // A tool that hangs is cut at the time limit, and its process group is ended with it.
+  const std::string pids = dir_ + "/sleepers";
   const std::string hangs =
-      stand_in(dir_, "hangs", "sleep 600", "========= ERROR SUMMARY: 0 errors");
-  EXPECT_EQ(sanitize(hangs, dir_ + "/cut", 2, &out), 1) << out;
+      stand_in("hangs", "sleep 600 &\necho $! >> '" + pids +
+                            "'\nwait\necho '========= ERROR SUMMARY: 0 errors'");
+  EXPECT_EQ(sanitize(hangs, "cut", 5, &out), 1) << out;
   EXPECT_NE(out.find("unfinished 3 of 3"), std::string::npos) << out;
   EXPECT_NE(read_text(dir_ + "/cut/sanitizer-jobs.txt").find("cut at the time limit"),
             std::string::npos);
+  ASSERT_GE(lines(pids), 1);
+  std::ifstream sleepers(pids);
+  for (pid_t pid; sleepers >> pid;) EXPECT_FALSE(alive(pid)) << "sleeper " << pid << " lives on";
   const std::string unfinished = read_text(dir_ + "/cut/sanitizer-unfinished.txt");
   EXPECT_NE(unfinished.find("memcheck|Checkpoint.LatestPicksHighestStep\n"), std::string::npos)
       << unfinished;
   // Only the unfinished ones again, with a tool that finishes.
-  const std::string clean = stand_in(dir_, "clean", "", "========= ERROR SUMMARY: 0 errors");
-  EXPECT_EQ(sanitize(clean, dir_ + "/again", 120, &out,
+  const std::string clean = runs_then("clean", "========= ERROR SUMMARY: 0 errors");
+  EXPECT_EQ(sanitize(clean, "again", 120, &out, "",
                      fmt::format("--only '{}/cut/sanitizer-unfinished.txt'", dir_)),
             0)
       << out;
   EXPECT_NE(out.find("unfinished 0 of 3"), std::string::npos) << out;
 }
 
+TEST_F(SanitizeScript, AFilterOfNoTestsAndStaleEntriesFailTheRun) {
+  const std::string clean = runs_then("clean", "========= ERROR SUMMARY: 0 errors");
+  std::string out;
+  EXPECT_EQ(sanitize(clean, "none", 120, &out, "memcheck|memcheck|NoSuchSuite.*|"), 1) << out;
+  EXPECT_NE(out.find("unfinished 0 of 0 (its filter selects no test)"), std::string::npos) << out;
+  std::ofstream(dir_ + "/stale.txt") << "memcheck|Checkpoint.RoundTripIsBitwise\n"
+                                     << "memcheck|Checkpoint.NoLongerThere\n";
+  EXPECT_EQ(sanitize(clean, "stale", 120, &out, "", fmt::format("--only '{}/stale.txt'", dir_)), 1)
+      << out;
+  EXPECT_NE(out.find("tests passed 1, failed 0, skipped 0, unfinished 0 of 1"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("--only: 'memcheck|Checkpoint.NoLongerThere' names no test of the runs"),
+            std::string::npos)
+      << out;
+}
+
 TEST_F(SanitizeScript, BadArgumentsAreRefused) {
   std::string out;
-  EXPECT_NE(run(fmt::format("python3 '{}/bench/sanitize.py' --tests /proc/{}/exe --out '{}' "
-                            "--seconds 10 --slots 0 'memcheck|memcheck|{}|'",
-                            TOWERS_SOURCE_DIR, getpid(), dir_, kTests),
-                &out),
+  const std::string tests = fmt::format("/proc/{}/exe", getpid());
+  const auto call = [&](const std::string& args) {
+    return run(fmt::format("python3 '{}/bench/sanitize.py' {}", TOWERS_SOURCE_DIR, args), &out);
+  };
+  EXPECT_NE(call(fmt::format("--tests {} --out '{}' --seconds 10 --slots 0 '{}'", tests, dir_,
+                             fmt::format(kRun, kTests))),
             0);
   EXPECT_NE(out.find("--slots must be at least 1"), std::string::npos) << out;
-  EXPECT_NE(run(fmt::format("python3 '{}/bench/sanitize.py' --tests /proc/{}/exe --out '{}' "
-                            "--seconds 10 --slots 1 'memcheck|memcheck'",
-                            TOWERS_SOURCE_DIR, getpid(), dir_),
-                &out),
+  EXPECT_NE(call(fmt::format("--tests {} --out '{}' --seconds 10 --slots 1 'memcheck|memcheck'",
+                             tests, dir_)),
             0);
   EXPECT_NE(out.find("a run is NAME|TOOL|GTEST_FILTER|EXTRA_FLAGS"), std::string::npos) << out;
-  EXPECT_NE(run(fmt::format("python3 '{}/bench/sanitize.py' --tests '{}/none' --out '{}' "
-                            "--seconds 10 --slots 1 'memcheck|memcheck|{}|'",
-                            TOWERS_SOURCE_DIR, dir_, dir_, kTests),
-                &out),
+  EXPECT_NE(call(fmt::format("--tests '{}/none' --out '{}' --seconds 10 --slots 1 '{}'", dir_, dir_,
+                             fmt::format(kRun, kTests))),
             0);
   EXPECT_NE(out.find("--tests: '" + dir_ + "/none' is not an executable file"), std::string::npos)
+      << out;
+  EXPECT_NE(call(fmt::format("--tests {} --out '{}' --seconds 10 --slots 1 --sanitizer "
+                             "no-such-sanitizer '{}'",
+                             tests, dir_, fmt::format(kRun, kTests))),
+            0);
+  EXPECT_NE(out.find("--sanitizer: 'no-such-sanitizer' is not a program on the PATH"),
+            std::string::npos)
       << out;
 }
 
