@@ -114,11 +114,43 @@ def make_jobs(runs, costs, slots):
     return jobs
 
 
+def descendants(pid):
+    """The processes below pid (from /proc's children lists; empty where /proc cannot say)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def start_time(pid):
+    """A process's start time (clock ticks after boot), to tell it from a later one that took
+    its pid; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def stop(jobs):
-    """Ends the jobs still running, and their process groups (the tool and the program it
-    runs): TERM, then KILL to every such group 5 s later, whether or not the tool itself has
-    ended. A tool that is still not reaped 5 s after that is given up ("would not end")."""
+    """Ends the jobs still running: their process groups (the tool and the program it runs),
+    and every process below the tool, in case the tool moved its program to a group of its own:
+    TERM, then KILL 5 s later, whether or not the tool itself has ended. A tool that is still
+    not reaped 5 s after that is given up ("would not end")."""
     live = [j for j in jobs if j["proc"].poll() is None]
+    below = [(p, start_time(p)) for j in live for p in descendants(j["proc"].pid)]
     for j in live:
         j["cut"] = True
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -127,6 +159,12 @@ def stop(jobs):
                 os.killpg(j["proc"].pid, sig)
             except ProcessLookupError:
                 pass
+        for p, started in below:
+            if started is not None and start_time(p) == started:
+                try:
+                    os.kill(p, sig)
+                except ProcessLookupError:
+                    pass
         end = time.monotonic() + 5
         while time.monotonic() < end and any(j["proc"].poll() is None for j in live):
             time.sleep(0.1)

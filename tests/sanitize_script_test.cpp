@@ -200,16 +200,17 @@ TEST_F(SanitizeScript, ATestWithoutTheToolsSummaryIsUnfinishedAndCheckedAgain) {
   std::string out;
   EXPECT_EQ(sanitize(runs_then("silent", "(no summary)"), "silent-out", 120, &out), 1) << out;
   EXPECT_NE(out.find("unfinished 3 of 3"), std::string::npos) << out;
-  // A tool that hangs is cut at the time limit, and its process group is ended with it.
+  // A tool that hangs is cut at the time limit, and what it started is ended with it: its
+  // process group, and a process it moved to a session of its own.
   const std::string pids = dir_ + "/sleepers";
   const std::string hangs =
-      stand_in("hangs", "sleep 600 &\necho $! >> '" + pids +
-                            "'\nwait\necho '========= ERROR SUMMARY: 0 errors'");
+      stand_in("hangs", "sleep 600 &\necho $! >> '" + pids + "'\nsetsid sleep 600 &\necho $! >> '" +
+                            pids + "'\nwait\necho '========= ERROR SUMMARY: 0 errors'");
   EXPECT_EQ(sanitize(hangs, "cut", 5, &out), 1) << out;
   EXPECT_NE(out.find("unfinished 3 of 3"), std::string::npos) << out;
   EXPECT_NE(read_text(dir_ + "/cut/sanitizer-jobs.txt").find("cut at the time limit"),
             std::string::npos);
-  ASSERT_GE(lines(pids), 1);
+  ASSERT_GE(lines(pids), 2);
   std::ifstream sleepers(pids);
   for (pid_t pid; sleepers >> pid;) EXPECT_FALSE(alive(pid)) << "sleeper " << pid << " lives on";
   const std::string unfinished = read_text(dir_ + "/cut/sanitizer-unfinished.txt");
