@@ -32,8 +32,8 @@
 # dense layers' GEMMs one at a time; about a minute) and "remote" (the transport's 4 MiB shares
 # on this machine's cores, against shard processes only, 3 interleaved repetitions, at most
 # two minutes: every 4 MiB case with 5 repetitions did not finish in 150 s on the 16-core H200
-# machine on 2026-11-27) are for a second command on the same warm machine, if the lease has
-# time left:
+# machine on 2026-11-27) run after them as spare phases when the command's time allows
+# (LEASE_SPARE, LEASE_BUDGET below), or as a second command on the same warm machine:
 #   LEASE_PHASES="profile remote" bench/gpu-lease.sh OUT
 # and "sanitize" checks again, alone, the tests that the correctness phase's sanitizers did not
 # finish (san/sanitizer-unfinished.txt in its lease.tgz, carried back to the machine):
@@ -157,21 +157,44 @@ if [[ " $phases " == *" training "* ]]; then
   pack_results
 fi
 
-if [[ " $phases " == *" profile "* ]]; then
-  PHASES=profile within 130 bench/run-gpu.sh "$pack" "$work/profile" > "$work/profile.log" 2>&1
+run_profile() {  # at most $1 s
+  PHASES=profile within "$1" bench/run-gpu.sh "$pack" "$work/profile" > "$work/profile.log" 2>&1
   stamp "profile done (exit $?)"
   pack_results
-fi
-
-if [[ " $phases " == *" remote "* ]]; then
+}
+run_remote() {  # at most $1 s
   # What the transport's bar reads (issue 11): push and pull to 1, 2 and 4 shard processes,
   # gRPC's floors against a process, raw TCP's two best variants; no training job.
   CASES='BM_(PushToProcesses|PullFromProcesses)/4194304/|BM_Grpc(StreamToProcess|PullStreamFromProcess)/4194304|BM_TcpLoopback/4194304/(262144|1048576)/' \
-    SWEEP=0 ROUNDS=0 REPS=3 REMOTE_S=110 PHASES=remote \
-    within 120 bench/run-gpu.sh "$pack" "$work/remote" > "$work/remote.log" 2>&1
+    SWEEP=0 ROUNDS=0 REPS=3 REMOTE_S=$(($1 - 10)) PHASES=remote \
+    within "$1" bench/run-gpu.sh "$pack" "$work/remote" > "$work/remote.log" 2>&1
   stamp "remote done"
   pack_results
-fi
+}
+# The phases asked for, then the spare ones (LEASE_SPARE; without LEASE_PHASES, "remote
+# profile": the transport's shares, then the profile) while the command's time allows: each runs if at least
+# its minimum is left of LEASE_BUDGET seconds (default 575, inside the lease's 10 minutes a
+# command), cut to what is left.
+budget=${LEASE_BUDGET:-575}
+[[ " $phases " == *" profile "* ]] && run_profile 130
+[[ " $phases " == *" remote "* ]] && run_remote 120
+spare_default="remote profile"  # (after the main command's phases only)
+[ -n "${LEASE_PHASES:-}" ] && spare_default=""
+for extra in ${LEASE_SPARE-$spare_default}; do
+  [[ " $phases " == *" $extra "* ]] && continue
+  left=$((budget - (SECONDS - start)))
+  case $extra in
+    remote) min=40 cap=120 ;;
+    profile) min=60 cap=130 ;;
+    *) echo "gpu-lease: LEASE_SPARE: no phase '$extra' (remote, profile)" >&2; continue ;;
+  esac
+  if [ "$left" -ge "$min" ]; then
+    stamp "spare time ($left s): $extra"
+    "run_$extra" $((left < cap ? left : cap))
+  else
+    stamp "no time for $extra ($left s left, $min needed)"
+  fi
+done
 
 rm -f "$work/.sessions"
 pack_results
