@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU lease in one command. The device machines are lent for about 15 minutes of device
 # time in all (their start included) and at most 10 minutes a command, so this runs what the
-# GPU issues need in at most 9.5 minutes (560 s of phases), from the repository root on the
-# GPU machine:
+# GPU issues need in at most 560 s of main phases, then spare phases while 570 s from its
+# start allow (LEASE_BUDGET; give a second command's budget to match its time limit), from
+# the repository root on the GPU machine:
 #   bench/gpu-lease.sh OUT [PACK]
 # OUT: where the results go (a few files, below); PACK: the build bench/pack-gpu.sh made
 # (default build-gpu/pack, unpacked from build-gpu/pack.tar.xz when it is not there yet).
@@ -34,7 +35,7 @@
 # two minutes: every 4 MiB case with 5 repetitions did not finish in 150 s on the 16-core H200
 # machine on 2026-11-27) run after them as spare phases when the command's time allows
 # (LEASE_SPARE, LEASE_BUDGET below), or as a second command on the same warm machine:
-#   LEASE_PHASES="profile remote" bench/gpu-lease.sh OUT
+#   LEASE_PHASES="profile remote" LEASE_BUDGET=240 bench/gpu-lease.sh OUT
 # and "sanitize" checks again, alone, the tests that the correctness phase's sanitizers did not
 # finish (san/sanitizer-unfinished.txt in its lease.tgz, carried back to the machine):
 #   LEASE_PHASES=sanitize SANITIZE_ONLY_TESTS=FILE SANITIZE_S=200 bench/gpu-lease.sh OUT
@@ -171,25 +172,30 @@ run_remote() {  # at most $1 s
   stamp "remote done"
   pack_results
 }
-# The phases asked for, then the spare ones (LEASE_SPARE; without LEASE_PHASES, "remote
-# profile": the transport's shares, then the profile) while the command's time allows: each runs if at least
-# its minimum is left of LEASE_BUDGET seconds (default 575, inside the lease's 10 minutes a
-# command), cut to what is left.
-budget=${LEASE_BUDGET:-575}
-[[ " $phases " == *" profile "* ]] && run_profile 130
-[[ " $phases " == *" remote "* ]] && run_remote 120
-spare_default="remote profile"  # (after the main command's phases only)
+# The transport's shares and the profile: those LEASE_PHASES asks for, then the spare ones
+# (LEASE_SPARE; after the main command's phases, "remote profile": issue 11's bar, then issue
+# 12's kernels), each while the command's time allows: it runs if at least its minimum is left
+# of LEASE_BUDGET seconds from the script's start (default 570, inside the lease's 10 minutes
+# a command, with room for the packing after it), cut to what is left less `within`'s grace.
+# remote's result is all or nothing (its repetitions interleave, and its summary reads the
+# JSON written at its end): 3 repetitions of its cases took about 25 s on 2 cores here.
+budget=${LEASE_BUDGET:-570}
+[[ $budget =~ ^[0-9]+$ ]] || { echo "gpu-lease: LEASE_BUDGET '$budget' is not a number of seconds; using 570" >&2; budget=570; }
+spare_default="remote profile"
 [ -n "${LEASE_PHASES:-}" ] && spare_default=""
-for extra in ${LEASE_SPARE-$spare_default}; do
-  [[ " $phases " == *" $extra "* ]] && continue
-  left=$((budget - (SECONDS - start)))
+asked=""
+for extra in remote profile; do [[ " $phases " == *" $extra "* ]] && asked="$asked $extra"; done
+for extra in $asked ${LEASE_SPARE-$spare_default}; do
   case $extra in
-    remote) min=40 cap=120 ;;
-    profile) min=60 cap=130 ;;
+    remote) min=60 cap=120 ;;
+    profile) min=30 cap=130 ;;
     *) echo "gpu-lease: LEASE_SPARE: no phase '$extra' (remote, profile)" >&2; continue ;;
   esac
+  [[ " ${done_extras:-} " == *" $extra "* ]] && continue
+  done_extras="${done_extras:-} $extra"
+  left=$((budget - SECONDS - 8))
   if [ "$left" -ge "$min" ]; then
-    stamp "spare time ($left s): $extra"
+    stamp "$extra, with $left s left"
     "run_$extra" $((left < cap ? left : cap))
   else
     stamp "no time for $extra ($left s left, $min needed)"

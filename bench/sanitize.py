@@ -37,6 +37,7 @@ report as at the time limit.
 """
 
 import argparse
+import ctypes
 import os
 import re
 import shutil
@@ -114,60 +115,96 @@ def make_jobs(runs, costs, slots):
     return jobs
 
 
-def descendants(pid):
-    """The processes below pid (from /proc's children lists; empty where /proc cannot say)."""
-    found, todo = [], [pid]
+def become_subreaper():
+    """Makes the orphans of the jobs' trees (a program whose tool died first) children of this
+    process rather than of init: stop() still finds them, and their pids stay theirs while
+    they wait here to be reaped."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def tree():
+    """(pid, pidfd or None) of every process below this one, from /proc's children lists. Each
+    is opened (a pidfd, where the kernel has them) and then checked to be still the child of
+    the process it was listed under, so that a process that took a listed pid afterwards is
+    never signalled."""
+    found, todo, seen = [], [os.getpid()], set()
     while todo:
-        p = todo.pop()
+        parent = todo.pop()
         try:
-            tasks = os.listdir(f"/proc/{p}/task")
+            tasks = os.listdir(f"/proc/{parent}/task")
         except OSError:
             continue
         for t in tasks:
             try:
-                with open(f"/proc/{p}/task/{t}/children") as f:
+                with open(f"/proc/{parent}/task/{t}/children") as f:
                     kids = [int(k) for k in f.read().split()]
             except OSError:
                 continue
-            found += kids
-            todo += kids
+            for k in kids:
+                if k in seen:
+                    continue
+                fd = None
+                if hasattr(os, "pidfd_open"):
+                    try:
+                        fd = os.pidfd_open(k)
+                    except OSError:
+                        continue  # gone
+                if parent_of(k) != parent:  # gone before it was opened
+                    if fd is not None:
+                        os.close(fd)
+                    continue
+                seen.add(k)
+                found.append((k, fd))
+                todo.append(k)
     return found
 
 
-def start_time(pid):
-    """A process's start time (clock ticks after boot), to tell it from a later one that took
-    its pid; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+def signal_tree(handles, sig):
+    for pid, fd in handles:
+        try:
+            if fd is not None:
+                signal.pidfd_send_signal(fd, sig)
+            else:
+                os.kill(pid, sig)
+        except OSError:
+            pass
 
 
-def stop(jobs):
-    """Ends the jobs still running: their process groups (the tool and the program it runs),
-    and every process below the tool, in case the tool moved its program to a group of its own:
-    TERM, then KILL 5 s later, whether or not the tool itself has ended. A tool that is still
-    not reaped 5 s after that is given up ("would not end")."""
+def stop(jobs, grace=5.0):
+    """Ends the jobs still running, and everything below this process (their tools, the
+    programs the tools run, and those programs' orphans, in whatever group or session): TERM,
+    then KILL after `grace` seconds. A tool that is still not reaped 5 s after that is given up
+    ("would not end")."""
     live = [j for j in jobs if j["proc"].poll() is None]
-    below = [(p, start_time(p)) for j in live for p in descendants(j["proc"].pid)]
     for j in live:
         j["cut"] = True
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for j in live:
-            try:
-                os.killpg(j["proc"].pid, sig)
-            except ProcessLookupError:
-                pass
-        for p, started in below:
-            if started is not None and start_time(p) == started:
+    handles = tree()
+    try:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            for j in live:
                 try:
-                    os.kill(p, sig)
-                except ProcessLookupError:
+                    os.killpg(j["proc"].pid, sig)
+                except OSError:
                     pass
-        end = time.monotonic() + 5
-        while time.monotonic() < end and any(j["proc"].poll() is None for j in live):
-            time.sleep(0.1)
+            signal_tree(handles, sig)
+            end = time.monotonic() + wait
+            while time.monotonic() < end and any(j["proc"].poll() is None for j in live):
+                time.sleep(0.1)
+    finally:
+        for _, fd in handles:
+            if fd is not None:
+                os.close(fd)
     for j in live:
         if j["proc"].poll() is None:
             j["stuck"] = True
@@ -215,7 +252,8 @@ def run_queue(a, jobs, deadline):
                                                env=ENV, preexec_fn=lambda: os.setpgid(0, 0))
                 running.append(job)
             if late and running:
-                stop(running)
+                # Stopped from outside: whoever sent it will not wait long.
+                stop(running, 2.0 if interrupted else 5.0)
             for job in list(running):
                 if job["proc"].poll() is None and not job.get("stuck"):
                     continue
@@ -230,6 +268,13 @@ def run_queue(a, jobs, deadline):
         left = [j for j in running if j["proc"].poll() is None]
         if left:
             stop(left)
+        # Whatever a finished job left behind (a program its tool did not wait for).
+        behind = tree()
+        if behind:
+            signal_tree(behind, signal.SIGKILL)
+            for _, fd in behind:
+                if fd is not None:
+                    os.close(fd)
     return bool(interrupted)
 
 
@@ -280,6 +325,7 @@ def main():
     os.makedirs(logs_dir, exist_ok=True)
     for k, job in enumerate(jobs):
         job["log"] = os.path.join(logs_dir, f"{job['run']['name']}-{k}.txt")
+    become_subreaper()
     interrupted = run_queue(a, jobs, deadline)
 
     ok = not interrupted

@@ -104,6 +104,25 @@ class SanitizeScript : public ::testing::Test {
                         code);
   }
 
+  // One that starts two sleepers, one of them in a session of its own, writes their pids to
+  // `pids`, and waits for them.
+  std::string hanging(const std::string& name, const std::string& pids) const {
+    return stand_in(name, "sleep 600 &\necho $! >> '" + pids + "'\nsetsid bash -c 'echo $$ >> \"" +
+                              pids +
+                              "\"; exec sleep 600' &\nwait\n"
+                              "echo '========= ERROR SUMMARY: 0 errors'");
+  }
+  // Every process named in `pids` has ended (within a few seconds: a killed process may take
+  // a moment to go).
+  static void expect_ended(const std::string& pids) {
+    ASSERT_GE(lines(pids), 2);
+    std::ifstream sleepers(pids);
+    for (pid_t pid; sleepers >> pid;) {
+      for (int i = 0; i < 50 && alive(pid); ++i) usleep(100000);
+      EXPECT_FALSE(alive(pid)) << "sleeper " << pid << " lives on";
+    }
+  }
+
   // sanitize.py with the given runs under `sanitizer`; its exit code and output.
   int sanitize(const std::string& sanitizer, const std::string& out, double seconds,
                std::string* output, const std::string& runs = "",
@@ -203,16 +222,12 @@ TEST_F(SanitizeScript, ATestWithoutTheToolsSummaryIsUnfinishedAndCheckedAgain) {
   // A tool that hangs is cut at the time limit, and what it started is ended with it: its
   // process group, and a process it moved to a session of its own.
   const std::string pids = dir_ + "/sleepers";
-  const std::string hangs =
-      stand_in("hangs", "sleep 600 &\necho $! >> '" + pids + "'\nsetsid sleep 600 &\necho $! >> '" +
-                            pids + "'\nwait\necho '========= ERROR SUMMARY: 0 errors'");
+  const std::string hangs = hanging("hangs", pids);
   EXPECT_EQ(sanitize(hangs, "cut", 5, &out), 1) << out;
   EXPECT_NE(out.find("unfinished 3 of 3"), std::string::npos) << out;
   EXPECT_NE(read_text(dir_ + "/cut/sanitizer-jobs.txt").find("cut at the time limit"),
             std::string::npos);
-  ASSERT_GE(lines(pids), 2);
-  std::ifstream sleepers(pids);
-  for (pid_t pid; sleepers >> pid;) EXPECT_FALSE(alive(pid)) << "sleeper " << pid << " lives on";
+  expect_ended(pids);
   const std::string unfinished = read_text(dir_ + "/cut/sanitizer-unfinished.txt");
   EXPECT_NE(unfinished.find("memcheck|Checkpoint.LatestPicksHighestStep\n"), std::string::npos)
       << unfinished;
@@ -223,6 +238,30 @@ TEST_F(SanitizeScript, ATestWithoutTheToolsSummaryIsUnfinishedAndCheckedAgain) {
             0)
       << out;
   EXPECT_NE(out.find("unfinished 0 of 3"), std::string::npos) << out;
+}
+
+// The lease's time limit ends a phase by signalling its whole session: the tools and the
+// script at once. The script still ends what the tools started, and writes its report.
+TEST_F(SanitizeScript, ASignalToTheWholeSessionEndsEverythingAndLeavesTheReport) {
+  std::string out;
+  if (run("command -v pkill && command -v setsid", &out) != 0)
+    GTEST_SKIP() << "pkill or setsid is not available";
+  const std::string pids = dir_ + "/sleepers";
+  const std::string hangs = hanging("hangs", pids);
+  EXPECT_EQ(
+      run(fmt::format("setsid python3 '{}/bench/sanitize.py' --tests /proc/{}/exe --out "
+                      "'{}/out' --seconds 120 --slots 2 --sanitizer '{}' '{}' > '{}/log' 2>&1 "
+                      "& p=$!; while [ $(cat '{}' 2>/dev/null | wc -l) -lt 4 ]; do sleep 0.1; "
+                      "done; pkill -TERM -s $p; wait $p",
+                      TOWERS_SOURCE_DIR, getpid(), dir_, hangs, fmt::format(kRun, kTests), dir_,
+                      pids),
+          &out),
+      1)
+      << out << read_text(dir_ + "/log");
+  const std::string log = read_text(dir_ + "/log");
+  EXPECT_NE(log.find("unfinished 3 of 3"), std::string::npos) << log;
+  EXPECT_NE(log.find("(ended by a signal)"), std::string::npos) << log;
+  expect_ended(pids);
 }
 
 TEST_F(SanitizeScript, AFilterOfNoTestsAndStaleEntriesFailTheRun) {
