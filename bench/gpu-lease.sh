@@ -23,8 +23,8 @@
 # gtest shards then) had not finished in 200 s; the speed phase needed more than its 190 s (the
 # last PyTorch peer was cut; plain torch.compile was not in it), the training 75 s.
 # What OUT holds: lease.txt (the phases' times), summary.txt (every phase's summary), the
-# phases' top-level logs (tests.log, san.log, bench.log, fashion.log; profile.log, remote.log)
-# and lease.tgz with everything (logs, JSON, profiles), packed again after each phase and when
+# first four of the phases' top-level logs (tests.log, san.log, san-again.log, bench.log,
+# fashion.log, remote.log, profile.log: at most 8 files come back from the machine) and lease.tgz with everything (logs, JSON, profiles), packed again after each phase and when
 # the script is stopped, so that a run cut short still leaves what it did in a few files. If
 # lease.tgz would pass 15 MiB it is packed without the largest files (listed in
 # OUT/left-out.txt). The phases write into LEASE_WORK
@@ -89,9 +89,12 @@ pack_results() {
     cat "$f"
   done > "$out/summary.txt"
   cp "$out/lease.txt" "$work/" 2>/dev/null
-  local log
-  for log in tests san san-again bench fashion profile remote; do  # (at most 8 files come back)
-    [ -f "$work/$log.log" ] && cp "$work/$log.log" "$out/"
+  # At most 8 files come back from the machine: lease.txt, summary.txt, lease.tgz and
+  # left-out.txt, and the first four of the phases' logs (all of them are in lease.tgz).
+  local log copied=0
+  for log in tests san san-again bench fashion remote profile; do
+    [ -f "$work/$log.log" ] && [ "$copied" -lt 4 ] || continue
+    cp "$work/$log.log" "$out/" && copied=$((copied + 1))
   done
   local limit=$((15 * 1024 * 1024))
   rm -f "$out/left-out.txt"
