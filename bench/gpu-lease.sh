@@ -24,11 +24,11 @@
 # last PyTorch peer was cut; plain torch.compile was not in it), the training 75 s.
 # What OUT holds: lease.txt (the phases' times), summary.txt (every phase's summary), the
 # first four of the phases' top-level logs (tests.log, san.log, san-again.log, bench.log,
-# fashion.log, remote.log, profile.log: at most 8 files come back from the machine) and lease.tgz with everything (logs, JSON, profiles), packed again after each phase and when
-# the script is stopped, so that a run cut short still leaves what it did in a few files. If
+# fashion.log, remote.log, profile.log: at most 8 files come back from the machine) and
+# lease.tgz with everything (logs, JSON, profiles), packed again after each phase and when the
+# script is stopped, so that a run cut short still leaves what it did in a few files. If
 # lease.tgz would pass 15 MiB it is packed without the largest files (listed in
-# OUT/left-out.txt). The phases write into LEASE_WORK
-# (default: a fresh temporary folder).
+# OUT/left-out.txt). The phases write into LEASE_WORK (default: a fresh temporary folder).
 # LEASE_PHASES="correctness speed training" (default) picks phases; "profile" (ncu, then the
 # dense layers' GEMMs one at a time; about a minute) and "remote" (the transport's 4 MiB shares
 # on this machine's cores, against shard processes only, 3 interleaved repetitions, at most
