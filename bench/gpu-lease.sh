@@ -181,7 +181,7 @@ run_remote() {  # at most $1 s
 # of LEASE_BUDGET seconds from the script's start (default 570, inside the lease's 10 minutes
 # a command, with room for the packing after it), cut to what is left less `within`'s grace.
 # remote's result is all or nothing (its repetitions interleave, and its summary reads the
-# JSON written at its end): 3 repetitions of its cases took about 25 s on 2 cores here.
+# JSON written at its end): 3 repetitions of its cases took 23 s on 2 cores here (2026-11-27).
 budget=${LEASE_BUDGET:-570}
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu-lease: LEASE_BUDGET '$budget' is not a number of seconds; using 570" >&2; budget=570; }
 spare_default="remote profile"
@@ -190,7 +190,7 @@ asked=""
 for extra in remote profile; do [[ " $phases " == *" $extra "* ]] && asked="$asked $extra"; done
 for extra in $asked ${LEASE_SPARE-$spare_default}; do
   case $extra in
-    remote) min=60 cap=120 ;;
+    remote) min=45 cap=120 ;;
     profile) min=30 cap=130 ;;
     *) echo "gpu-lease: LEASE_SPARE: no phase '$extra' (remote, profile)" >&2; continue ;;
   esac
