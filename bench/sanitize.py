@@ -170,6 +170,12 @@ def tree():
     return found
 
 
+def close_tree(handles):
+    for _, fd in handles:
+        if fd is not None:
+            os.close(fd)
+
+
 def signal_tree(handles, sig):
     for pid, fd in handles:
         try:
@@ -202,9 +208,7 @@ def stop(jobs, grace=5.0):
             while time.monotonic() < end and any(j["proc"].poll() is None for j in live):
                 time.sleep(0.1)
     finally:
-        for _, fd in handles:
-            if fd is not None:
-                os.close(fd)
+        close_tree(handles)
     for j in live:
         if j["proc"].poll() is None:
             j["stuck"] = True
@@ -270,11 +274,8 @@ def run_queue(a, jobs, deadline):
             stop(left)
         # Whatever a finished job left behind (a program its tool did not wait for).
         behind = tree()
-        if behind:
-            signal_tree(behind, signal.SIGKILL)
-            for _, fd in behind:
-                if fd is not None:
-                    os.close(fd)
+        signal_tree(behind, signal.SIGKILL)
+        close_tree(behind)
     return bool(interrupted)
 
 

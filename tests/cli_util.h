@@ -39,9 +39,9 @@ inline constexpr const char* kBatchNormNet = R"({"name": "bn", "input": [1, 12, 
   {"name": "bn2", "type": "batchnorm"},
   {"name": "out", "type": "dense", "units": 10, "relu": false, "weight_init": {"stddev": 0.1}}]})";
 
-// Runs `towers <args>` and returns its exit code; stdout and stderr go to *output.
-inline int run_towers(const std::string& args, std::string* output = nullptr) {
-  std::string cmd = towers_binary() + " " + args + " 2>&1";
+// Runs a shell command and returns its exit code; stdout and stderr go to *output.
+inline int run_command(const std::string& command, std::string* output = nullptr) {
+  const std::string cmd = command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
   std::array<char, 4096> buf{};
@@ -51,6 +51,11 @@ inline int run_towers(const std::string& args, std::string* output = nullptr) {
   int status = pclose(p);
   if (output) *output = out;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+// Runs `towers <args>` and returns its exit code; stdout and stderr go to *output.
+inline int run_towers(const std::string& args, std::string* output = nullptr) {
+  return run_command(towers_binary() + " " + args, output);
 }
 
 // This process's folder of tests' files: TempDir/<prefix><pid>. test_path's prefix is

@@ -5,12 +5,9 @@
 // this binary with a few quick tests.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -32,17 +29,7 @@ constexpr const char* kRun = "memcheck|memcheck|{}|";  // of kTests
 constexpr const char* kShapes =
     "shapes|memcheck|Shapes/ConvTest.ForwardMatchesDirectConvolution/*|";
 
-// Runs a shell command; its exit code, and stdout and stderr in *out.
-int run(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  std::array<char, 4096> buf{};
-  size_t n;
-  out->clear();
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
+using testutil::run_command;
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path);
@@ -67,7 +54,7 @@ class SanitizeScript : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string out;
-    if (run("python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))'", &out) != 0)
+    if (run_command("python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))'", &out) != 0)
       GTEST_SKIP() << "python3 (3.8 or later) is not available";
     dir_ = fs::path(testutil::test_path("sanitize")).string();
     fs::create_directories(dir_);
@@ -127,11 +114,12 @@ class SanitizeScript : public ::testing::Test {
   int sanitize(const std::string& sanitizer, const std::string& out, double seconds,
                std::string* output, const std::string& runs = "",
                const std::string& extra = "") const {
-    return run(fmt::format("python3 '{}/bench/sanitize.py' --tests /proc/{}/exe --out '{}/{}' "
-                           "--seconds {} --slots 2 --sanitizer '{}' {} '{}'",
-                           TOWERS_SOURCE_DIR, getpid(), dir_, out, seconds, sanitizer, extra,
-                           runs.empty() ? fmt::format(kRun, kTests) : runs),
-               output);
+    return run_command(
+        fmt::format("python3 '{}/bench/sanitize.py' --tests /proc/{}/exe --out '{}/{}' "
+                    "--seconds {} --slots 2 --sanitizer '{}' {} '{}'",
+                    TOWERS_SOURCE_DIR, getpid(), dir_, out, seconds, sanitizer, extra,
+                    runs.empty() ? fmt::format(kRun, kTests) : runs),
+        output);
   }
   std::string dir_;
 };
@@ -163,12 +151,13 @@ TEST_F(SanitizeScript, CleanToolChecksEveryTestOfEveryRun) {
 TEST_F(SanitizeScript, TheCallersGtestEnvironmentDoesNotReachTheJobs) {
   const std::string tool = runs_then("clean", "========= ERROR SUMMARY: 0 errors");
   std::string out;
-  EXPECT_EQ(run(fmt::format("GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=1 GTEST_BRIEF=1 python3 "
-                            "'{}/bench/sanitize.py' --tests /proc/{}/exe --out '{}/out' "
-                            "--seconds 120 --slots 2 --sanitizer '{}' '{}'",
-                            TOWERS_SOURCE_DIR, getpid(), dir_, tool, fmt::format(kRun, kTests)),
-                &out),
-            0)
+  EXPECT_EQ(
+      run_command(fmt::format("GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=1 GTEST_BRIEF=1 python3 "
+                              "'{}/bench/sanitize.py' --tests /proc/{}/exe --out '{}/out' "
+                              "--seconds 120 --slots 2 --sanitizer '{}' '{}'",
+                              TOWERS_SOURCE_DIR, getpid(), dir_, tool, fmt::format(kRun, kTests)),
+                  &out),
+      0)
       << out;
   EXPECT_NE(out.find("tests passed 3, failed 0, skipped 0, unfinished 0 of 3\n"), std::string::npos)
       << out;
@@ -245,12 +234,13 @@ TEST_F(SanitizeScript, ATestWithoutTheToolsSummaryIsUnfinishedAndCheckedAgain) {
 // script at once. The script still ends what the tools started, and writes its report.
 TEST_F(SanitizeScript, ASignalToTheWholeSessionEndsEverythingAndLeavesTheReport) {
   std::string out;
-  if (run("command -v pkill && command -v setsid", &out) != 0)
+  if (run_command("command -v pkill && command -v setsid", &out) != 0)
     GTEST_SKIP() << "pkill or setsid is not available";
   const std::string pids = dir_ + "/sleepers";
   const std::string hangs = hanging("hangs", pids);
   EXPECT_EQ(
-      run(fmt::format("setsid python3 '{}/bench/sanitize.py' --tests /proc/{}/exe --out "
+      run_command(
+          fmt::format("setsid python3 '{}/bench/sanitize.py' --tests /proc/{}/exe --out "
                       "'{}/out' --seconds 120 --slots 2 --sanitizer '{}' '{}' > '{}/log' 2>&1 "
                       "& p=$!; while [ $(cat '{}' 2>/dev/null | wc -l) -lt 4 ]; do sleep 0.1; "
                       "done; pkill -TERM -s $p; wait $p",
@@ -285,7 +275,8 @@ TEST_F(SanitizeScript, BadArgumentsAreRefused) {
   std::string out;
   const std::string tests = fmt::format("/proc/{}/exe", getpid());
   const auto call = [&](const std::string& args) {
-    return run(fmt::format("python3 '{}/bench/sanitize.py' {}", TOWERS_SOURCE_DIR, args), &out);
+    return run_command(fmt::format("python3 '{}/bench/sanitize.py' {}", TOWERS_SOURCE_DIR, args),
+                       &out);
   };
   EXPECT_NE(call(fmt::format("--tests {} --out '{}' --seconds 10 --slots 0 '{}'", tests, dir_,
                              fmt::format(kRun, kTests))),
