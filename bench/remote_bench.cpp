@@ -2,7 +2,8 @@
 // before it is timed, next to its physical yardsticks measured in the same run:
 //   BM_Push/BYTES/SHARDS   one sync push of a BYTES gradient to SHARDS shards (1 worker: the
 //                          round is applied as it arrives), through RemoteParameterStore: the
-//                          gradient lent to gRPC in pieces on a PushStream (wire.h), the
+//                          gradient lent to gRPC in pieces on PushStreams (wire.h; in the
+//                          default stripes, 4 streams a shard on connections of their own), the
 //                          shard's one copy of each piece out of the received slices and its
 //                          apply (sgd) while the next piece is on the wire, the reply
 //   BM_Pull/BYTES/SHARDS   what a tower's pull reads: every shard's range, streamed in pieces
@@ -26,9 +27,14 @@
 //   BM_GrpcStreamToProcess/BYTES, BM_GrpcPullStreamFromProcess/BYTES
 //                          the two stream floors with the server in a process of its own (this
 //                          binary, `remote_bench --ack-server PORT PULL_BYTES`), as a shard is
+//   BM_GrpcStripesToProcess/BYTES/STRIPES
+//                          the push stream's floor in stripes: STRIPES streams at once, each on
+//                          a TCP connection of its own, each carrying its share of the pieces
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
-//   BM_PushToProcesses/BYTES/SHARDS, BM_PullFromProcesses/BYTES/SHARDS
-//                          the same push and pull to shards that are `towers ps` processes
+//   BM_PushToProcesses/BYTES/SHARDS/STRIPES, BM_PullFromProcesses/BYTES/SHARDS
+//                          the same push (in STRIPES streams a shard, each on a connection of
+//                          its own: 1, and the default) and pull to shards that are `towers ps`
+//                          processes
 //                          (the towers binary beside this one's bench/ directory), as in a
 //                          real cluster: each process has gRPC threads of its own, and every
 //                          hand-off between client and shard crosses processes
@@ -184,8 +190,9 @@ struct Cluster {
   std::unique_ptr<remote::RemoteParameterStore> store;
   remote::RemoteConfig cfg;
 
-  Cluster(int64_t n, int shards, bool in_processes = false) {
+  Cluster(int64_t n, int shards, bool in_processes = false, int stripes = 0) {
     try {
+      if (stripes > 0) cfg.stripes = stripes;
       start(n, shards, in_processes);
     } catch (...) {
       stop();
@@ -272,15 +279,18 @@ std::unique_ptr<T> make_or_skip(benchmark::State& state, Args&&... args) {
   }
 }
 
-// The cluster of a case (BYTES, SHARDS), or null with the case skipped.
-std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes) {
+// The cluster of a case (BYTES, SHARDS, and for a push to processes STRIPES), or null with the
+// case skipped.
+std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes,
+                                       int stripes = 0) {
   return make_or_skip<Cluster>(state, state.range(0) / 4, static_cast<int>(state.range(1)),
-                               in_processes);
+                               in_processes, stripes);
 }
 
 void push_case(benchmark::State& state, bool in_processes) {
   const int64_t bytes = state.range(0);
-  const std::unique_ptr<Cluster> cluster = start_cluster(state, in_processes);
+  const std::unique_ptr<Cluster> cluster =
+      start_cluster(state, in_processes, in_processes ? static_cast<int>(state.range(2)) : 0);
   if (!cluster) return;
   Cluster& c = *cluster;
   CpuDevice host(1);
@@ -485,13 +495,13 @@ struct AckServer {
   Children children;  // first: the last member destroyed
   AckService service;
   std::unique_ptr<grpc::Server> server;
+  int port = 0;
   std::unique_ptr<grpc::GenericStub> stub_;
   grpc::GenericStub& stub;
   explicit AckServer(int64_t pull_bytes = 0, bool in_process = true)
       : stub_(start(pull_bytes, in_process)), stub(*stub_) {}
   std::unique_ptr<grpc::GenericStub> start(int64_t pull_bytes, bool in_process) {
     remote::keep_message_buffers();  // the client's side, as a worker process's
-    int port = 0;
     if (in_process) {
       port = serve_acks(service, server, 0, pull_bytes);
       TOWERS_REQUIRE(port > 0, "the ack server did not start");
@@ -604,6 +614,74 @@ void grpc_stream_case(benchmark::State& state, bool in_process) {
   time_calls(state, call, "gRPC stream failed validation");
 }
 void BM_GrpcStream(benchmark::State& state) { grpc_stream_case(state, true); }
+
+// The stream floor striped: BYTES split into STRIPES PushStreams at once, each on a TCP
+// connection of its own to one server process, each carrying its share in 1 MiB messages.
+void BM_GrpcStripesToProcess(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  const int stripes = static_cast<int>(state.range(1));
+  std::unique_ptr<AckServer> ack_server = make_or_skip<AckServer>(state, 0, false);
+  if (!ack_server) return;
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
+  for (int k = 0; k < stripes; ++k) {
+    auto channel = remote::open_channel(fmt::format("127.0.0.1:{}", ack_server->port), {}, k + 1);
+    TOWERS_REQUIRE(
+        channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30)),
+        "no connection");
+    stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
+  }
+  std::vector<char> data(bytes, 7);
+  const int64_t piece = remote::kDefaultPieceFloats * 4;
+  const int64_t pieces = (bytes + piece - 1) / piece;
+  struct Writer final : Streaming {
+    std::vector<grpc::ByteBuffer> out;
+    size_t next = 0;
+    grpc::ByteBuffer in;
+    int64_t bytes = 0;
+    void write_next() {
+      const size_t i = next++;
+      if (next < out.size())
+        StartWrite(&out[i]);
+      else
+        StartWriteLast(&out[i], grpc::WriteOptions());
+    }
+    void OnWriteDone(bool ok) override {
+      if (ok && next < out.size()) write_next();
+    }
+  };
+  auto call = [&] {
+    remote::Lender lender;
+    std::vector<std::unique_ptr<Writer>> w;
+    std::vector<std::unique_ptr<grpc::ClientContext>> ctx;
+    for (int k = 0; k < stripes; ++k) {
+      w.push_back(std::make_unique<Writer>());
+      ctx.push_back(std::make_unique<grpc::ClientContext>());
+      for (int64_t p = pieces * k / stripes; p < pieces * (k + 1) / stripes; ++p) {
+        const int64_t at = p * piece, n = std::min(piece, bytes - at);
+        const grpc::Slice lent = lender.lend(data.data() + at, n);
+        w[k]->out.emplace_back(&lent, 1);
+        w[k]->bytes += n;
+      }
+    }
+    for (int k = 0; k < stripes; ++k) {
+      stubs[k]->PrepareBidiStreamingCall(ctx[k].get(), remote::kPushStreamMethod,
+                                         grpc::StubOptions(), w[k].get());
+      w[k]->StartRead(&w[k]->in);
+      w[k]->write_next();
+      w[k]->StartCall();
+    }
+    bool ok = true;
+    for (int k = 0; k < stripes; ++k) {
+      w[k]->wait();
+      remote::PushReply rep;
+      std::string error;
+      ok = ok && w[k]->status.ok() && remote::decode(w[k]->in, rep, &error) &&
+           rep.version() == w[k]->bytes;
+    }
+    return ok;
+  };
+  time_calls(state, call, "gRPC stripes failed validation");
+}
 void BM_GrpcStreamToProcess(benchmark::State& state) { grpc_stream_case(state, false); }
 
 // The floor of the streamed pull: BYTES in 1 MiB messages on one PullStream, sent by the
@@ -670,14 +748,19 @@ void tcp_variants(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Push)->Apply([](auto* b) { sizes(b, true); });
 BENCHMARK(BM_Pull)->Apply([](auto* b) { sizes(b, true); });
-// Shard processes: 4 MiB (the shares of raw TCP) and 64 MiB.
-void in_processes(benchmark::internal::Benchmark* b) {
+// Shard processes: 4 MiB (the shares of raw TCP) and 64 MiB; pushes in one stream a shard
+// and in the default stripes.
+void in_processes(benchmark::internal::Benchmark* b, bool stripes) {
   for (int64_t s : {4 << 20, 64 << 20})
-    for (int k : {1, 2, 4}) b->Args({s, k});
+    for (int k : {1, 2, 4})
+      if (stripes)
+        b->Args({s, k, 1})->Args({s, k, remote::RemoteConfig().stripes});
+      else
+        b->Args({s, k});
   b->UseRealTime()->MinTime(0.3);
 }
-BENCHMARK(BM_PushToProcesses)->Apply(in_processes);
-BENCHMARK(BM_PullFromProcesses)->Apply(in_processes);
+BENCHMARK(BM_PushToProcesses)->Apply([](auto* b) { in_processes(b, true); });
+BENCHMARK(BM_PullFromProcesses)->Apply([](auto* b) { in_processes(b, false); });
 BENCHMARK(BM_TcpLoopback)->Apply(tcp_variants);
 BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcStream)->Apply([](auto* b) { sizes(b, false); });
@@ -687,6 +770,11 @@ void process_floors(benchmark::internal::Benchmark* b) {
   b->Arg(4 << 20)->Arg(64 << 20)->UseRealTime()->MinTime(0.3);
 }
 BENCHMARK(BM_GrpcStreamToProcess)->Apply(process_floors);
+BENCHMARK(BM_GrpcStripesToProcess)
+    ->Args({4 << 20, 2})
+    ->Args({4 << 20, 4})
+    ->UseRealTime()
+    ->MinTime(0.3);
 BENCHMARK(BM_GrpcPullStreamFromProcess)->Apply(process_floors);
 BENCHMARK(BM_Memcpy)->Apply([](auto* b) { sizes(b, false); });
 

@@ -240,8 +240,10 @@ struct OneShard {
   std::unique_ptr<remote::RemoteParameterStore> store;
   remote::RemoteConfig cfg;
 
-  OneShard(int64_t n, int64_t piece, const std::string& checkpoint_dir = "")
-      : layout({{"v/w", {n}, Init::constant(0.5f)}}), params(n, 0.5f),
+  OneShard(int64_t n, int64_t piece, const std::string& checkpoint_dir = "",
+           const std::string& mode = "sync", int stripes = 1)
+      : layout({{"v/w", {n}, Init::constant(0.5f)}}),
+        params(layout.total(), 0.5f),
         opt(layout, OptimizerConfig{"sgd"}) {
     remote::Cluster c;
     c.worker = {"127.0.0.1:1"};
@@ -256,8 +258,11 @@ struct OneShard {
     cfg.rpc_timeout = 30;
     cfg.run_id = "test";
     cfg.piece_floats = piece;
-    store = std::make_unique<remote::RemoteParameterStore>(cfg, layout, params.data(), opt,
-                                                           UpdateAccess::Exclusive);
+    cfg.mode = mode;
+    cfg.stripes = stripes;
+    store = std::make_unique<remote::RemoteParameterStore>(
+        cfg, layout, params.data(), opt,
+        mode == "sync" ? UpdateAccess::Exclusive : UpdateAccess::Concurrent);
     store->initialize_shards(0);
     store->join();
   }
@@ -392,6 +397,111 @@ TEST(RemoteShard, PushesOffTheRangeOrItsPiecesAreRefusedNotApplied) {
   const float* p = s.store->host_params();
   for (int i = 0; i < 1024; ++i) ASSERT_EQ(p[i], -0.5f) << i;
   EXPECT_EQ(s.store->version(), 1);
+}
+
+// A striped push (wire.h, kStripeKey): each stripe must say which it is, carry its own run of
+// pieces and only those, and come once; the stripe that ends last ends the push, the others
+// reply `partial`. A stripe that fails fails its push, whose other stripes then fail too; the
+// pieces taken stay counted in the round, as a broken stream's do, so the push sent again
+// completes it with every piece applied once.
+TEST(RemoteShard, StripesOfAPushAreCheckedAndEndTogether) {
+  OneShard s(1024, 300);  // pieces [0, 300) [300, 600) [600, 900) [900, 1024)
+  const std::vector<float> g(1024, 1.0f);
+  remote::PushRequest h = s.head();
+  // One stripe's PushStream through the generated stub: its status, and its reply.
+  auto stripe = [&](const std::string& meta, std::vector<std::pair<int64_t, int64_t>> pieces) {
+    remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+    auto ctx = remote::call_context("t", 10);
+    ctx->AddMetadata(remote::kStripeKey, meta);
+    remote::PushReply rep;
+    auto w = shards.stub(0).PushStream(ctx.get(), &rep);
+    for (auto [lo, hi] : pieces) {
+      remote::PushRequest m = h;
+      m.set_offset(lo);
+      m.set_grads(std::string(reinterpret_cast<const char*>(g.data() + lo),
+                              sizeof(float) * static_cast<size_t>(hi - lo)));
+      if (!w->Write(m)) break;
+    }
+    w->WritesDone();
+    const grpc::Status st = w->Finish();
+    return std::make_pair(st, rep);
+  };
+  auto refused = [](const std::pair<grpc::Status, remote::PushReply>& r, const std::string& says) {
+    return r.first.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
+           r.first.error_message().find(says) != std::string::npos;
+  };
+  const std::pair<int64_t, int64_t> p0{0, 300}, p1{300, 600}, p2{600, 900}, p3{900, 1024};
+  auto r = stripe("7 zero 2", {p0, p1});
+  EXPECT_TRUE(refused(r, "metadata 'towers-stripe': '7 zero 2' is not")) << r.first.error_message();
+  r = stripe("17 0 5", {p0});
+  EXPECT_TRUE(refused(r, "5 stripes of a range of 4 piece(s)")) << r.first.error_message();
+  r = stripe("27 2 2", {p0});
+  EXPECT_TRUE(refused(r, "is not \"ID K S\" with 0 <= K < S")) << r.first.error_message();
+  // Stripe 0 of 2 carries [0, 600); stripe 1 [600, 1024).
+  r = stripe("37 0 2", {p1});
+  EXPECT_TRUE(refused(r, "from float 0 to 600 (stripe 0 of 2)")) << r.first.error_message();
+  r = stripe("47 0 2", {p0, p1, p2});
+  EXPECT_TRUE(refused(r, "from float 600 to 600 (stripe 0 of 2)")) << r.first.error_message();
+  EXPECT_EQ(s.store->version(), 0);
+  // A push in two stripes: the first to end replies partial, the last ends the push.
+  r = stripe("8 1 2", {p2, p3});
+  ASSERT_TRUE(r.first.ok()) << r.first.error_message();
+  EXPECT_TRUE(r.second.partial());
+  r = stripe("8 1 2", {p2, p3});
+  EXPECT_TRUE(refused(r, "stripe 1 of 2 of push 8 does not match")) << r.first.error_message();
+  EXPECT_TRUE(refused(r, "that stripe came before")) << r.first.error_message();
+  r = stripe("8 0 2", {p0, p1});
+  ASSERT_TRUE(r.first.ok()) << r.first.error_message();
+  EXPECT_FALSE(r.second.partial());
+  EXPECT_EQ(r.second.version(), 1);
+  EXPECT_TRUE(r.second.applied());
+  const float* p = s.store->host_params();
+  for (int i = 0; i < 1024; ++i) ASSERT_EQ(p[i], -0.5f) << i;
+  // Round 1: stripe 0 ends short, which fails the push; stripe 1 then fails with it.
+  h.set_round(1);
+  r = stripe("9 0 2", {p0});
+  EXPECT_TRUE(refused(r, "stripe 0 of 2 of round 1 ended after 300 of its floats [0, 600)"))
+      << r.first.error_message();
+  r = stripe("9 1 2", {p2, p3});
+  EXPECT_FALSE(r.first.ok());
+  EXPECT_NE(r.first.error_message().find("another stripe of worker 0's push of round 1 failed"),
+            std::string::npos)
+      << r.first.error_message();
+  // Sent again whole, as a new push: every piece applied once.
+  r = stripe("10 1 2", {p2, p3});
+  ASSERT_TRUE(r.first.ok()) << r.first.error_message();
+  r = stripe("10 0 2", {p0, p1});
+  ASSERT_TRUE(r.first.ok()) << r.first.error_message();
+  EXPECT_EQ(r.second.version(), 2);
+  p = s.store->host_params();
+  for (int i = 0; i < 1024; ++i) ASSERT_EQ(p[i], -1.5f) << i;
+}
+
+// Pushes of a worker's store in stripes land every float where it belongs, once: sync and
+// async shards, a range split unevenly (5 pieces in 3 stripes) and evenly.
+TEST(RemoteShard, StripedPushesLandEveryFloatOnce) {
+  for (const std::string mode : {"sync", "async"})
+    for (int stripes : {3, 5}) {
+      SCOPED_TRACE(mode + ", stripes " + std::to_string(stripes));
+      OneShard s(1400, 300, "", mode, stripes);
+      const int64_t n = s.layout.total();  // 1400, or a little more: the layout's alignment
+      ASSERT_EQ((n + 299) / 300, 5);       // 5 pieces
+      std::vector<float> g(n);
+      for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 64) / 8.0f;
+      CpuDevice host(1);
+      HostUpdate on(host);
+      s.store->attach({nullptr});  // one tower's pushes (async: the rounds it read)
+      for (int push = 1; push <= 2; ++push) {
+        UpdateRecord rec;
+        rec.lr = 1.0f;
+        rec.examples = 1;
+        rec.contributors = 1;
+        EXPECT_EQ(s.store->push(g.data(), rec, on), push);
+      }
+      const float* p = s.store->host_params();
+      for (int64_t i = 0; i < 1400; ++i)
+        ASSERT_EQ(p[i], 0.5f - 2.0f * g[i]) << i;  // (not the padding)
+    }
 }
 
 // A client of the generated protobuf stubs pushes with the unary Push (the whole range in one
@@ -709,7 +819,11 @@ TEST(RemoteCli, SyncTwoWorkersEqualTwoTowersBitwise) { expect_launch_matches_one
 // Pushes and pulls in pieces of 16 KiB: dozens per range, applied piece by piece as they arrive,
 // in whatever order the workers' pieces complete.
 TEST(RemoteCli, SyncInSmallPiecesEqualsOneProcessBitwise) {
-  expect_launch_matches_one_process(2, 1, 2, "fashion", "--rpc-piece-kib 16");
+  expect_launch_matches_one_process(2, 1, 2, "fashion", "--rpc-piece-kib 16 --rpc-stripes 1");
+}
+// The same pieces in stripes: 3 streams to each shard at once, each on a connection of its own.
+TEST(RemoteCli, SyncInStripesEqualsOneProcessBitwise) {
+  expect_launch_matches_one_process(2, 1, 2, "fashion", "--rpc-piece-kib 16 --rpc-stripes 3");
 }
 TEST(RemoteCli, SyncTwoWorkersOfTwoTowersEqualFourTowersBitwise) {
   expect_launch_matches_one_process(2, 2, 3);
@@ -843,17 +957,29 @@ TEST(RemoteCli, BadFlagsAreNamed) {
     std::string args, says;
   } cases[] = {
       {"train --model mlp --steps 1 --task worker:0", "--task worker:0 needs --cluster"},
-      {"train --model mlp --steps 1 --cluster " + cluster + " --token-file " + token, "--task worker:I"},
-      {"train --model mlp --steps 1 --cluster " + cluster + " --task ps:0 --token-file " + token, "towers ps"},
-      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " + token +
-           " --clip-grad-norm 1", "--clip-grad-norm"},
-      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " + token +
-           " --tls-cert " + token, "--tls-key"},
-      {"train --model mlp --steps 1 --mode async --cluster " + cluster + " --task worker:0 "
-           "--token-file " + token + " --staleness-aware-lr", "--staleness-aware-lr with a cluster"},
-      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " + token +
-           " --rpc-piece-kib 0", "--rpc-piece-kib 0: pieces of 1 KiB to 256 MiB"},
-      {"ps --cluster " + cluster + " --task worker:0 --token-file " + token, "the task must be ps:I"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --token-file " + token,
+       "--task worker:I"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --task ps:0 --token-file " + token,
+       "towers ps"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " +
+           token + " --clip-grad-norm 1",
+       "--clip-grad-norm"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " +
+           token + " --tls-cert " + token,
+       "--tls-key"},
+      {"train --model mlp --steps 1 --mode async --cluster " + cluster +
+           " --task worker:0 "
+           "--token-file " +
+           token + " --staleness-aware-lr",
+       "--staleness-aware-lr with a cluster"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " +
+           token + " --rpc-piece-kib 0",
+       "--rpc-piece-kib 0: pieces of 1 KiB to 256 MiB"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " +
+           token + " --rpc-stripes 17",
+       "--rpc-stripes 17: 1 to 16 connections a shard"},
+      {"ps --cluster " + cluster + " --task worker:0 --token-file " + token,
+       "the task must be ps:I"},
       {"launch --workers 2 -- train --model mlp --towers 2", "--towers is set by the launcher"},
       {"launch --workers 0 -- train --model mlp", "--workers must be in 1..64"},
       {"launch --workers 2 train --model mlp", "give the training flags after --"},

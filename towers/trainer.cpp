@@ -26,9 +26,10 @@
 #include "metrics/metrics.h"
 #include "models/models.h"
 #include "towers/mirrored_store.h"
-#include "towers/remote/remote_store.h"
 #include "towers/placed_tower.h"
 #include "towers/placement.h"
+#include "towers/remote/remote_store.h"
+#include "towers/remote/wire.h"
 #include "towers/tower.h"
 #include "towers/tower_group.h"
 
@@ -319,6 +320,9 @@ void validate(const TrainConfig& c) {
                    "--rpc-timeout and --heartbeat-timeout must be > 0 seconds");
     TOWERS_REQUIRE(c.rpc_piece_kib >= 1 && c.rpc_piece_kib <= (1 << 18),
                    "--rpc-piece-kib {}: pieces of 1 KiB to 256 MiB", c.rpc_piece_kib);
+    TOWERS_REQUIRE(c.rpc_stripes >= 1 && c.rpc_stripes <= remote::kMaxStripes,
+                   "--rpc-stripes {}: 1 to {} connections a shard", c.rpc_stripes,
+                   remote::kMaxStripes);
     remote::check_tls({c.tls_cert, c.tls_key, c.tls_ca});
     remote::read_token(c.token_file);
   } else {
@@ -605,6 +609,7 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
     rc.rpc_timeout = c_.rpc_timeout;
     rc.heartbeat_timeout = c_.heartbeat_timeout;
     rc.piece_floats = c_.rpc_piece_kib * 1024 / static_cast<int64_t>(sizeof(float));
+    rc.stripes = c_.rpc_stripes;
     rc.mode = c_.mode;
     rc.replicas_to_aggregate = c_.replicas_to_aggregate;
     rc.staleness = std::max<int64_t>(c_.staleness, 0);

@@ -260,6 +260,11 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                  "with --cluster: pushes and pulls travel in pieces of this many KiB, so a shard "
                  "copies and applies one piece while the next is on the wire (the chief's value "
                  "is the run's)")->capture_default_str();
+  app.add_option("--rpc-stripes", c.rpc_stripes,
+                 "with --cluster: a push to a shard travels on this many TCP connections at "
+                 "once, each carrying a run of its pieces (one gRPC stream is held well below "
+                 "what a connection carries by the threads that drive it)")
+      ->capture_default_str();
 }
 
 // `towers launch ... -- <training flags>`: the flags after -- go to every worker.

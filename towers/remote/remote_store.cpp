@@ -36,10 +36,14 @@ std::string optimizer_json(const OptimizerConfig& c) {
 
 RemoteParameterStore::RemoteParameterStore(RemoteConfig cfg, const ParameterLayout& layout,
                                            float* params, Optimizer& opt, UpdateAccess access)
-    : cfg_(std::move(cfg)), layout_(layout), params_(params), opt_(opt), access_(access),
+    : cfg_(std::move(cfg)),
+      layout_(layout),
+      params_(params),
+      opt_(opt),
+      access_(access),
       hash_(layout_hash(layout)),
       ranges_(shard_ranges(layout.total(), static_cast<int>(cfg_.cluster.ps.size()))),
-      shards_(std::make_unique<ShardSet>(cfg_.cluster.ps, cfg_.token, cfg_.tls)) {
+      shards_(std::make_unique<ShardSet>(cfg_.cluster.ps, cfg_.token, cfg_.tls, cfg_.stripes)) {
   keep_message_buffers();
   // Heartbeats from the start, so that a worker still loading its data is not counted lost.
   heartbeat_ = std::thread([this] {

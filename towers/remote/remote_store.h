@@ -49,6 +49,9 @@ struct RemoteConfig {
   // Pushes and pulls travel in pieces of this many floats (the chief's is sent with Init and
   // every worker takes the shards'); 0: kDefaultPieceFloats.
   int64_t piece_floats = 0;
+  // A push to a shard travels on this many TCP connections at once, each carrying a run of its
+  // pieces (wire.h, kStripeKey).
+  int stripes = 4;
 };
 
 class ShardSet;  // the channels and stubs (shard_set.h)

@@ -73,9 +73,11 @@ void tune(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
 }
 
-std::shared_ptr<grpc::Channel> open_channel(const std::string& address, const TlsFiles& tls) {
+std::shared_ptr<grpc::Channel> open_channel(const std::string& address, const TlsFiles& tls,
+                                            int connection) {
   grpc::ChannelArguments args;
   tune(args);
+  if (connection > 0) args.SetInt("towers.connection", connection);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();

@@ -31,7 +31,10 @@ std::shared_ptr<grpc::ServerCredentials> server_credentials(const TlsFiles& tls)
 // lookahead and frame size, so that a message is not sent in 64 KiB windows of round trips.
 void tune(grpc::ChannelArguments& args);
 void tune(grpc::ServerBuilder& builder);
-std::shared_ptr<grpc::Channel> open_channel(const std::string& address, const TlsFiles& tls);
+// connection: channels to one address with different numbers get TCP connections of their own
+// (gRPC otherwise shares one connection between channels with the same settings).
+std::shared_ptr<grpc::Channel> open_channel(const std::string& address, const TlsFiles& tls,
+                                            int connection = 0);
 
 // Message buffers of megabytes are allocated and freed on every call. glibc would map and
 // unmap each one (and fault in and clear every page again), which costs more than sending it;

@@ -6,18 +6,21 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <deque>
-#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
-#include <sstream>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <sstream>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -509,14 +512,31 @@ class ShardService final : public ShardBase {
     return Status::OK;
   }
 
-  // One push in progress (a Push, or the messages of a PushStream so far).
+  // The stripes of one striped push (wire.h, kStripeKey): the PushStreams that carry its
+  // pieces. Each stripe's messages are taken as a push's are; the stripe that ends last ends
+  // the push (push_end), the others reply `partial` (decision 68).
+  struct PushGroup {
+    PushRequest head;          // the first stripe's small fields
+    HostBuffer grads;          // async and ssp: the gradient, as the stripes' pieces arrive
+    std::vector<char> joined;  // [stripe]
+    int ended = 0;             // stripes whose streams are over (taken whole, or failed)
+    bool late = false;         // sync: a stripe saw the round applied without it
+    Status error;              // the first stripe's failure: the push fails with it
+    std::chrono::system_clock::time_point deadline;  // the first stripe's: then it is dropped
+  };
+
+  // One push in progress (a Push, or the messages of a PushStream so far; a stripe's).
   struct PushCall {
     ServerContextBase* ctx = nullptr;
     PushRequest head;      // the first message's small fields
     bool started = false;
     bool late = false;     // sync: a gradient of a round applied without it (dropped)
     int64_t next = 0;      // where the next message's floats must start
+    int64_t end = 0;       // where the call's floats end (the range's size, or its stripe's end)
     HostBuffer grads;      // async and ssp: the gradient, as its pieces arrive
+    std::shared_ptr<PushGroup> group;  // a stripe's push
+    Stripe stripe;
+    float* buffer() { return group ? group->grads.data() : grads.data(); }
   };
 
   // ---- Push and Pull: the floats travel as raw slices (wire.h), whole or in pieces ----
@@ -670,6 +690,7 @@ class ShardService final : public ShardBase {
           if (end.ok()) *reply_ = encode(rep);
           return end;
         });
+      if (!s.ok()) shard_->stripe_failed(call_, s);  // a stripe's failure fails its push
       Finish(s);
     }
 
@@ -892,7 +913,9 @@ class ShardService final : public ShardBase {
       c.head = m;
       c.head.clear_offset();
       c.started = true;
-      if (run_.mode() != "sync" && !m.skip()) c.grads = HostBuffer(range_.size());
+      c.end = range_.size();
+      if (Status s = join_stripes(c); !s.ok()) return s;
+      if (run_.mode() != "sync" && !m.skip() && !c.group) c.grads = HostBuffer(range_.size());
     } else if (m.worker() != c.head.worker() || m.round() != c.head.round() ||
                m.skip() != c.head.skip() || m.layout_hash() != c.head.layout_hash() ||
                m.generation() != c.head.generation()) {
@@ -910,15 +933,19 @@ class ShardService final : public ShardBase {
       return Status::OK;
     }
     const int64_t floats = static_cast<int64_t>(grads.size() / sizeof(float));
-    const bool fits = m.offset() == c.next && grads.size() % sizeof(float) == 0 &&
-                      floats <= n - c.next;
+    const bool fits =
+        m.offset() == c.next && grads.size() % sizeof(float) == 0 && floats <= c.end - c.next;
     const int64_t end = fits ? c.next + floats : 0;
     if (!fits || (end != n && end % piece_ != 0))
       return {StatusCode::INVALID_ARGUMENT,
-              fmt::format("{}: worker {} sent {} bytes at float {} of round {}'s gradient; the "
-                          "range [{}, {}) is {} floats, sent in pieces of {} from float {}: "
-                          "refused, not applied", name_, m.worker(), grads.size(), m.offset(),
-                          m.round(), range_.begin, range_.end, n, piece_, c.next)};
+              fmt::format(
+                  "{}: worker {} sent {} bytes at float {} of round {}'s gradient; the "
+                  "range [{}, {}) is {} floats, sent in pieces of {} from float {}{}: "
+                  "refused, not applied",
+                  name_, m.worker(), grads.size(), m.offset(), m.round(), range_.begin, range_.end,
+                  n, piece_, c.next,
+                  c.group ? fmt::format(" to {} (stripe {} of {})", c.end, c.stripe.k, c.stripe.s)
+                          : "")};
     for (int64_t lo = c.next; lo < end; lo += piece_)
       if (Status s = take_piece(c, grads, sizeof(float) * static_cast<size_t>(lo - c.next), lo,
                                 std::min(lo + piece_, end));
@@ -935,7 +962,7 @@ class ShardService final : public ShardBase {
   Status take_piece(PushCall& c, const Bulk& grads, size_t at, int64_t lo, int64_t hi) {
     const size_t bytes = sizeof(float) * static_cast<size_t>(hi - lo);
     if (run_.mode() != "sync") {
-      grads.copy_range(c.grads.data() + lo, at, bytes);
+      grads.copy_range(c.buffer() + lo, at, bytes);
       return Status::OK;
     }
     const int w = c.head.worker();
@@ -1030,6 +1057,116 @@ class ShardService final : public ShardBase {
 
   int workers() const { return static_cast<int>(arrived_.size()); }
 
+  // The first message of a PushStream: a stripe of a striped push (its call's kStripeKey)
+  // joins the push's group, and is to carry its stripe's floats only.
+  Status join_stripes(PushCall& c) {
+    const auto& md = c.ctx->client_metadata();
+    const auto it = md.find(kStripeKey);
+    if (it == md.end()) return Status::OK;
+    const PushRequest& m = c.head;
+    Stripe st;
+    std::string error;
+    const int64_t n = range_.size();
+    const int64_t pieces = n == 0 ? 1 : (n + piece_ - 1) / piece_;
+    if (!parse_stripe(std::string(it->second.data(), it->second.size()), &st, &error) ||
+        st.s > pieces || (m.skip() && st.s > 1))
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: worker {}'s push of round {}: metadata '{}': {}: refused", name_,
+                          m.worker(), m.round(), kStripeKey,
+                          !error.empty() ? error
+                          : m.skip()
+                              ? "a push that skips its round is one stream"
+                              : fmt::format("{} stripes of a range of {} piece(s)", st.s, pieces))};
+    if (st.s == 1) return Status::OK;
+    std::tie(c.next, c.end) = stripe_floats(n, piece_, st.k, st.s);
+    c.stripe = st;
+    std::lock_guard<std::mutex> l(groups_mu_);
+    // Pushes of which a stripe never came (its attempt failed on the way) are dropped at their
+    // deadline.
+    const auto now = std::chrono::system_clock::now();
+    for (auto g = groups_.begin(); g != groups_.end();)
+      g = g->second->deadline < now ? groups_.erase(g) : std::next(g);
+    std::shared_ptr<PushGroup>& g = groups_[{m.worker(), st.push}];
+    if (!g) {
+      g = std::make_shared<PushGroup>();
+      g->head = m;
+      g->joined.assign(st.s, 0);
+      g->deadline = c.ctx->deadline();
+      if (run_.mode() != "sync") g->grads = HostBuffer(n);
+    } else if (static_cast<int>(g->joined.size()) != st.s || g->joined[st.k] ||
+               m.round() != g->head.round() || m.lr() != g->head.lr() ||
+               m.generation() != g->head.generation() || m.layout_hash() != g->head.layout_hash()) {
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: worker {}'s stripe {} of {} of push {} does not match the push's "
+                          "other stripes (round {}, {} stripes){}: refused",
+                          name_, m.worker(), st.k, st.s, st.push, g->head.round(), g->joined.size(),
+                          static_cast<int>(g->joined.size()) == st.s && g->joined[st.k]
+                              ? ", and that stripe came before"
+                              : "")};
+    }
+    g->joined[st.k] = 1;
+    c.group = g;
+    return Status::OK;
+  }
+
+  // A stripe's stream is over, all of it taken: the stripe that ends last ends the push (its
+  // gradient whole, in push_end), the others reply `partial`.
+  Status end_stripe(PushCall& c, PushReply& rep) {
+    const int64_t n = range_.size();
+    if (c.next != c.end)
+      return stripe_failed(
+          c, {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: worker {}'s stripe {} of {} of round {} ended after {} of its "
+                          "floats [{}, {}): refused",
+                          name_, c.head.worker(), c.stripe.k, c.stripe.s, c.head.round(),
+                          c.next - stripe_floats(n, piece_, c.stripe.k, c.stripe.s).first,
+                          stripe_floats(n, piece_, c.stripe.k, c.stripe.s).first, c.end)});
+    std::shared_ptr<PushGroup> g = std::move(c.group);
+    bool last = false;
+    Status error;
+    {
+      std::lock_guard<std::mutex> l(groups_mu_);
+      g->late = g->late || c.late;
+      last = ++g->ended == static_cast<int>(g->joined.size());
+      if (last) forget(c.head.worker(), c.stripe.push, g);
+      error = g->error;
+    }
+    if (!error.ok())
+      return {error.error_code(),
+              fmt::format("{}: another stripe of worker {}'s push of round {} failed: {}", name_,
+                          c.head.worker(), c.head.round(), error.error_message())};
+    if (!last) {
+      rep.set_partial(true);
+      rep.set_version(version_.load());
+      return Status::OK;
+    }
+    PushCall whole;
+    whole.ctx = c.ctx;
+    whole.head = g->head;
+    whole.head.clear_offset();
+    whole.started = true;
+    whole.late = g->late;
+    whole.next = whole.end = n;
+    whole.grads = std::move(g->grads);
+    return push_end(whole, rep);
+  }
+
+  // A stripe failed (refused, cancelled, or ended short): its push fails with it; returns s.
+  Status stripe_failed(PushCall& c, Status s) {
+    std::shared_ptr<PushGroup> g = std::move(c.group);
+    if (!g) return s;  // not a stripe, or already counted
+    std::lock_guard<std::mutex> l(groups_mu_);
+    if (g->error.ok()) g->error = s;
+    if (++g->ended == static_cast<int>(g->joined.size())) forget(c.head.worker(), c.stripe.push, g);
+    return s;
+  }
+
+  // Under groups_mu_: g is done with (unless the map holds another push by that key by now).
+  void forget(int worker, uint64_t push, const std::shared_ptr<PushGroup>& g) {
+    const auto it = groups_.find({worker, push});
+    if (it != groups_.end() && it->second == g) groups_.erase(it);
+  }
+
   Status round_ahead(int w, int64_t round, int64_t v) const {
     return {StatusCode::FAILED_PRECONDITION,
             fmt::format("{}: worker {} pushed round {} but the shard is at round {}{}", name_, w,
@@ -1044,6 +1181,7 @@ class ShardService final : public ShardBase {
   Status push_end(PushCall& c, PushReply& rep) {
     if (!c.started)
       return {StatusCode::INVALID_ARGUMENT, fmt::format("{}: a PushStream without a message", name_)};
+    if (c.group) return end_stripe(c, rep);
     const PushRequest& req = c.head;
     if (!req.skip() && c.next != range_.size())
       return {StatusCode::INVALID_ARGUMENT,
@@ -1635,6 +1773,8 @@ class ShardService final : public ShardBase {
   mutable std::atomic<int64_t> rejected_{0};
   std::mutex mu_;
   std::condition_variable cv_;
+  std::mutex groups_mu_;  // groups_ and the PushGroups in it
+  std::map<std::pair<int, uint64_t>, std::shared_ptr<PushGroup>> groups_;  // (worker, push id)
   bool initialized_ = false, exit_ = false;
   // Set with initialized_: a worker's pull lends the parameters (plain sync). Read without
   // mu_, by PullStream on gRPC's thread to hand every other pull off at once, and after

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include <fmt/format.h>
@@ -13,13 +14,24 @@
 
 namespace towers::remote {
 
-ShardSet::ShardSet(std::vector<std::string> addresses, std::string token, const TlsFiles& tls)
-    : addresses_(std::move(addresses)), token_(std::move(token)),
-      unreachable_(addresses_.size()) {
+ShardSet::ShardSet(std::vector<std::string> addresses, std::string token, const TlsFiles& tls,
+                   int stripes)
+    : addresses_(std::move(addresses)),
+      token_(std::move(token)),
+      unreachable_(addresses_.size()),
+      stripes_(stripes),
+      next_push_(std::random_device()()) {
+  TOWERS_REQUIRE(stripes >= 1 && stripes <= kMaxStripes, "stripes: {} is not in [1, {}]", stripes,
+                 kMaxStripes);
+  next_push_ = next_push_.load() << 32;
   for (const std::string& a : addresses_) {
-    channels_.push_back(open_channel(a, tls));
-    stubs_.push_back(Shard::NewStub(channels_.back()));
-    generics_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
+    channels_.emplace_back();
+    generics_.emplace_back();
+    for (int k = 0; k < stripes_; ++k) {
+      channels_.back().push_back(open_channel(a, tls, k));
+      generics_.back().push_back(std::make_unique<grpc::GenericStub>(channels_.back().back()));
+    }
+    stubs_.push_back(Shard::NewStub(channels_.back()[0]));
   }
 }
 
@@ -150,6 +162,61 @@ class PushWriter final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   std::function<void(grpc::Status)> done_;
 };
 
+// The stripes of one push to a shard (wire.h, kStripeKey): each a PushWriter on a connection
+// of its own. The first failure cancels the others; done gets it, or OK, once every stripe is
+// over. Deletes itself then.
+class StripedPush {
+ public:
+  StripedPush(int stripes, std::function<void(grpc::Status)> done)
+      : ctx_(stripes), done_(std::move(done)) {}
+  // Stripe k's call: ctx for stripe 0 (the caller's, which it may cancel), else one of this
+  // object's with the same token and deadline.
+  grpc::ClientContext* context(int k, grpc::ClientContext* first, const std::string& token,
+                               const Stripe& s) {
+    if (k == 0) {
+      ctx_[0] = first;
+    } else {
+      own_.push_back(std::make_unique<grpc::ClientContext>());
+      own_.back()->AddMetadata(kTokenKey, token);
+      own_.back()->set_deadline(first->deadline());
+      ctx_[k] = own_.back().get();
+    }
+    ctx_[k]->AddMetadata(kStripeKey, stripe_metadata(s));
+    return ctx_[k];
+  }
+  void finished(const grpc::Status& s) {
+    const int n = static_cast<int>(ctx_.size());
+    bool cancel = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ++ended_;
+      if (!s.ok() && status_.ok()) status_ = s, cancel = ended_ < n;
+      if (cancel) ++cancelling_;
+    }
+    if (cancel)
+      for (grpc::ClientContext* c : ctx_) c->TryCancel();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (cancel) --cancelling_;
+      if (ended_ < n || cancelling_ > 0 || over_) return;
+      over_ = true;  // the last stripe over, and no other thread in here
+    }
+    auto done = std::move(done_);
+    const grpc::Status status = status_;
+    delete this;
+    done(status);
+  }
+
+ private:
+  std::vector<grpc::ClientContext*> ctx_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> own_;
+  std::mutex mu_;
+  int ended_ = 0, cancelling_ = 0;
+  bool over_ = false;
+  grpc::Status status_;
+  std::function<void(grpc::Status)> done_;
+};
+
 // One PullStream: sends the request, copies each piece of the reply into dst (the range's n
 // floats) as it arrives, and calls done with the call's status, or with what was wrong with
 // the pieces. It deletes itself when the call is over.
@@ -221,15 +288,39 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 
 void ShardSet::push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& messages,
                             std::vector<PushReply>& replies, double timeout) {
-  std::vector<grpc::ByteBuffer> in(size());
-  all("Push", timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-    (new PushWriter(messages[i], &in[i], std::move(done)))->start(generic(i), ctx);
-  });
+  std::vector<std::vector<grpc::ByteBuffer>> in(size());
+  all("Push", timeout,
+      [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        const int p = static_cast<int>(messages[i].size());
+        const int s = std::min(stripes_, p);
+        in[i].assign(s, grpc::ByteBuffer());
+        if (s == 1) {
+          (new PushWriter(messages[i], &in[i][0], std::move(done)))->start(generic(i), ctx);
+          return;
+        }
+        // Stripe k: pieces [p k / s, p (k + 1) / s), as the shard expects (stripe_floats).
+        auto* push = new StripedPush(s, std::move(done));
+        const uint64_t id = next_push_++;
+        std::vector<grpc::ClientContext*> ctxs;
+        for (int k = 0; k < s; ++k) ctxs.push_back(push->context(k, ctx, token_, {id, k, s}));
+        for (int k = 0; k < s; ++k)
+          (new PushWriter({messages[i].begin() + p * k / s, messages[i].begin() + p * (k + 1) / s},
+                          &in[i][k], [push](grpc::Status st) { push->finished(st); }))
+              ->start(generic(i, k), ctxs[k]);
+      });
   replies.assign(size(), PushReply());
   for (int i = 0; i < size(); ++i) {
-    std::string error;
-    TOWERS_REQUIRE(decode(in[i], replies[i], &error), "ps:{} ({}): a push's reply: {}", i,
-                   addresses_[i], error);
+    // A striped push's result is on the stripe that ended it; the others are partial.
+    int whole = 0;
+    for (const grpc::ByteBuffer& b : in[i]) {
+      PushReply rep;
+      std::string error;
+      TOWERS_REQUIRE(decode(b, rep, &error), "ps:{} ({}): a push's reply: {}", i, addresses_[i],
+                     error);
+      if (!rep.partial()) replies[i] = std::move(rep), ++whole;
+    }
+    TOWERS_REQUIRE(whole == 1, "ps:{} ({}): a push in {} stripes was ended by {} of them", i,
+                   addresses_[i], in[i].size(), whole);
   }
 }
 

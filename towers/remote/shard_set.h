@@ -20,12 +20,15 @@ namespace towers::remote {
 
 class ShardSet {
  public:
-  // addresses: the cluster's ps entries; token: what every call carries.
-  ShardSet(std::vector<std::string> addresses, std::string token, const TlsFiles& tls);
+  // addresses: the cluster's ps entries; token: what every call carries; stripes: how many
+  // TCP connections to each shard a push may use at once (wire.h, kStripeKey).
+  ShardSet(std::vector<std::string> addresses, std::string token, const TlsFiles& tls,
+           int stripes = 1);
   int size() const { return static_cast<int>(stubs_.size()); }
   Shard::Stub& stub(int i) { return *stubs_[i]; }
-  // For the raw calls (wire.h: Push and Pull without copies of their floats).
-  grpc::GenericStub& generic(int i) { return *generics_[i]; }
+  // For the raw calls (wire.h: Push and Pull without copies of their floats); connection k of
+  // shard i (0: the one every other call uses).
+  grpc::GenericStub& generic(int i, int k = 0) { return *generics_[i][k]; }
   const std::string& token() const { return token_; }
 
   // The error of shard i's call, naming the shard, what was asked and what to check.
@@ -47,9 +50,10 @@ class ShardSet {
   };
   std::vector<Pulled> pull_all(PullRequest request, bool one_round, double timeout);
 
-  // PushStream to every shard at once: messages[i] are shard i's (its pieces, in order); each
-  // reply is decoded into replies[i]. The messages' slices may be lent: they stay in use until
-  // gRPC lets go of them.
+  // PushStream to every shard at once: messages[i] are shard i's (its pieces, in order, one a
+  // message); each reply is decoded into replies[i]. With stripes, a shard's pieces travel as
+  // that many streams on connections of their own (fewer for a range of fewer pieces). The
+  // messages' slices may be lent: they stay in use until gRPC lets go of them.
   void push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& messages,
                     std::vector<PushReply>& replies, double timeout);
   // PullStream from every shard at once: shard i's range, ranges[i], is copied into dst (the
@@ -64,9 +68,11 @@ class ShardSet {
   std::vector<std::string> addresses_;
   std::string token_;
   std::vector<std::atomic<bool>> unreachable_;
-  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  int stripes_ = 1;
+  std::atomic<uint64_t> next_push_;  // the id of a striped push's next attempt
+  std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels_;  // [shard][connection]
   std::vector<std::unique_ptr<Shard::Stub>> stubs_;
-  std::vector<std::unique_ptr<grpc::GenericStub>> generics_;
+  std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> generics_;
 };
 
 }  // namespace towers::remote

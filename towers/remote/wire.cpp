@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -187,6 +188,21 @@ bool decode(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite& head,
             std::string* error) {
   Bulk unused;
   return decode(buffer, 0, head, unused, error);
+}
+
+std::string stripe_metadata(const Stripe& s) { return fmt::format("{} {} {}", s.push, s.k, s.s); }
+
+bool parse_stripe(const std::string& text, Stripe* out, std::string* error) {
+  std::istringstream in(text);
+  Stripe s;
+  std::string rest;
+  if (!(in >> s.push >> s.k >> s.s) || (in >> rest) || s.s < 1 || s.s > kMaxStripes || s.k < 0 ||
+      s.k >= s.s) {
+    *error = fmt::format("'{}' is not \"ID K S\" with 0 <= K < S <= {}", text, kMaxStripes);
+    return false;
+  }
+  *out = s;
+  return true;
 }
 
 }  // namespace towers::remote

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <google/protobuf/message_lite.h>
@@ -43,6 +44,28 @@ void for_each_piece(int64_t n, int64_t piece, F f) {
   for (int64_t lo = 0; lo == 0 || lo < n; lo += piece)
     if (!f(lo, lo + piece < n ? lo + piece : n)) return;
 }
+
+// A push to one shard may travel in stripes: PushStreams at once, each on a TCP connection of
+// its own (one gRPC stream to a process is bound by its connection's threads well below what
+// TCP carries; decision 68). Stripe k of s carries the range's pieces [P k / s, P (k + 1) / s)
+// of its P pieces, in order. Each stripe's call says which it is in the metadata entry
+// kStripeKey: "ID K S", with the push's id (the same for its stripes, new for every attempt).
+inline constexpr const char* kStripeKey = "towers-stripe";
+inline constexpr int kMaxStripes = 16;
+struct Stripe {
+  uint64_t push = 0;
+  int k = 0, s = 1;
+};
+// Floats [first, second) of a range of n floats (pieces of `piece`) that stripe k of s carries.
+inline std::pair<int64_t, int64_t> stripe_floats(int64_t n, int64_t piece, int k, int s) {
+  const int64_t pieces = n == 0 ? 1 : (n + piece - 1) / piece;
+  const int64_t a = pieces * k / s, b = pieces * (k + 1) / s;
+  return {a * piece < n ? a * piece : n, b * piece < n ? b * piece : n};
+}
+std::string stripe_metadata(const Stripe& s);
+// Parses a kStripeKey entry; false (with *error saying why) for one that is not "ID K S" with
+// 0 <= K < S <= kMaxStripes.
+bool parse_stripe(const std::string& text, Stripe* out, std::string* error);
 
 // Memory of the caller lent to gRPC as slices. A slice's memory must stay unchanged until gRPC
 // lets go of it, which may be after the call's completion: wait_returned() (and the
