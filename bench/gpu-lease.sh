@@ -167,9 +167,10 @@ run_profile() {  # at most $1 s
   pack_results
 }
 run_remote() {  # at most $1 s
-  # What the transport's bar reads (issue 11): push and pull to 1, 2 and 4 shard processes,
-  # gRPC's floors against a process, raw TCP's two best variants; no training job.
-  CASES='BM_(PushToProcesses|PullFromProcesses)/4194304/|BM_Grpc(StreamToProcess|PullStreamFromProcess)/4194304|BM_TcpLoopback/4194304/(262144|1048576)/' \
+  # What the transport's bar reads (issue 11): push and pull to 1, 2 and 4 shard processes in
+  # 1, 2 and 4 stripes, gRPC's floors against a process (one stream, and in stripes), raw TCP's
+  # two best variants; no training job (about a minute on 2 cores).
+  CASES='BM_(PushToProcesses|PullFromProcesses)/4194304/|BM_Grpc(StreamToProcess|StripesToProcess|PullStreamFromProcess)/4194304|BM_TcpLoopback/4194304/(262144|1048576)/' \
     SWEEP=0 ROUNDS=0 REPS=3 REMOTE_S=$(($1 - 10)) PHASES=remote \
     within "$1" bench/run-gpu.sh "$pack" "$work/remote" > "$work/remote.log" 2>&1
   stamp "remote done"
@@ -190,7 +191,7 @@ asked=""
 for extra in remote profile; do [[ " $phases " == *" $extra "* ]] && asked="$asked $extra"; done
 for extra in $asked ${LEASE_SPARE-$spare_default}; do
   case $extra in
-    remote) min=45 cap=120 ;;
+    remote) min=75 cap=120 ;;
     profile) min=30 cap=130 ;;
     *) echo "gpu-lease: LEASE_SPARE: no phase '$extra' (remote, profile)" >&2; continue ;;
   esac

@@ -7,7 +7,8 @@
 //                          shard's one copy of each piece out of the received slices and its
 //                          apply (sgd) while the next piece is on the wire, the reply
 //   BM_Pull/BYTES/SHARDS   what a tower's pull reads: every shard's range, streamed in pieces
-//                          (PullStream), each copied into the worker's array as it arrives
+//                          (PullStreams, in the default stripes), each copied into the
+//                          worker's array as it arrives
 //   BM_TcpLoopback/BYTES/WRITE/READ
 //                          the raw yardstick: BYTES over one 127.0.0.1 TCP connection and a
 //                          1-byte reply, the same round trip as a unary call, written in
@@ -31,10 +32,10 @@
 //                          the push stream's floor in stripes: STRIPES streams at once, each on
 //                          a TCP connection of its own, each carrying its share of the pieces
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
-//   BM_PushToProcesses/BYTES/SHARDS/STRIPES, BM_PullFromProcesses/BYTES/SHARDS
-//                          the same push (in STRIPES streams a shard, each on a connection of
-//                          its own: 1, and the default) and pull to shards that are `towers ps`
-//                          processes
+//   BM_PushToProcesses/BYTES/SHARDS/STRIPES, BM_PullFromProcesses/BYTES/SHARDS/STRIPES
+//                          the same push and pull (in STRIPES streams a shard, each on a
+//                          connection of its own) to shards that are
+//                          `towers ps` processes
 //                          (the towers binary beside this one's bench/ directory), as in a
 //                          real cluster: each process has gRPC threads of its own, and every
 //                          hand-off between client and shard crosses processes
@@ -312,7 +313,8 @@ void BM_PushToProcesses(benchmark::State& state) { push_case(state, true); }
 
 void pull_case(benchmark::State& state, bool in_processes) {
   const int64_t bytes = state.range(0);
-  const std::unique_ptr<Cluster> cluster = start_cluster(state, in_processes);
+  const std::unique_ptr<Cluster> cluster =
+      start_cluster(state, in_processes, in_processes ? static_cast<int>(state.range(2)) : 0);
   if (!cluster) return;
   Cluster& c = *cluster;
   std::vector<float> dst(bytes / 4, -1.0f);  // the pull must overwrite every element
@@ -748,19 +750,17 @@ void tcp_variants(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Push)->Apply([](auto* b) { sizes(b, true); });
 BENCHMARK(BM_Pull)->Apply([](auto* b) { sizes(b, true); });
-// Shard processes: 4 MiB (the shares of raw TCP) and 64 MiB; pushes in one stream a shard
-// and in the default stripes.
-void in_processes(benchmark::internal::Benchmark* b, bool stripes) {
-  for (int64_t s : {4 << 20, 64 << 20})
-    for (int k : {1, 2, 4})
-      if (stripes)
-        b->Args({s, k, 1})->Args({s, k, remote::RemoteConfig().stripes});
-      else
-        b->Args({s, k});
+// Shard processes: 4 MiB (the shares of raw TCP) in 1, 2 and 4 stripes a shard, and 64 MiB in
+// one stream a shard and in the default stripes.
+void in_processes(benchmark::internal::Benchmark* b) {
+  for (int k : {1, 2, 4})
+    for (int stripes : {1, 2, 4}) b->Args({4 << 20, k, stripes});
+  for (int k : {1, 2, 4})
+    b->Args({64 << 20, k, 1})->Args({64 << 20, k, remote::RemoteConfig().stripes});
   b->UseRealTime()->MinTime(0.3);
 }
-BENCHMARK(BM_PushToProcesses)->Apply([](auto* b) { in_processes(b, true); });
-BENCHMARK(BM_PullFromProcesses)->Apply([](auto* b) { in_processes(b, false); });
+BENCHMARK(BM_PushToProcesses)->Apply(in_processes);
+BENCHMARK(BM_PullFromProcesses)->Apply(in_processes);
 BENCHMARK(BM_TcpLoopback)->Apply(tcp_variants);
 BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcStream)->Apply([](auto* b) { sizes(b, false); });

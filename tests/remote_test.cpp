@@ -477,9 +477,10 @@ TEST(RemoteShard, StripesOfAPushAreCheckedAndEndTogether) {
   for (int i = 0; i < 1024; ++i) ASSERT_EQ(p[i], -1.5f) << i;
 }
 
-// Pushes of a worker's store in stripes land every float where it belongs, once: sync and
-// async shards, a range split unevenly (5 pieces in 3 stripes) and evenly.
-TEST(RemoteShard, StripedPushesLandEveryFloatOnce) {
+// Pushes of a worker's store in stripes land every float where it belongs, once, and its pulls
+// in stripes read every float: sync and async shards, a range split unevenly (5 pieces in 3
+// stripes) and evenly.
+TEST(RemoteShard, StripedPushesAndPullsLandEveryFloatOnce) {
   for (const std::string mode : {"sync", "async"})
     for (int stripes : {3, 5}) {
       SCOPED_TRACE(mode + ", stripes " + std::to_string(stripes));
@@ -501,7 +502,27 @@ TEST(RemoteShard, StripedPushesLandEveryFloatOnce) {
       const float* p = s.store->host_params();
       for (int64_t i = 0; i < 1400; ++i)
         ASSERT_EQ(p[i], 0.5f - 2.0f * g[i]) << i;  // (not the padding)
+      std::vector<float> pulled(n, -7.0f);
+      EXPECT_EQ(s.store->pull_into(pulled.data()), 2);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(pulled[i], p[i]) << i;
     }
+  // A pull's stripe metadata is checked as a push's.
+  OneShard s(1024, 300);
+  remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+  for (const auto& [meta, says] : std::vector<std::pair<std::string, std::string>>{
+           {"0 0 5", "5 stripes of a range of 4 piece(s)"}, {"0 1", "'0 1' is not \"ID K S\""}}) {
+    auto ctx = remote::call_context("t", 10);
+    ctx->AddMetadata(remote::kStripeKey, meta);
+    remote::PullRequest req;
+    req.set_layout_hash(remote::layout_hash(s.layout));
+    auto r = shards.stub(0).PullStream(ctx.get(), req);
+    remote::PullReply rep;
+    while (r->Read(&rep)) {
+    }
+    const grpc::Status st = r->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << meta;
+    EXPECT_NE(st.error_message().find(says), std::string::npos) << st.error_message();
+  }
 }
 
 // A client of the generated protobuf stubs pushes with the unary Push (the whole range in one
@@ -682,7 +703,7 @@ TEST(RemoteShard, ARestoreThatCannotTakeTheParametersEndsAtItsDeadline) {
     remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
     std::vector<float> dst(n);
     try {
-      shards.pull_streams(req, remote::shard_ranges(n, 1), dst.data(), 10);
+      shards.pull_streams(req, remote::shard_ranges(n, 1), 1 << 18, dst.data(), 10);
       ADD_FAILURE() << "a pull of generation 0 was served";
     } catch (const remote::RollbackError& e) {
       EXPECT_EQ(e.rollback.version, 1);

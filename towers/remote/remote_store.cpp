@@ -239,7 +239,7 @@ int64_t RemoteParameterStore::fetch(float* dst, int ti, std::vector<int64_t>* sh
   }
   // The one copy: each piece, from the received slices to dst, as it arrives.
   const std::vector<int64_t> versions = adopting_rollbacks(
-      [&] { return shards_->pull_streams(req, ranges_, dst, cfg_.rpc_timeout); });
+      [&] { return shards_->pull_streams(req, ranges_, piece_, dst, cfg_.rpc_timeout); });
   const int64_t v = *std::min_element(versions.begin(), versions.end());
   if (shard_versions != nullptr) *shard_versions = versions;
   if (cfg_.mode != "sync") {

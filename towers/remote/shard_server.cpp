@@ -802,6 +802,9 @@ class ShardService final : public ShardBase {
         return false;  // a pull that copies: to a thread of threads_ before anything is done
       else
         s = pull_ready(ctx, req, may_not_wait);
+      // A stripe of a striped pull: floats [a, b) of the range only.
+      int64_t a = 0, b = 0;
+      if (s.ok() && !would_wait) s = pull_stripe(ctx, req, &a, &b);
       // A worker's pull in plain sync: the parameters themselves, lent to gRPC, held (no round
       // applies) until it has let go of every piece. (Readers get copies, so that a reader
       // cannot hold up the run; so do backup-worker runs, whose rounds apply whole.)
@@ -816,7 +819,7 @@ class ShardService final : public ShardBase {
             Lease* lease;
             ~Hold() { Lease::returned(lease); }
           } hold{new Lease{this}};
-          send_pieces(w, v, [&](int64_t lo, int64_t hi) {
+          send_pieces(w, v, a, b, [&](int64_t lo, int64_t hi) {
             hold.lease->out.fetch_add(1);
             return grpc::Slice(params_.data() + lo, sizeof(float) * static_cast<size_t>(hi - lo),
                                &Lease::returned, hold.lease);
@@ -828,17 +831,18 @@ class ShardService final : public ShardBase {
         int64_t v = 0;
         s = read_params(ctx, [&] {
           v = version_.load();
-          for_each_piece(range_.size(), piece_, [&](int64_t lo, int64_t hi) {
+          for_each_piece(a, b, piece_, [&](int64_t lo, int64_t hi) {
             pieces.push_back(copied_piece(lo, hi));
             return true;
           });
         });
         if (s.ok()) {
           size_t i = 0;
-          send_pieces(w, v, [&](int64_t, int64_t) { return pieces[i++]; });
+          send_pieces(w, v, a, b, [&](int64_t, int64_t) { return pieces[i++]; });
         }
       } else if (s.ok()) {
-        send_pieces(w, version_.load(), [&](int64_t lo, int64_t hi) { return copied_piece(lo, hi); });
+        send_pieces(w, version_.load(), a, b,
+                    [&](int64_t lo, int64_t hi) { return copied_piece(lo, hi); });
       }
     } catch (const std::exception& e) {
       s = Status(StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what()));
@@ -847,11 +851,35 @@ class ShardService final : public ShardBase {
     return true;
   }
 
-  // The range in pieces on w, each the slice slice_of(lo, hi) of floats [lo, hi), at version v;
-  // stops early once the client has gone.
+  // Floats [*a, *b) of the range, which a PullStream sends: a stripe's (its call's kStripeKey),
+  // or the whole range.
+  Status pull_stripe(ServerContextBase* ctx, const PullRequest& req, int64_t* a, int64_t* b) {
+    const int64_t n = range_.size();
+    *a = 0;
+    *b = n;
+    const auto& md = ctx->client_metadata();
+    const auto it = md.find(kStripeKey);
+    if (it == md.end()) return Status::OK;
+    Stripe st;
+    std::string error;
+    const int64_t pieces = n == 0 ? 1 : (n + piece_ - 1) / piece_;
+    if (!parse_stripe(std::string(it->second.data(), it->second.size()), &st, &error) ||
+        st.s > pieces)
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: worker {}'s pull: metadata '{}': {}: refused", name_, req.worker(),
+                          kStripeKey,
+                          !error.empty()
+                              ? error
+                              : fmt::format("{} stripes of a range of {} piece(s)", st.s, pieces))};
+    std::tie(*a, *b) = stripe_floats(n, piece_, st.k, st.s);
+    return Status::OK;
+  }
+
+  // Floats [a, b) of the range in pieces on w, each the slice slice_of(lo, hi) of floats
+  // [lo, hi), at version v; stops early once the client has gone.
   template <class SliceOf>
-  void send_pieces(PieceWriter* w, int64_t v, SliceOf slice_of) {
-    for_each_piece(range_.size(), piece_, [&](int64_t lo, int64_t hi) {
+  void send_pieces(PieceWriter* w, int64_t v, int64_t a, int64_t b, SliceOf slice_of) {
+    for_each_piece(a, b, piece_, [&](int64_t lo, int64_t hi) {
       const grpc::Slice piece = slice_of(lo, hi);
       PullReply head;
       head.set_version(v);

@@ -162,12 +162,12 @@ class PushWriter final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   std::function<void(grpc::Status)> done_;
 };
 
-// The stripes of one push to a shard (wire.h, kStripeKey): each a PushWriter on a connection
-// of its own. The first failure cancels the others; done gets it, or OK, once every stripe is
-// over. Deletes itself then.
-class StripedPush {
+// The stripes of one push to a shard, or of a pull from it (wire.h, kStripeKey): each a
+// PushWriter or PullReader on a connection of its own. The first failure cancels the others; done
+// gets it, or OK, once every stripe is over. Deletes itself then.
+class StripedCall {
  public:
-  StripedPush(int stripes, std::function<void(grpc::Status)> done)
+  StripedCall(int stripes, std::function<void(grpc::Status)> done)
       : ctx_(stripes), done_(std::move(done)) {}
   // Stripe k's call: ctx for stripe 0 (the caller's, which it may cancel), else one of this
   // object's with the same token and deadline.
@@ -217,14 +217,21 @@ class StripedPush {
   std::function<void(grpc::Status)> done_;
 };
 
-// One PullStream: sends the request, copies each piece of the reply into dst (the range's n
-// floats) as it arrives, and calls done with the call's status, or with what was wrong with
-// the pieces. It deletes itself when the call is over.
+// One PullStream: sends the request, copies each piece of the reply into dst (the range's
+// floats; the stream's are [begin, end)) as it arrives, and calls done with the call's status, or
+// with what was wrong with the pieces. It deletes itself when the call is over.
 class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  PullReader(grpc::ByteBuffer request, float* dst, int64_t n, int64_t* version,
+  // dst: the range's floats; [begin, end): the ones this stream carries (a stripe's, or all).
+  PullReader(grpc::ByteBuffer request, float* dst, int64_t begin, int64_t end, int64_t* version,
              std::function<void(grpc::Status)> done)
-      : request_(std::move(request)), dst_(dst), n_(n), version_(version), done_(std::move(done)) {}
+      : request_(std::move(request)),
+        dst_(dst),
+        begin_(begin),
+        next_(begin),
+        n_(end),
+        version_(version),
+        done_(std::move(done)) {}
   void start(grpc::GenericStub& stub, grpc::ClientContext* ctx) {
     ctx_ = ctx;
     stub.PrepareBidiStreamingCall(ctx, kPullStreamMethod, grpc::StubOptions(), this);
@@ -244,7 +251,7 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     }
     const int64_t floats = static_cast<int64_t>(params.size() / sizeof(float));
     if (params.size() % sizeof(float) != 0 || head.offset() != next_ || floats > n_ - next_ ||
-        (next_ > 0 && head.version() != *version_)) {
+        (next_ > begin_ && head.version() != *version_)) {
       refuse(fmt::format("a piece of {} bytes at float {}, version {}, where float {} of {} at "
                          "version {} was due", params.size(), head.offset(), head.version(),
                          next_, n_, *version_));
@@ -276,7 +283,7 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   }
   grpc::ByteBuffer request_, in_;
   float* dst_;
-  int64_t n_, next_ = 0;
+  int64_t begin_, next_, n_;  // (n_: where the floats end)
   int pieces_ = 0;
   int64_t* version_;
   grpc::ClientContext* ctx_ = nullptr;
@@ -299,7 +306,7 @@ void ShardSet::push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& me
           return;
         }
         // Stripe k: pieces [p k / s, p (k + 1) / s), as the shard expects (stripe_floats).
-        auto* push = new StripedPush(s, std::move(done));
+        auto* push = new StripedCall(s, std::move(done));
         const uint64_t id = next_push_++;
         std::vector<grpc::ClientContext*> ctxs;
         for (int k = 0; k < s; ++k) ctxs.push_back(push->context(k, ctx, token_, {id, k, s}));
@@ -325,15 +332,37 @@ void ShardSet::push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& me
 }
 
 std::vector<int64_t> ShardSet::pull_streams(const PullRequest& request,
-                                            const std::vector<Range>& ranges, float* dst,
-                                            double timeout) {
+                                            const std::vector<Range>& ranges, int64_t piece,
+                                            float* dst, double timeout) {
   const grpc::ByteBuffer out = encode(request);
-  std::vector<int64_t> versions(size(), 0);
-  all("Pull", timeout, [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-    (new PullReader(out, dst + ranges[i].begin, ranges[i].size(), &versions[i], std::move(done)))
-        ->start(generic(i), ctx);
-  });
-  return versions;
+  std::vector<std::vector<int64_t>> versions(size());
+  all("Pull", timeout,
+      [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        const int64_t n = ranges[i].size();
+        const int s =
+            static_cast<int>(std::min<int64_t>(stripes_, n == 0 ? 1 : (n + piece - 1) / piece));
+        float* range = dst + ranges[i].begin;
+        versions[i].assign(s, 0);
+        if (s == 1) {
+          (new PullReader(out, range, 0, n, &versions[i][0], std::move(done)))
+              ->start(generic(i), ctx);
+          return;
+        }
+        auto* pull = new StripedCall(s, std::move(done));
+        std::vector<grpc::ClientContext*> ctxs;
+        for (int k = 0; k < s; ++k) ctxs.push_back(pull->context(k, ctx, token_, {0, k, s}));
+        for (int k = 0; k < s; ++k) {
+          const auto [a, b] = stripe_floats(n, piece, k, s);
+          (new PullReader(out, range, a, b, &versions[i][k], [pull](grpc::Status st) {
+            pull->finished(st);
+          }))->start(generic(i, k), ctxs[k]);
+        }
+      });
+  // A shard's version: the earliest its stripes were read at (sync with backup workers, or
+  // async: a round may be applied between two stripes' reads, as between two shards').
+  std::vector<int64_t> out_versions;
+  for (const auto& v : versions) out_versions.push_back(*std::min_element(v.begin(), v.end()));
+  return out_versions;
 }
 
 std::vector<ShardSet::Pulled> ShardSet::pull_all(PullRequest request, bool one_round, double timeout) {

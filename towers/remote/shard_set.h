@@ -21,7 +21,7 @@ namespace towers::remote {
 class ShardSet {
  public:
   // addresses: the cluster's ps entries; token: what every call carries; stripes: how many
-  // TCP connections to each shard a push may use at once (wire.h, kStripeKey).
+  // TCP connections to each shard a push or pull may use at once (wire.h, kStripeKey).
   ShardSet(std::vector<std::string> addresses, std::string token, const TlsFiles& tls,
            int stripes = 1);
   int size() const { return static_cast<int>(stubs_.size()); }
@@ -56,13 +56,14 @@ class ShardSet {
   // messages' slices may be lent: they stay in use until gRPC lets go of them.
   void push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& messages,
                     std::vector<PushReply>& replies, double timeout);
-  // PullStream from every shard at once: shard i's range, ranges[i], is copied into dst (the
-  // flat array) piece by piece as the pieces arrive, on the gRPC thread that received each
+  // PullStream from every shard at once (in stripes, as pushes are; pieces of `piece` floats):
+  // shard i's range, ranges[i], is copied into dst (the flat array) piece by piece as the
+  // pieces arrive, on the gRPC thread that received each
   // (handing the copies to the waiting thread instead cost a wake-up per piece: 4 MiB pulls
   // were 8% slower from one shard and 25% from two on a 2-core machine). Returns each
   // shard's version.
   std::vector<int64_t> pull_streams(const PullRequest& request, const std::vector<Range>& ranges,
-                                    float* dst, double timeout);
+                                    int64_t piece, float* dst, double timeout);
 
  private:
   std::vector<std::string> addresses_;

@@ -44,12 +44,19 @@ void for_each_piece(int64_t n, int64_t piece, F f) {
   for (int64_t lo = 0; lo == 0 || lo < n; lo += piece)
     if (!f(lo, lo + piece < n ? lo + piece : n)) return;
 }
+// The same for the pieces of floats [begin, end) of a range (a stripe's: stripe_floats).
+template <class F>
+void for_each_piece(int64_t begin, int64_t end, int64_t piece, F f) {
+  for (int64_t lo = begin; lo == begin || lo < end; lo += piece)
+    if (!f(lo, lo + piece < end ? lo + piece : end)) return;
+}
 
-// A push to one shard may travel in stripes: PushStreams at once, each on a TCP connection of
-// its own (one gRPC stream to a process is bound by its connection's threads well below what
-// TCP carries; decision 68). Stripe k of s carries the range's pieces [P k / s, P (k + 1) / s)
-// of its P pieces, in order. Each stripe's call says which it is in the metadata entry
-// kStripeKey: "ID K S", with the push's id (the same for its stripes, new for every attempt).
+// A push to one shard, and a pull from it, may travel in stripes: PushStreams (PullStreams) at
+// once, each on a TCP connection of its own (one gRPC stream to a process is bound by its
+// connection's threads well below what TCP carries; decision 68). Stripe k of s carries the
+// range's pieces [P k / s, P (k + 1) / s) of its P pieces, in order. Each stripe's call says
+// which it is in the metadata entry kStripeKey: "ID K S", with the push's id (the same for its
+// stripes, new for every attempt; a pull's is not read).
 inline constexpr const char* kStripeKey = "towers-stripe";
 inline constexpr int kMaxStripes = 16;
 struct Stripe {
