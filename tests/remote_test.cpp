@@ -437,12 +437,23 @@ TEST(RemoteShard, StripesOfAPushAreCheckedAndEndTogether) {
   EXPECT_TRUE(refused(r, "5 stripes of a range of 4 piece(s)")) << r.first.error_message();
   r = stripe("27 2 2", {p0});
   EXPECT_TRUE(refused(r, "is not \"ID K S\" with 0 <= K < S")) << r.first.error_message();
-  // Stripe 0 of 2 carries [0, 600); stripe 1 [600, 1024).
+  // Stripe 0 of 2 carries [0, 600); stripe 1 [600, 1024). (Refused at its first message:
+  // nothing of it is taken.)
   r = stripe("37 0 2", {p1});
   EXPECT_TRUE(refused(r, "from float 0 to 600 (stripe 0 of 2)")) << r.first.error_message();
-  r = stripe("47 0 2", {p0, p1, p2});
-  EXPECT_TRUE(refused(r, "from float 600 to 600 (stripe 0 of 2)")) << r.first.error_message();
-  EXPECT_EQ(s.store->version(), 0);
+  // A unary Push is not a stripe.
+  {
+    remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+    auto ctx = remote::call_context("t", 10);
+    ctx->AddMetadata(remote::kStripeKey, "5 0 2");
+    remote::PushRequest whole = h;
+    whole.set_grads(std::string(reinterpret_cast<const char*>(g.data()), sizeof(float) * 1024));
+    remote::PushReply rep;
+    const grpc::Status st = shards.stub(0).Push(ctx.get(), whole, &rep);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("only a PushStream is a stripe"), std::string::npos)
+        << st.error_message();
+  }
   // A push in two stripes: the first to end replies partial, the last ends the push.
   r = stripe("8 1 2", {p2, p3});
   ASSERT_TRUE(r.first.ok()) << r.first.error_message();
@@ -457,8 +468,12 @@ TEST(RemoteShard, StripesOfAPushAreCheckedAndEndTogether) {
   EXPECT_TRUE(r.second.applied());
   const float* p = s.store->host_params();
   for (int i = 0; i < 1024; ++i) ASSERT_EQ(p[i], -0.5f) << i;
-  // Round 1: stripe 0 ends short, which fails the push; stripe 1 then fails with it.
+  // Round 1. A stripe that carries more than its run is refused at the piece beyond it, after
+  // the pieces before it were taken (they stay in the round, as a broken stream's do).
   h.set_round(1);
+  r = stripe("47 0 2", {p0, p1, p2});
+  EXPECT_TRUE(refused(r, "from float 600 to 600 (stripe 0 of 2)")) << r.first.error_message();
+  // Stripe 0 ends short, which fails the push; stripe 1 then fails with it.
   r = stripe("9 0 2", {p0});
   EXPECT_TRUE(refused(r, "stripe 0 of 2 of round 1 ended after 300 of its floats [0, 600)"))
       << r.first.error_message();
@@ -505,6 +520,8 @@ TEST(RemoteShard, StripedPushesAndPullsLandEveryFloatOnce) {
       std::vector<float> pulled(n, -7.0f);
       EXPECT_EQ(s.store->pull_into(pulled.data()), 2);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(pulled[i], p[i]) << i;
+      // The two pushes and the pull each went as min(stripes, 5 pieces) streams.
+      EXPECT_EQ(s.store->timing()["streams"].get<int64_t>(), 3 * std::min(stripes, 5));
     }
   // A pull's stripe metadata is checked as a push's.
   OneShard s(1024, 300);
@@ -808,9 +825,11 @@ std::string only_checkpoint(const std::string& dir) {
 
 // W workers x T towers in sync mode give bitwise the parameters, slots and losses of one
 // process with W x T towers: the same global batches, and the same tree over the towers.
+// stripes > 0: the workers' pushes and pulls travel in that many streams a shard (their ranges
+// have at least that many pieces).
 void expect_launch_matches_one_process(int workers, int towers_per_worker, int ps,
                                        const std::string& model = "fashion",
-                                       const std::string& remote_flags = "") {
+                                       const std::string& remote_flags = "", int stripes = 0) {
   const std::string flags =
       "--model " + model + " --dataset synthetic --synthetic-size 1500 --mode sync --steps 12 "
       "--seed 3 --batch 16 --eval-every 0 --log-every 1 --quiet --optimizer adam --lr 0.001";
@@ -834,17 +853,25 @@ void expect_launch_matches_one_process(int workers, int towers_per_worker, int p
   const std::string cb = tensor_bytes(only_checkpoint(many + "/ck"));
   ASSERT_FALSE(ca.empty());
   EXPECT_TRUE(ca == cb) << "the parameters and slots differ from one process's";
+  if (stripes > 0) {
+    const auto summary = metrics_events(many + "/worker-0.jsonl", "summary");
+    ASSERT_EQ(summary.size(), 1u);
+    const auto& t = summary[0]["remote"];
+    EXPECT_EQ(t["streams"].get<int64_t>(),
+              stripes * ps * (t["pushes"].get<int64_t>() + t["pulls"].get<int64_t>()))
+        << t.dump();
+  }
 }
 
 TEST(RemoteCli, SyncTwoWorkersEqualTwoTowersBitwise) { expect_launch_matches_one_process(2, 1, 2); }
 // Pushes and pulls in pieces of 16 KiB: dozens per range, applied piece by piece as they arrive,
 // in whatever order the workers' pieces complete.
 TEST(RemoteCli, SyncInSmallPiecesEqualsOneProcessBitwise) {
-  expect_launch_matches_one_process(2, 1, 2, "fashion", "--rpc-piece-kib 16 --rpc-stripes 1");
+  expect_launch_matches_one_process(2, 1, 2, "fashion", "--rpc-piece-kib 16 --rpc-stripes 1", 1);
 }
 // The same pieces in stripes: 3 streams to each shard at once, each on a connection of its own.
 TEST(RemoteCli, SyncInStripesEqualsOneProcessBitwise) {
-  expect_launch_matches_one_process(2, 1, 2, "fashion", "--rpc-piece-kib 16 --rpc-stripes 3");
+  expect_launch_matches_one_process(2, 1, 2, "fashion", "--rpc-piece-kib 16 --rpc-stripes 3", 3);
 }
 TEST(RemoteCli, SyncTwoWorkersOfTwoTowersEqualFourTowersBitwise) {
   expect_launch_matches_one_process(2, 2, 3);

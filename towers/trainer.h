@@ -78,7 +78,7 @@ struct TrainConfig {
   double heartbeat_timeout = 10.0;  // seconds without a call before a shard counts us lost
   int64_t rpc_piece_kib = 1024;     // pushes and pulls travel in pieces of this size (the chief's;
                                     // 1 KiB .. 256 MiB, a quarter of the message limit)
-  int rpc_stripes = 4;              // TCP connections a push to one shard uses at once
+  int rpc_stripes = 4;              // TCP connections a push to (pull from) a shard uses at once
 };
 
 void validate(const TrainConfig& c);  // throws naming the bad flag

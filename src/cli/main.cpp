@@ -261,9 +261,9 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                  "copies and applies one piece while the next is on the wire (the chief's value "
                  "is the run's)")->capture_default_str();
   app.add_option("--rpc-stripes", c.rpc_stripes,
-                 "with --cluster: a push to a shard travels on this many TCP connections at "
-                 "once, each carrying a run of its pieces (one gRPC stream is held well below "
-                 "what a connection carries by the threads that drive it)")
+                 "with --cluster: a push to a shard, and a pull from it, travel on this many TCP "
+                 "connections at once, each carrying a run of its pieces (one gRPC stream is "
+                 "held well below what a connection carries by the threads that drive it)")
       ->capture_default_str();
 }
 

@@ -205,11 +205,10 @@ int64_t ns_since(Clock::time_point t0) {
 }  // namespace
 
 nlohmann::json RemoteParameterStore::timing() const {
-  return {{"pulls", pulls_.load()},
-          {"pull_seconds", pull_ns_.load() * 1e-9},
-          {"pushes", pushes_.load()},
-          {"push_seconds", push_ns_.load() * 1e-9},
-          {"push_wait_seconds", push_wait_ns_.load() * 1e-9}};
+  return {
+      {"streams", shards_->streams()},          {"pulls", pulls_.load()},
+      {"pull_seconds", pull_ns_.load() * 1e-9}, {"pushes", pushes_.load()},
+      {"push_seconds", push_ns_.load() * 1e-9}, {"push_wait_seconds", push_wait_ns_.load() * 1e-9}};
 }
 
 int64_t RemoteParameterStore::pull(Tower& tower) {
@@ -407,8 +406,8 @@ Rollback RemoteParameterStore::roll_back(Rollback r) {
       q.set_generation(r.generation);
     }
     try {
-      shards_->all("Restore", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-        shards_->stub(i).async()->Restore(ctx, &reqs[i], &reps[i], std::move(done));
+      shards_->all("Restore", cfg_.rpc_timeout, [&](int i, ShardSet::Contexts ctx, auto done) {
+        shards_->stub(i).async()->Restore(ctx[0], &reqs[i], &reps[i], std::move(done));
       });
     } catch (const RollbackError& later) {  // a shard is at a later rollback: that one
       r = later.rollback;
@@ -424,8 +423,8 @@ std::vector<std::string> RemoteParameterStore::save_shards(int64_t version) {
   std::vector<SaveRequest> reqs(shards_->size());
   std::vector<SaveReply> reps(shards_->size());
   for (auto& r : reqs) r.set_version(version);
-  shards_->all("Save", cfg_.rpc_timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-    shards_->stub(i).async()->Save(ctx, &reqs[i], &reps[i], std::move(done));
+  shards_->all("Save", cfg_.rpc_timeout, [&](int i, ShardSet::Contexts ctx, auto done) {
+    shards_->stub(i).async()->Save(ctx[0], &reqs[i], &reps[i], std::move(done));
   });
   std::vector<std::string> paths;
   for (const SaveReply& r : reps) paths.push_back(r.path());

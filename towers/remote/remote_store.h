@@ -49,8 +49,8 @@ struct RemoteConfig {
   // Pushes and pulls travel in pieces of this many floats (the chief's is sent with Init and
   // every worker takes the shards'); 0: kDefaultPieceFloats.
   int64_t piece_floats = 0;
-  // A push to a shard travels on this many TCP connections at once, each carrying a run of its
-  // pieces (wire.h, kStripeKey).
+  // A push to a shard, and a pull from it, travel on this many TCP connections at once, each
+  // carrying a run of its pieces (wire.h, kStripeKey).
   int stripes = 4;
 };
 
@@ -82,7 +82,8 @@ class RemoteParameterStore final : public ParameterStore {
   void finish();
   // Where this worker's time went at the store: calls and seconds of pulls and of pushes (a
   // sync push includes the wait at the barrier for the other workers, which push_wait_seconds
-  // gives apart: the shards' own count of it), over all towers.
+  // gives apart: the shards' own count of it), over all towers; and the gRPC streams its
+  // pushes and pulls used (`streams`: a stripe's count one each, decision 68).
   nlohmann::json timing() const;
 
   // What a tower's pull reads (sync: the current round, waited for), into dst (the flat

@@ -523,6 +523,7 @@ class ShardService final : public ShardBase {
     bool late = false;         // sync: a stripe saw the round applied without it
     Status error;              // the first stripe's failure: the push fails with it
     std::chrono::system_clock::time_point deadline;  // the first stripe's: then it is dropped
+    std::once_flag allocated;  // grads, by the first stripe to need it (outside groups_mu_)
   };
 
   // One push in progress (a Push, or the messages of a PushStream so far; a stripe's).
@@ -534,6 +535,7 @@ class ShardService final : public ShardBase {
     int64_t next = 0;      // where the next message's floats must start
     int64_t end = 0;       // where the call's floats end (the range's size, or its stripe's end)
     HostBuffer grads;      // async and ssp: the gradient, as its pieces arrive
+    bool stream = false;   // a PushStream's (only a stream may be a stripe)
     std::shared_ptr<PushGroup> group;  // a stripe's push
     Stripe stripe;
     float* buffer() { return group ? group->grads.data() : grads.data(); }
@@ -594,6 +596,7 @@ class ShardService final : public ShardBase {
     PushReader(ShardService* shard, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* reply)
         : shard_(shard), reply_(reply) {
       call_.ctx = ctx;
+      call_.stream = true;
       StartRead(&in_);
     }
     void OnReadDone(bool ok) override {
@@ -1092,6 +1095,11 @@ class ShardService final : public ShardBase {
     const auto it = md.find(kStripeKey);
     if (it == md.end()) return Status::OK;
     const PushRequest& m = c.head;
+    if (!c.stream)
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: a unary Push of worker {} with metadata '{}': only a PushStream "
+                          "is a stripe: refused",
+                          name_, m.worker(), kStripeKey)};
     Stripe st;
     std::string error;
     const int64_t n = range_.size();
@@ -1108,32 +1116,39 @@ class ShardService final : public ShardBase {
     if (st.s == 1) return Status::OK;
     std::tie(c.next, c.end) = stripe_floats(n, piece_, st.k, st.s);
     c.stripe = st;
-    std::lock_guard<std::mutex> l(groups_mu_);
-    // Pushes of which a stripe never came (its attempt failed on the way) are dropped at their
-    // deadline.
-    const auto now = std::chrono::system_clock::now();
-    for (auto g = groups_.begin(); g != groups_.end();)
-      g = g->second->deadline < now ? groups_.erase(g) : std::next(g);
-    std::shared_ptr<PushGroup>& g = groups_[{m.worker(), st.push}];
-    if (!g) {
-      g = std::make_shared<PushGroup>();
-      g->head = m;
-      g->joined.assign(st.s, 0);
-      g->deadline = c.ctx->deadline();
-      if (run_.mode() != "sync") g->grads = HostBuffer(n);
-    } else if (static_cast<int>(g->joined.size()) != st.s || g->joined[st.k] ||
-               m.round() != g->head.round() || m.lr() != g->head.lr() ||
-               m.generation() != g->head.generation() || m.layout_hash() != g->head.layout_hash()) {
-      return {StatusCode::INVALID_ARGUMENT,
-              fmt::format("{}: worker {}'s stripe {} of {} of push {} does not match the push's "
-                          "other stripes (round {}, {} stripes){}: refused",
-                          name_, m.worker(), st.k, st.s, st.push, g->head.round(), g->joined.size(),
-                          static_cast<int>(g->joined.size()) == st.s && g->joined[st.k]
-                              ? ", and that stripe came before"
-                              : "")};
+    std::shared_ptr<PushGroup> joined;
+    {
+      std::lock_guard<std::mutex> l(groups_mu_);
+      // Pushes of which a stripe never came (its attempt failed on the way) are dropped at
+      // their deadline, or after an hour for a call without one.
+      const auto now = std::chrono::system_clock::now();
+      for (auto g = groups_.begin(); g != groups_.end();)
+        g = g->second->deadline < now ? groups_.erase(g) : std::next(g);
+      std::shared_ptr<PushGroup>& g = groups_[{m.worker(), st.push}];
+      if (!g) {
+        g = std::make_shared<PushGroup>();
+        g->head = m;
+        g->joined.assign(st.s, 0);
+        g->deadline = std::min(c.ctx->deadline(), now + std::chrono::hours(1));
+      } else if (static_cast<int>(g->joined.size()) != st.s || g->joined[st.k] ||
+                 m.round() != g->head.round() || m.lr() != g->head.lr() ||
+                 m.generation() != g->head.generation() ||
+                 m.layout_hash() != g->head.layout_hash()) {
+        return {
+            StatusCode::INVALID_ARGUMENT,
+            fmt::format("{}: worker {}'s stripe {} of {} of push {} does not match the push's "
+                        "other stripes (round {}, {} stripes){}: refused",
+                        name_, m.worker(), st.k, st.s, st.push, g->head.round(), g->joined.size(),
+                        static_cast<int>(g->joined.size()) == st.s && g->joined[st.k]
+                            ? ", and that stripe came before"
+                            : "")};
+      }
+      g->joined[st.k] = 1;
+      joined = g;
     }
-    g->joined[st.k] = 1;
-    c.group = g;
+    if (run_.mode() != "sync")
+      std::call_once(joined->allocated, [&] { joined->grads = HostBuffer(n); });
+    c.group = std::move(joined);
     return Status::OK;
   }
 
@@ -1159,10 +1174,11 @@ class ShardService final : public ShardBase {
       if (last) forget(c.head.worker(), c.stripe.push, g);
       error = g->error;
     }
-    if (!error.ok())
+    if (!error.ok())  // (with its details: a rollback's is the one to adopt)
       return {error.error_code(),
               fmt::format("{}: another stripe of worker {}'s push of round {} failed: {}", name_,
-                          c.head.worker(), c.head.round(), error.error_message())};
+                          c.head.worker(), c.head.round(), error.error_message()),
+              error.error_details()};
     if (!last) {
       rep.set_partial(true);
       rep.set_version(version_.load());

@@ -52,7 +52,8 @@ void ShardSet::fail(int i, const char* what, const grpc::Status& s) const {
   TOWERS_BAD_INPUT("ps:{} ({}): {} failed: {}{}", i, addresses_[i], what, describe(s), hint);
 }
 
-void ShardSet::all(const char* what, double timeout, const Start& start) {
+void ShardSet::all(const char* what, double timeout, const Start& start,
+                   const std::vector<int>& calls) {
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(timeout));
   std::vector<int> todo(size());
@@ -60,15 +61,20 @@ void ShardSet::all(const char* what, double timeout, const Start& start) {
   for (;;) {
     const int n = static_cast<int>(todo.size());
     const double left = std::max(0.001, std::chrono::duration<double>(until - Clock::now()).count());
-    std::vector<std::unique_ptr<grpc::ClientContext>> ctx;
+    std::vector<std::unique_ptr<grpc::ClientContext>> ctx;  // every call's, in order
+    std::vector<std::vector<grpc::ClientContext*>> of(n);   // [k]: shard todo[k]'s
     std::vector<grpc::Status> status(n);
     std::mutex mu;
     std::condition_variable cv;
     int pending = n;
     bool rolled_back = false;  // a call was refused with a rollback: the others are cancelled
-    for (int k = 0; k < n; ++k) ctx.push_back(call_context(token_, left));
     for (int k = 0; k < n; ++k)
-      start(todo[k], ctx[k].get(), [&, k](grpc::Status s) {
+      for (int c = 0; c < (calls.empty() ? 1 : calls[todo[k]]); ++c) {
+        ctx.push_back(call_context(token_, left));
+        of[k].push_back(ctx.back().get());
+      }
+    for (int k = 0; k < n; ++k)
+      start(todo[k], of[k], [&, k](grpc::Status s) {
         std::lock_guard<std::mutex> l(mu);
         if (rollback_of(s)) rolled_back = true;
         status[k] = std::move(s);
@@ -163,44 +169,36 @@ class PushWriter final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 };
 
 // The stripes of one push to a shard, or of a pull from it (wire.h, kStripeKey): each a
-// PushWriter or PullReader on a connection of its own. The first failure cancels the others; done
-// gets it, or OK, once every stripe is over. Deletes itself then.
+// PushWriter or PullReader on a connection of its own, with a context of ShardSet::all's. The
+// first failure cancels the others; done gets the failure that says the most (a rollback, then
+// any but a cancellation), or OK, once every stripe is over. Deletes itself then.
 class StripedCall {
  public:
-  StripedCall(int stripes, std::function<void(grpc::Status)> done)
-      : ctx_(stripes), done_(std::move(done)) {}
-  // Stripe k's call: ctx for stripe 0 (the caller's, which it may cancel), else one of this
-  // object's with the same token and deadline.
-  grpc::ClientContext* context(int k, grpc::ClientContext* first, const std::string& token,
-                               const Stripe& s) {
-    if (k == 0) {
-      ctx_[0] = first;
-    } else {
-      own_.push_back(std::make_unique<grpc::ClientContext>());
-      own_.back()->AddMetadata(kTokenKey, token);
-      own_.back()->set_deadline(first->deadline());
-      ctx_[k] = own_.back().get();
-    }
-    ctx_[k]->AddMetadata(kStripeKey, stripe_metadata(s));
-    return ctx_[k];
+  // Adds each stripe's metadata to its context.
+  StripedCall(ShardSet::Contexts ctx, uint64_t id, std::function<void(grpc::Status)> done)
+      : ctx_(ctx), done_(std::move(done)) {
+    const int s = static_cast<int>(ctx_.size());
+    for (int k = 0; k < s; ++k) ctx_[k]->AddMetadata(kStripeKey, stripe_metadata({id, k, s}));
   }
   void finished(const grpc::Status& s) {
     const int n = static_cast<int>(ctx_.size());
     bool cancel = false;
     {
       std::lock_guard<std::mutex> l(mu_);
-      ++ended_;
-      if (!s.ok() && status_.ok()) status_ = s, cancel = ended_ < n;
-      if (cancel) ++cancelling_;
+      if (rank(s) > rank(status_)) {
+        cancel = status_.ok() && ended_ + 1 < n;  // the first failure, and stripes still going
+        status_ = s;
+      }
+      // A stripe that is not cancelling counts itself over here; the canceller once its
+      // cancels are done, so that none of them outlives this object.
+      if (!cancel && ++ended_ < n) return;
     }
-    if (cancel)
-      for (grpc::ClientContext* c : ctx_) c->TryCancel();
-    {
+    if (cancel) {
+      for (grpc::ClientContext* c : ctx_) c->TryCancel();  // (may end a stripe on this thread)
       std::lock_guard<std::mutex> l(mu_);
-      if (cancel) --cancelling_;
-      if (ended_ < n || cancelling_ > 0 || over_) return;
-      over_ = true;  // the last stripe over, and no other thread in here
+      if (++ended_ < n) return;
     }
+    // The stripe that made ended_ n: every other is over, and none is in here.
     auto done = std::move(done_);
     const grpc::Status status = status_;
     delete this;
@@ -208,11 +206,14 @@ class StripedCall {
   }
 
  private:
-  std::vector<grpc::ClientContext*> ctx_;
-  std::vector<std::unique_ptr<grpc::ClientContext>> own_;
+  static int rank(const grpc::Status& s) {
+    if (s.ok()) return 0;
+    if (rollback_of(s)) return 3;
+    return s.error_code() == grpc::StatusCode::CANCELLED ? 1 : 2;
+  }
+  ShardSet::Contexts ctx_;
   std::mutex mu_;
-  int ended_ = 0, cancelling_ = 0;
-  bool over_ = false;
+  int ended_ = 0;
   grpc::Status status_;
   std::function<void(grpc::Status)> done_;
 };
@@ -295,26 +296,29 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 
 void ShardSet::push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& messages,
                             std::vector<PushReply>& replies, double timeout) {
+  // Stripe k of shard i's s: its pieces [p k / s, p (k + 1) / s), as the shard expects
+  // (stripe_floats), p being its messages (one a piece).
+  std::vector<int> stripes(size());
+  for (int i = 0; i < size(); ++i)
+    stripes[i] = std::min(stripes_, static_cast<int>(messages[i].size()));
   std::vector<std::vector<grpc::ByteBuffer>> in(size());
-  all("Push", timeout,
-      [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        const int p = static_cast<int>(messages[i].size());
-        const int s = std::min(stripes_, p);
+  all(
+      "Push", timeout,
+      [&](int i, Contexts ctx, std::function<void(grpc::Status)> done) {
+        const int p = static_cast<int>(messages[i].size()), s = stripes[i];
         in[i].assign(s, grpc::ByteBuffer());
+        streams_ += s;
         if (s == 1) {
-          (new PushWriter(messages[i], &in[i][0], std::move(done)))->start(generic(i), ctx);
+          (new PushWriter(messages[i], &in[i][0], std::move(done)))->start(generic(i), ctx[0]);
           return;
         }
-        // Stripe k: pieces [p k / s, p (k + 1) / s), as the shard expects (stripe_floats).
-        auto* push = new StripedCall(s, std::move(done));
-        const uint64_t id = next_push_++;
-        std::vector<grpc::ClientContext*> ctxs;
-        for (int k = 0; k < s; ++k) ctxs.push_back(push->context(k, ctx, token_, {id, k, s}));
+        auto* push = new StripedCall(ctx, next_push_++, std::move(done));
         for (int k = 0; k < s; ++k)
           (new PushWriter({messages[i].begin() + p * k / s, messages[i].begin() + p * (k + 1) / s},
                           &in[i][k], [push](grpc::Status st) { push->finished(st); }))
-              ->start(generic(i, k), ctxs[k]);
-      });
+              ->start(generic(i, k), ctx[k]);
+      },
+      stripes);
   replies.assign(size(), PushReply());
   for (int i = 0; i < size(); ++i) {
     // A striped push's result is on the stripe that ended it; the others are partial.
@@ -335,29 +339,35 @@ std::vector<int64_t> ShardSet::pull_streams(const PullRequest& request,
                                             const std::vector<Range>& ranges, int64_t piece,
                                             float* dst, double timeout) {
   const grpc::ByteBuffer out = encode(request);
+  std::vector<int> stripes(size());
+  for (int i = 0; i < size(); ++i) {
+    const int64_t n = ranges[i].size();
+    stripes[i] =
+        static_cast<int>(std::min<int64_t>(stripes_, n == 0 ? 1 : (n + piece - 1) / piece));
+  }
   std::vector<std::vector<int64_t>> versions(size());
-  all("Pull", timeout,
-      [&](int i, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+  all(
+      "Pull", timeout,
+      [&](int i, Contexts ctx, std::function<void(grpc::Status)> done) {
         const int64_t n = ranges[i].size();
-        const int s =
-            static_cast<int>(std::min<int64_t>(stripes_, n == 0 ? 1 : (n + piece - 1) / piece));
+        const int s = stripes[i];
         float* range = dst + ranges[i].begin;
         versions[i].assign(s, 0);
+        streams_ += s;
         if (s == 1) {
           (new PullReader(out, range, 0, n, &versions[i][0], std::move(done)))
-              ->start(generic(i), ctx);
+              ->start(generic(i), ctx[0]);
           return;
         }
-        auto* pull = new StripedCall(s, std::move(done));
-        std::vector<grpc::ClientContext*> ctxs;
-        for (int k = 0; k < s; ++k) ctxs.push_back(pull->context(k, ctx, token_, {0, k, s}));
+        auto* pull = new StripedCall(ctx, 0, std::move(done));
         for (int k = 0; k < s; ++k) {
           const auto [a, b] = stripe_floats(n, piece, k, s);
           (new PullReader(out, range, a, b, &versions[i][k], [pull](grpc::Status st) {
             pull->finished(st);
-          }))->start(generic(i, k), ctxs[k]);
+          }))->start(generic(i, k), ctx[k]);
         }
-      });
+      },
+      stripes);
   // A shard's version: the earliest its stripes were read at (sync with backup workers, or
   // async: a round may be applied between two stripes' reads, as between two shards').
   std::vector<int64_t> out_versions;
@@ -370,8 +380,8 @@ std::vector<ShardSet::Pulled> ShardSet::pull_all(PullRequest request, bool one_r
   for (int attempt = 0;; ++attempt) {
     const grpc::ByteBuffer out = encode(request);
     std::vector<grpc::ByteBuffer> in(size());
-    all("Pull", timeout, [&](int i, grpc::ClientContext* ctx, auto done) {
-      generic(i).UnaryCall(ctx, kPullMethod, grpc::StubOptions(), &out, &in[i], std::move(done));
+    all("Pull", timeout, [&](int i, Contexts ctx, auto done) {
+      generic(i).UnaryCall(ctx[0], kPullMethod, grpc::StubOptions(), &out, &in[i], std::move(done));
     });
     for (int i = 0; i < size(); ++i) {
       std::string error;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ class ShardSet {
            int stripes = 1);
   int size() const { return static_cast<int>(stubs_.size()); }
   Shard::Stub& stub(int i) { return *stubs_[i]; }
+  // Streams started by push_streams and pull_streams (a striped call's count one each).
+  int64_t streams() const { return streams_.load(); }
   // For the raw calls (wire.h: Push and Pull without copies of their floats); connection k of
   // shard i (0: the one every other call uses).
   grpc::GenericStub& generic(int i, int k = 0) { return *generics_[i][k]; }
@@ -34,11 +37,15 @@ class ShardSet {
   // The error of shard i's call, naming the shard, what was asked and what to check.
   [[noreturn]] void fail(int i, const char* what, const grpc::Status& s) const;
 
-  // Starts call(i, context, done) on every shard at once (the stub's callback API) and waits
-  // for all; throws the first failure. A shard that is unreachable (down, or restarting) is
-  // called again every 200 ms until the deadline: a restarted shard is reconnected to.
-  using Start = std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
-  void all(const char* what, double timeout, const Start& start);
+  // Starts call(i, contexts, done) on every shard at once (the stub's callback API) and waits
+  // for all; throws the first failure. Shard i's call gets calls[i] contexts (default 1; a
+  // striped call's streams, one each), with the token and the deadline; a rollback cancels
+  // every one of them. A shard that is unreachable (down, or restarting) is called again
+  // every 200 ms until the deadline: a restarted shard is reconnected to.
+  using Contexts = std::span<grpc::ClientContext* const>;
+  using Start = std::function<void(int, Contexts, std::function<void(grpc::Status)>)>;
+  void all(const char* what, double timeout, const Start& start,
+           const std::vector<int>& calls = {});
 
   // Pulls every shard's range at once, as `request` asks (a reader's pull: worker -1). With
   // one_round (sync mode), every shard is read at the same version: a round may complete
@@ -71,6 +78,7 @@ class ShardSet {
   std::vector<std::atomic<bool>> unreachable_;
   int stripes_ = 1;
   std::atomic<uint64_t> next_push_;  // the id of a striped push's next attempt
+  std::atomic<int64_t> streams_{0};  // PushStreams and PullStreams started
   std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels_;  // [shard][connection]
   std::vector<std::unique_ptr<Shard::Stub>> stubs_;
   std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> generics_;
