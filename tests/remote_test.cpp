@@ -1243,13 +1243,16 @@ Proc kill_and_restart_shard(const std::string& dir, int i) {
 // this data, in one process as in two (staleness acts as extra momentum).
 TEST(RemoteCli, KilledShardRestartsFromItsCheckpointAndTheRunFinishes) {
   const std::string dir = test_path("launch");
-  Proc l = spawn({"launch", "--ps", "2", "--workers", "2", "--out", dir, "--", "train", "--model",
-                  "mlp", "--dataset", "synthetic", "--synthetic-size", "1000", "--batch", "16",
-                  "--mode", "async", "--lr", "0.01", "--steps", "700", "--eval-every", "0",
-                  "--log-every", "1",
-                  "--slow-tower", "0:10", "--slow-tower", "1:10", "--checkpoint-dir", dir + "/ck",
-                  "--checkpoint-every", "0.5", "--rpc-timeout", "60"},
-                 test_path("launch.log"));
+  Proc l =
+      spawn({"launch", "--ps", "2", "--workers", "2", "--out", dir, "--", "train", "--model", "mlp",
+             "--dataset", "synthetic", "--synthetic-size", "1000", "--batch", "16", "--mode",
+             "async", "--lr", "0.01", "--steps", "700", "--eval-every", "0", "--log-every", "1",
+             "--slow-tower", "0:10", "--slow-tower", "1:10", "--checkpoint-dir", dir + "/ck",
+             "--checkpoint-every", "0.5", "--rpc-timeout", "60",
+             // pieces of 16 KiB: the mlp's pushes and pulls travel in stripes, and the
+             // killed shard's connections break under them
+             "--rpc-piece-kib", "16"},
+            test_path("launch.log"));
   ASSERT_TRUE(eventually(90, [&] { return shard_saved(dir, 1); })) << read_all(l.log);
   Proc again = kill_and_restart_shard(dir, 1);
   const int rc = wait_for(l, 180);
@@ -1275,7 +1278,9 @@ TEST(RemoteCli, SyncRunRollsBackToARestartedShardsCheckpointAndEndsBitwise) {
   const std::string dir = test_path("launch"), one = test_path("one");
   std::vector<std::string> args = {"launch", "--ps", "2", "--workers", "2", "--out", dir, "--",
                                    "train", "--checkpoint-dir", dir + "/ck", "--rpc-timeout", "60",
-                                   "--slow-tower", "0:15", "--slow-tower", "1:15"};
+                                   "--slow-tower", "0:15", "--slow-tower", "1:15",
+                                   // in stripes: a rollback refuses every stripe of a push
+                                   "--rpc-piece-kib", "16"};
   std::istringstream words(flags);
   for (std::string w; words >> w;) args.push_back(w);
   Proc l = spawn(args, test_path("launch.log"));
