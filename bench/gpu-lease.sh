@@ -182,7 +182,8 @@ run_remote() {  # at most $1 s
 # of LEASE_BUDGET seconds from the script's start (default 570, inside the lease's 10 minutes
 # a command, with room for the packing after it), cut to what is left less `within`'s grace.
 # remote's result is all or nothing (its repetitions interleave, and its summary reads the
-# JSON written at its end): 3 repetitions of its cases took 23 s on 2 cores here (2026-11-27).
+# JSON written at its end): 3 repetitions of its cases took 56 s on 2 cores here (2026-11-27,
+# with the stripes' cases; 23 s before them), hence its minimum of 75 s.
 budget=${LEASE_BUDGET:-570}
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu-lease: LEASE_BUDGET '$budget' is not a number of seconds; using 570" >&2; budget=570; }
 spare_default="remote profile"
