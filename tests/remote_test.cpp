@@ -1191,18 +1191,16 @@ TEST(RemoteCli, SyncStopsNamingTheLostWorker) {
 TEST(RemoteCli, BackupWorkersDropTheStragglersLateGradients) {
   const std::string dir = test_path("launch");
   std::string out;
+  // In 16 KiB pieces: its pushes and pulls travel in stripes, between whose reads a round may
+  // be applied.
+  const std::string flags =
+      "--model mlp --dataset synthetic --synthetic-size 2000 --batch 16 --mode sync "
+      "--replicas-to-aggregate 1 --slow-tower 0:10 --slow-tower 1:40 --steps 200 --eval-every 0 "
+      "--log-every 1 --rpc-piece-kib 16";
   ASSERT_EQ(
-      run_towers(
-          fmt::format(
-              "launch --ps 2 --workers 2 --out {} -- train --model mlp "
-              "--dataset synthetic --synthetic-size 2000 --batch 16 --mode "
-              "sync --replicas-to-aggregate 1 --slow-tower 0:10 --slow-tower 1:40 --steps 200 "
-              "--eval-every 0 --log-every 1 --rpc-piece-kib 16",
-              dir),
-          &out),
+      run_towers(fmt::format("launch --ps 2 --workers 2 --out {} -- train {}", dir, flags), &out),
       0)
-      << out;  // (16 KiB pieces: in stripes, whose pulls a round
-               // may fall between)
+      << out;
   const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
   ASSERT_EQ(summary.size(), 1u);
   EXPECT_GE(summary[0]["steps"].get<int64_t>(), 200);
