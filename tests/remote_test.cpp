@@ -1424,10 +1424,22 @@ TEST(RemoteCli, MutualTlsWorksAndAPlainWorkerIsNotServed) {
   std::string out;
   EXPECT_NE(run_towers(train + " --rpc-timeout 3", &out), 0);
   EXPECT_NE(out.find("agree on TLS"), std::string::npos) << out;
-  EXPECT_EQ(run_towers(fmt::format("{} --tls-cert {}/node.pem --tls-key {}/node.key --tls-ca {}/ca.pem",
-                                   train, d, d, d), &out), 0) << out << read_all(shard.log);
+  // In 16 KiB pieces: the pushes and pulls travel in 4 stripes, each on a TLS connection.
+  EXPECT_EQ(
+      run_towers(fmt::format("{} --tls-cert {}/node.pem --tls-key {}/node.key --tls-ca {}/ca.pem "
+                             "--rpc-piece-kib 16 --metrics {}/m.jsonl",
+                             train, d, d, d, d),
+                 &out),
+      0)
+      << out << read_all(shard.log);
   EXPECT_EQ(wait_for(shard, 30), 0) << read_all(shard.log);
   EXPECT_NE(read_all(shard.log).find("(TLS)"), std::string::npos);
+  const auto summary = metrics_events(d + "/m.jsonl", "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  const auto& t = summary[0]["remote"];
+  EXPECT_EQ(t["streams"].get<int64_t>(),
+            4 * (t["pushes"].get<int64_t>() + t["pulls"].get<int64_t>()))
+      << t.dump();
 }
 
 }  // namespace
