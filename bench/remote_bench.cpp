@@ -575,62 +575,20 @@ struct Streaming : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
 };
 
 // The floor of the streamed push: BYTES in messages of one piece (kDefaultPieceFloats floats)
-// on one PushStream, from the caller's memory, to a server that drains them unread.
-void grpc_stream_case(benchmark::State& state, bool in_process) {
+// on one PushStream, from the caller's memory, to a server that drains them unread; with
+// stripes > 1, to a server process on that many PushStreams at once, each on a TCP connection
+// of its own and carrying its run of the pieces.
+void grpc_stream_case(benchmark::State& state, bool in_process, int stripes = 1) {
   const int64_t bytes = state.range(0);
   std::unique_ptr<AckServer> ack_server = make_or_skip<AckServer>(state, 0, in_process);
   if (!ack_server) return;
-  grpc::GenericStub& stub = ack_server->stub;
-  std::vector<char> data(bytes, 7);
-  const int64_t piece = remote::kDefaultPieceFloats * 4;
-  struct Writer final : Streaming {
-    std::vector<grpc::ByteBuffer> out;
-    size_t next = 0;
-    grpc::ByteBuffer in;
-    void write_next() {
-      const size_t i = next++;
-      if (next < out.size()) StartWrite(&out[i]);
-      else StartWriteLast(&out[i], grpc::WriteOptions());
-    }
-    void OnWriteDone(bool ok) override {
-      if (ok && next < out.size()) write_next();
-    }
-  };
-  auto call = [&] {
-    remote::Lender lender;
-    Writer w;
-    for (int64_t at = 0; at < bytes; at += piece) {
-      const grpc::Slice lent = lender.lend(data.data() + at, std::min(piece, bytes - at));
-      w.out.emplace_back(&lent, 1);
-    }
-    grpc::ClientContext ctx;
-    stub.PrepareBidiStreamingCall(&ctx, remote::kPushStreamMethod, grpc::StubOptions(), &w);
-    w.StartRead(&w.in);
-    w.write_next();
-    w.StartCall();
-    w.wait();
-    remote::PushReply rep;
-    std::string error;
-    return w.status.ok() && remote::decode(w.in, rep, &error) && rep.version() == bytes;
-  };
-  time_calls(state, call, "gRPC stream failed validation");
-}
-void BM_GrpcStream(benchmark::State& state) { grpc_stream_case(state, true); }
-
-// The stream floor striped: BYTES split into STRIPES PushStreams at once, each on a TCP
-// connection of its own to one server process, each carrying its share in 1 MiB messages.
-void BM_GrpcStripesToProcess(benchmark::State& state) {
-  const int64_t bytes = state.range(0);
-  const int stripes = static_cast<int>(state.range(1));
-  std::unique_ptr<AckServer> ack_server = make_or_skip<AckServer>(state, 0, false);
-  if (!ack_server) return;
-  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
-  for (int k = 0; k < stripes; ++k) {
-    auto channel = remote::open_channel(fmt::format("127.0.0.1:{}", ack_server->port), {}, k + 1);
+  std::vector<std::unique_ptr<grpc::GenericStub>> more;  // stripes 1.. (0 is the server's stub)
+  for (int k = 1; k < stripes; ++k) {
+    auto channel = remote::open_channel(fmt::format("127.0.0.1:{}", ack_server->port), {}, k);
     TOWERS_REQUIRE(
         channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30)),
-        "no connection");
-    stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
+        "the ack server on port {} did not answer in 30 s", ack_server->port);
+    more.push_back(std::make_unique<grpc::GenericStub>(channel));
   }
   std::vector<char> data(bytes, 7);
   const int64_t piece = remote::kDefaultPieceFloats * 4;
@@ -653,38 +611,38 @@ void BM_GrpcStripesToProcess(benchmark::State& state) {
   };
   auto call = [&] {
     remote::Lender lender;
-    std::vector<std::unique_ptr<Writer>> w;
-    std::vector<std::unique_ptr<grpc::ClientContext>> ctx;
+    std::vector<Writer> w(stripes);
+    std::vector<grpc::ClientContext> ctx(stripes);
     for (int k = 0; k < stripes; ++k) {
-      w.push_back(std::make_unique<Writer>());
-      ctx.push_back(std::make_unique<grpc::ClientContext>());
       for (int64_t p = pieces * k / stripes; p < pieces * (k + 1) / stripes; ++p) {
         const int64_t at = p * piece, n = std::min(piece, bytes - at);
         const grpc::Slice lent = lender.lend(data.data() + at, n);
-        w[k]->out.emplace_back(&lent, 1);
-        w[k]->bytes += n;
+        w[k].out.emplace_back(&lent, 1);
+        w[k].bytes += n;
       }
-    }
-    for (int k = 0; k < stripes; ++k) {
-      stubs[k]->PrepareBidiStreamingCall(ctx[k].get(), remote::kPushStreamMethod,
-                                         grpc::StubOptions(), w[k].get());
-      w[k]->StartRead(&w[k]->in);
-      w[k]->write_next();
-      w[k]->StartCall();
+      grpc::GenericStub& stub = k == 0 ? ack_server->stub : *more[k - 1];
+      stub.PrepareBidiStreamingCall(&ctx[k], remote::kPushStreamMethod, grpc::StubOptions(), &w[k]);
+      w[k].StartRead(&w[k].in);
+      w[k].write_next();
+      w[k].StartCall();
     }
     bool ok = true;
-    for (int k = 0; k < stripes; ++k) {
-      w[k]->wait();
+    for (Writer& s : w) {
+      s.wait();
       remote::PushReply rep;
       std::string error;
-      ok = ok && w[k]->status.ok() && remote::decode(w[k]->in, rep, &error) &&
-           rep.version() == w[k]->bytes;
+      ok = ok && s.status.ok() && remote::decode(s.in, rep, &error) && rep.version() == s.bytes;
     }
     return ok;
   };
-  time_calls(state, call, "gRPC stripes failed validation");
+  time_calls(state, call, stripes == 1 ? "gRPC stream failed validation"
+                                       : "gRPC stripes failed validation");
 }
+void BM_GrpcStream(benchmark::State& state) { grpc_stream_case(state, true); }
 void BM_GrpcStreamToProcess(benchmark::State& state) { grpc_stream_case(state, false); }
+void BM_GrpcStripesToProcess(benchmark::State& state) {
+  grpc_stream_case(state, false, static_cast<int>(state.range(1)));
+}
 
 // The floor of the streamed pull: BYTES in 1 MiB messages on one PullStream, sent by the
 // server from its memory without a copy, received and dropped unread.

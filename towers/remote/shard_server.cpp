@@ -854,28 +854,33 @@ class ShardService final : public ShardBase {
     return true;
   }
 
-  // Floats [*a, *b) of the range, which a PullStream sends: a stripe's (its call's kStripeKey),
-  // or the whole range.
-  Status pull_stripe(ServerContextBase* ctx, const PullRequest& req, int64_t* a, int64_t* b) {
-    const int64_t n = range_.size();
-    *a = 0;
-    *b = n;
+  // The stripe a call says it is (its kStripeKey; one stripe of one when it says none), or
+  // its refusal, naming the call as `what` says.
+  template <class What>
+  Status stripe_of(ServerContextBase* ctx, What what, Stripe* st) {
+    *st = Stripe();
     const auto& md = ctx->client_metadata();
     const auto it = md.find(kStripeKey);
     if (it == md.end()) return Status::OK;
-    Stripe st;
     std::string error;
-    const int64_t pieces = n == 0 ? 1 : (n + piece_ - 1) / piece_;
-    if (!parse_stripe(std::string(it->second.data(), it->second.size()), &st, &error) ||
-        st.s > pieces)
+    const int64_t pieces = messages_of(range_.size(), piece_);
+    if (!parse_stripe(std::string(it->second.data(), it->second.size()), st, &error) ||
+        st->s > pieces)
       return {StatusCode::INVALID_ARGUMENT,
-              fmt::format("{}: worker {}'s pull: metadata '{}': {}: refused", name_, req.worker(),
-                          kStripeKey,
-                          !error.empty()
-                              ? error
-                              : fmt::format("{} stripes of a range of {} piece(s)", st.s, pieces))};
-    std::tie(*a, *b) = stripe_floats(n, piece_, st.k, st.s);
+              fmt::format("{}: {}: metadata '{}': {}: refused", name_, what(), kStripeKey,
+                          !error.empty() ? error
+                                         : fmt::format("{} stripes of a range of {} piece(s)",
+                                                       st->s, pieces))};
     return Status::OK;
+  }
+
+  // Floats [*a, *b) of the range, which a PullStream sends: a stripe's, or the whole range.
+  Status pull_stripe(ServerContextBase* ctx, const PullRequest& req, int64_t* a, int64_t* b) {
+    Stripe st;
+    const Status s =
+        stripe_of(ctx, [&] { return fmt::format("worker {}'s pull", req.worker()); }, &st);
+    if (s.ok()) std::tie(*a, *b) = stripe_floats(range_.size(), piece_, st.k, st.s);
+    return s;
   }
 
   // Floats [a, b) of the range in pieces on w, each the slice slice_of(lo, hi) of floats
@@ -1091,28 +1096,23 @@ class ShardService final : public ShardBase {
   // The first message of a PushStream: a stripe of a striped push (its call's kStripeKey)
   // joins the push's group, and is to carry its stripe's floats only.
   Status join_stripes(PushCall& c) {
-    const auto& md = c.ctx->client_metadata();
-    const auto it = md.find(kStripeKey);
-    if (it == md.end()) return Status::OK;
     const PushRequest& m = c.head;
-    if (!c.stream)
+    if (!c.stream) {
+      if (c.ctx->client_metadata().count(kStripeKey) == 0) return Status::OK;
       return {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: a unary Push of worker {} with metadata '{}': only a PushStream "
                           "is a stripe: refused",
                           name_, m.worker(), kStripeKey)};
+    }
     Stripe st;
-    std::string error;
-    const int64_t n = range_.size();
-    const int64_t pieces = n == 0 ? 1 : (n + piece_ - 1) / piece_;
-    if (!parse_stripe(std::string(it->second.data(), it->second.size()), &st, &error) ||
-        st.s > pieces || (m.skip() && st.s > 1))
+    auto what = [&] { return fmt::format("worker {}'s push of round {}", m.worker(), m.round()); };
+    if (Status s = stripe_of(c.ctx, what, &st); !s.ok()) return s;
+    if (m.skip() && st.s > 1)
       return {StatusCode::INVALID_ARGUMENT,
-              fmt::format("{}: worker {}'s push of round {}: metadata '{}': {}: refused", name_,
-                          m.worker(), m.round(), kStripeKey,
-                          !error.empty() ? error
-                          : m.skip()
-                              ? "a push that skips its round is one stream"
-                              : fmt::format("{} stripes of a range of {} piece(s)", st.s, pieces))};
+              fmt::format("{}: {}: metadata '{}': a push that skips its round is one stream: "
+                          "refused",
+                          name_, what(), kStripeKey)};
+    const int64_t n = range_.size();
     if (st.s == 1) return Status::OK;
     std::tie(c.next, c.end) = stripe_floats(n, piece_, st.k, st.s);
     c.stripe = st;
@@ -1156,14 +1156,15 @@ class ShardService final : public ShardBase {
   // gradient whole, in push_end), the others reply `partial`.
   Status end_stripe(PushCall& c, PushReply& rep) {
     const int64_t n = range_.size();
-    if (c.next != c.end)
+    if (c.next != c.end) {
+      const int64_t begin = stripe_floats(n, piece_, c.stripe.k, c.stripe.s).first;
       return stripe_failed(
           c, {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: worker {}'s stripe {} of {} of round {} ended after {} of its "
                           "floats [{}, {}): refused",
                           name_, c.head.worker(), c.stripe.k, c.stripe.s, c.head.round(),
-                          c.next - stripe_floats(n, piece_, c.stripe.k, c.stripe.s).first,
-                          stripe_floats(n, piece_, c.stripe.k, c.stripe.s).first, c.end)});
+                          c.next - begin, begin, c.end)});
+    }
     std::shared_ptr<PushGroup> g = std::move(c.group);
     bool last = false;
     Status error;

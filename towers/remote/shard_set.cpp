@@ -20,10 +20,9 @@ ShardSet::ShardSet(std::vector<std::string> addresses, std::string token, const 
       token_(std::move(token)),
       unreachable_(addresses_.size()),
       stripes_(stripes),
-      next_push_(std::random_device()()) {
+      next_push_(uint64_t{std::random_device()()} << 32) {
   TOWERS_REQUIRE(stripes >= 1 && stripes <= kMaxStripes, "stripes: {} is not in [1, {}]", stripes,
                  kMaxStripes);
-  next_push_ = next_push_.load() << 32;
   for (const std::string& a : addresses_) {
     channels_.emplace_back();
     generics_.emplace_back();
@@ -376,7 +375,7 @@ std::vector<int64_t> ShardSet::pull_streams(const PullRequest& request,
   for (int i = 0; i < size(); ++i) {
     const int64_t n = ranges[i].size();
     stripes[i] =
-        static_cast<int>(std::min<int64_t>(stripes_, n == 0 ? 1 : (n + piece - 1) / piece));
+        static_cast<int>(std::min<int64_t>(stripes_, messages_of(n, piece)));
   }
   std::vector<std::vector<int64_t>> versions(size());
   all(

@@ -63,9 +63,12 @@ struct Stripe {
   uint64_t push = 0;
   int k = 0, s = 1;
 };
+// The messages a range of n floats travels in (for_each_piece): its pieces, or one empty
+// message for an empty range.
+inline int64_t messages_of(int64_t n, int64_t piece) { return n == 0 ? 1 : (n + piece - 1) / piece; }
 // Floats [first, second) of a range of n floats (pieces of `piece`) that stripe k of s carries.
 inline std::pair<int64_t, int64_t> stripe_floats(int64_t n, int64_t piece, int k, int s) {
-  const int64_t pieces = n == 0 ? 1 : (n + piece - 1) / piece;
+  const int64_t pieces = messages_of(n, piece);
   const int64_t a = pieces * k / s, b = pieces * (k + 1) / s;
   return {a * piece < n ? a * piece : n, b * piece < n ? b * piece : n};
 }
