@@ -1,12 +1,18 @@
 // The CUDA twins of softmax_xent, standardize, the optimizer updates, tree_sum and scale against
 // their CPU twins on fresh random inputs. Skips, with the reason, where no CUDA device is usable.
 //
-// On the training path today: softmax_xent only. The GPU optimizer updates, standardize,
-// tree_sum and scale are tested here as kernels, but no GPU training step calls them yet: with
-// host parameters the optimizer runs on the host (its CPU twin), augmentation and
-// standardization run in the host input pipeline, and sync averaging is the host tree sum or
-// NCCL. They are for device-resident parameters and a GPU input pipeline; until then a bug in
-// them cannot reach a training run, and a pass here says nothing about training.
+// Where the training step calls them (the tests below hold each to its CPU twin; a test of a
+// kernel that no step calls says so):
+//   - softmax_xent: every GPU tower's loss and its gradient;
+//   - the optimizer updates (optimizer_update, optimizer_update_spans_at): the update of
+//     --params mirrored (towers/mirrored_store.cpp); with host parameters the host applies it;
+//   - tree_sum: the sync sum of several towers on one GPU with mirrored parameters, a residual
+//     block's two branches (src/layers/residual.cpp), a placed tower's micro-batches;
+//   - standardize: --input device (kernels/cuda/augment.cu); host input standardizes on the host;
+//   - scale_at and norm_guard: the guard of a mirrored update (--clip-grad-norm,
+//     --on-divergence skip-step);
+//   - scale (a scalar from the host): no training step calls it; it is kept for callers that
+//     average with a factor known on the host.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -261,6 +267,8 @@ TEST(TreeSumGpu, TooManyBlocksIsAnError) {
                InternalError);
 }
 
+// scale() is called by no training step (the mirrored guard uses scale_at, tested with
+// norm_guard below); a pass here says nothing about training.
 TEST(ScaleGpu, BitwiseEqualToHostMultiply) {
   TOWERS_SKIP_WITHOUT_GPU();
   Stream s;
