@@ -259,6 +259,38 @@ if [[ " $phases " == *" profile "* ]]; then
         > "$out/ncu_step$suffix.csv" 2> "$out/ncu_step$suffix.err"
       note "ncu $params exit $?"
     done
+    # resnet-small (BatchNorm, residual blocks: the time-to-91% net), mirrored parameters.
+    timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+      "$build/towers" train --device cuda --params mirrored --model resnet-small \
+      --dataset synthetic --batch 128 --steps 4 --no-cuda-graphs --quiet --eval-every 0 \
+      > "$out/ncu_step_resnet_small.csv" 2> "$out/ncu_step_resnet_small.err"
+    note "ncu resnet-small exit $?"
+    python3 - "$out/ncu_step_resnet_small.csv" <<'PY' | tee -a "$summary"
+import csv, re, sys
+from collections import defaultdict
+try:
+    rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
+            if r["Metric Name"] == "gpu__time_duration.sum"]
+except (OSError, KeyError) as e:
+    print(f"  resnet-small kernels: no ncu rows ({e})")
+    sys.exit(0)
+# 4 steps and the final evaluation: each kernel family's time over the run, per step.
+fam = defaultdict(lambda: [0.0, 0])
+for r in rows:
+    full = r["Kernel Name"].replace("void ", "")
+    m = re.search(r"for_each_index_kernel<\w+, (.+)>\(", full)  # the functor's name
+    n = re.sub(r".*::", "", m.group(1).split("<")[0]) if m else full.split("(")[0]
+    for key in ("cudnn", "cutlass", "gemm", "xmma", "fft", "winograd"):
+        if not m and key in n.lower():
+            n = key
+            break
+    fam[n][0] += float(r["Metric Value"].replace(",", "")) / 1000.0 / 4
+    fam[n][1] += 1
+total = sum(v[0] for v in fam.values())
+print(f"  resnet-small kernels per step (4 steps + evaluation, / 4): {total:.0f} us")
+for n, (t, c) in sorted(fam.items(), key=lambda kv: -kv[1][0])[:14]:
+    print(f"    {n[:60]:60} {t:8.1f} us  {c} launches")
+PY
   else
     note "profile: no ncu on this machine"
   fi

@@ -1,8 +1,9 @@
 // batchnorm.h — batch normalization over the channels of (n, C, HW) activations, CPU and CUDA
 // twins (the CUDA twin takes its stream first). The per-channel rules are in
 // kernels/batchnorm_rules.h: every channel's sums are taken in kBnLanes strided lanes in double
-// and the lanes summed in order, by the CPU loop, the CUDA block and the emulator alike, so the
-// twins agree bitwise (their files are built without FMA contraction).
+// and the lanes summed in order, by the CPU loop and by the CUDA kernels (a thread per lane),
+// which the emulator runs as host loops, so the twins agree bitwise (their files are built
+// without FMA contraction).
 //
 // Training normalizes with the batch's statistics (mean and biased variance over n x HW);
 // evaluation with the running ones. Backward recomputes the batch statistics from the forward
@@ -18,6 +19,9 @@
 #include "kernels/hd.h"
 
 namespace towers::kernels {
+
+// The lanes of a channel's sums (kernels/batchnorm_rules.h).
+inline constexpr int kBnLanes = 256;
 
 struct BnShape {
   int64_t n = 0;   // examples
@@ -74,26 +78,32 @@ void batchnorm_backward_with(const BnShape& s, int64_t c0, int64_t c1, double m,
 }  // namespace cpu
 
 namespace cuda {
+// Each sum is one thread per lane of every channel (C x kBnLanes threads, each walking its
+// lane's elements in order), then one thread per channel adding its lanes in order; the
+// normalization and dx are one thread per element. `work` is device scratch of
+// batchnorm_work_doubles(C) doubles (the lane sums and the batch's statistics), used only
+// while the call's kernels run on the stream.
+constexpr int64_t batchnorm_work_doubles(int64_t c) { return c * (2 * int64_t{kBnLanes} + 4); }
 void batchnorm_forward_train(CUstream_st* stream, const BnShape& s, const float* x,
-                             const float* gamma, const float* beta, float* y);
+                             const float* gamma, const float* beta, float* y, double* work);
 void batchnorm_forward_eval(CUstream_st* stream, const BnShape& s, const float* x,
                             const float* gamma, const float* beta, const float* mean,
                             const float* var, float* y);
 void batchnorm_backward(CUstream_st* stream, const BnShape& s, const float* x, const float* dy,
                         const float* gamma, const float* running_mean, const float* running_var,
-                        const BnGrads& g);
+                        const BnGrads& g, double* work);
 
-// The --sync-bn pieces, every channel at once (one block per channel), with the statistics
-// and sums (double) in device memory; the same lanes and rules as the CPU pieces above, so
-// that a GPU tower's sync-bn step is bitwise a CPU tower's wherever their inputs are.
+// The --sync-bn pieces, every channel at once, with the statistics and sums (double) in device
+// memory; the same lanes and rules as the CPU pieces above, so that a GPU tower's sync-bn step
+// is bitwise a CPU tower's wherever their inputs are. work: as above.
 void batchnorm_channel_sums(CUstream_st* stream, const BnShape& s, const float* x,
-                            const double* center, double* out);
+                            const double* center, double* out, double* work);
 void batchnorm_forward_with(CUstream_st* stream, const BnShape& s, const float* x,
                             const float* gamma, const float* beta, const double* mean,
                             const double* var, float* y);
-void batchnorm_backward_sums(CUstream_st* stream, const BnShape& s, const float* x,
-                             const float* dy, const double* mean, const double* var, double* sdy,
-                             double* sdyx);
+void batchnorm_backward_sums(CUstream_st* stream, const BnShape& s, const float* x, const float* dy,
+                             const double* mean, const double* var, double* sdy, double* sdyx,
+                             double* work);
 void batchnorm_backward_with(CUstream_st* stream, const BnShape& s, double m, const float* x,
                              const float* dy, const float* gamma, const double* mean,
                              const double* var, const double* sdy, const double* sdyx,

@@ -1,11 +1,12 @@
 // batchnorm_rules.h — the per-channel rules of batch normalization (kernels/batchnorm.h), run by
-// the CPU loop (kernels/cpu/batchnorm.cpp), the CUDA kernels (kernels/cuda/batchnorm.cu, one
-// block of kBnLanes threads per channel) and the emulator. Plain C++17 with TOWERS_HD.
+// the CPU loop (kernels/cpu/batchnorm.cpp), the CUDA kernels (kernels/cuda/batchnorm.cu, a
+// thread per lane of every channel) and the emulator. Plain C++17 with TOWERS_HD.
 //
 // Element j of channel ch (j in [0, n x HW)) is x[((j / HW) x C + ch) x HW + j % HW]. A
 // channel sum is taken in kBnLanes lanes: lane l adds the elements j = l, l + kBnLanes, ... in
-// order, in double; then the lanes are added in order 0, 1, ... (bn_lanes_total). The CUDA
-// block runs one lane per thread, the CPU walks the same lanes, so the sums agree bitwise.
+// order, in double; then the lanes are added in order 0, 1, ... (bn_lanes_total). A CUDA thread
+// walks one lane (bn_lane_sum), the CPU walks the same lanes (bn_channel_lanes), so the sums
+// agree bitwise.
 #pragma once
 
 #include <algorithm>
@@ -16,8 +17,6 @@
 #include "kernels/hd.h"
 
 namespace towers::kernels {
-
-inline constexpr int kBnLanes = 256;
 
 TOWERS_HD int64_t bn_index(const BnShape& s, int64_t ch, int64_t j) {
   return ((j / s.hw) * s.c + ch) * s.hw + j % s.hw;
@@ -50,6 +49,98 @@ TOWERS_HD float bn_dx(float dy, double xhat, double m, double gamma_invstd, doub
 
 // The unbiased variance the running average follows (the biased one of a single element).
 TOWERS_HD double bn_unbiased(double var, double m) { return m > 1.0 ? var * m / (m - 1.0) : var; }
+
+// ---- one lane of one channel, on one thread (a CUDA thread's share) --------------------------
+
+// Lane l of channel ch: its elements j = l, l + kBnLanes, ... below n x HW, in order, as offsets
+// into (n, C, HW), by additions alone. From j to j + kBnLanes the example moves on by
+// kBnLanes / HW and the position by kBnLanes % HW, carrying once where the position passes HW;
+// one division per lane where bn_index takes two per element.
+struct BnLane {
+  int64_t left = 0;          // elements still to visit
+  int64_t plane = 0, p = 0;  // the offset of (example, ch)'s plane, and the position in it
+  int64_t hw = 1, cplane = 0, skip = 0, dp = 0;  // HW; C x HW; planes passed per step; the rest
+  TOWERS_HD int64_t next() {
+    const int64_t o = plane + p;
+    plane += skip;
+    p += dp;
+    if (p >= hw) {
+      p -= hw;
+      plane += cplane;
+    }
+    --left;
+    return o;
+  }
+};
+
+TOWERS_HD BnLane bn_lane(const BnShape& s, int64_t ch, int64_t l) {
+  BnLane w;
+  const int64_t m = s.n * s.hw;
+  w.left = l < m ? (m - l + kBnLanes - 1) / kBnLanes : 0;
+  w.hw = s.hw;
+  w.cplane = s.c * s.hw;
+  const int64_t e = l / s.hw, per = kBnLanes / s.hw;
+  w.p = l - e * s.hw;
+  w.plane = (e * s.c + ch) * s.hw;
+  w.skip = per * w.cplane;
+  w.dp = kBnLanes - per * s.hw;
+  return w;
+}
+
+// How many of a lane's loads a thread issues before it adds them: a lane is a chain of
+// dependent additions, and the loads ahead of it keep memory busy.
+inline constexpr int kBnBatch = 8;
+
+// Lane l of channel ch's sum of x - center, or (squares) of (x - center)^2: bn_channel_lanes's
+// lane l, bit for bit.
+TOWERS_HD double bn_lane_sum(const BnShape& s, int64_t ch, int64_t l, const float* __restrict__ x,
+                             double center, bool squares) {
+  BnLane w = bn_lane(s, ch, l);
+  double a = 0.0;
+  auto add = [&](float v) {
+    const double d = static_cast<double>(v) - center;
+    a += squares ? d * d : d;
+  };
+  while (w.left >= kBnBatch) {
+    float v[kBnBatch];
+    TOWERS_UNROLL
+    for (int k = 0; k < kBnBatch; ++k) v[k] = x[w.next()];
+    TOWERS_UNROLL
+    for (int k = 0; k < kBnBatch; ++k) add(v[k]);
+  }
+  while (w.left > 0) add(x[w.next()]);
+  return a;
+}
+
+// Lane l of channel ch's sums of dy and of dy x xhat: bn_channel_backward_sums's lane l.
+TOWERS_HD void bn_lane_backward_sums(const BnShape& s, int64_t ch, int64_t l,
+                                     const float* __restrict__ x, const float* __restrict__ dy,
+                                     double mean, double invstd, double& sdy, double& sdyx) {
+  BnLane w = bn_lane(s, ch, l);
+  double a = 0.0, b = 0.0;
+  auto add = [&](float xv, float gv) {
+    const double g = static_cast<double>(gv);
+    a += g;
+    b += g * bn_xhat(xv, mean, invstd);
+  };
+  while (w.left >= kBnBatch) {
+    float xv[kBnBatch], gv[kBnBatch];
+    TOWERS_UNROLL
+    for (int k = 0; k < kBnBatch; ++k) {
+      const int64_t o = w.next();
+      xv[k] = x[o];
+      gv[k] = dy[o];
+    }
+    TOWERS_UNROLL
+    for (int k = 0; k < kBnBatch; ++k) add(xv[k], gv[k]);
+  }
+  while (w.left > 0) {
+    const int64_t o = w.next();
+    add(x[o], dy[o]);
+  }
+  sdy = a;
+  sdyx = b;
+}
 
 // ---- one channel, lane by lane, on one thread (the CPU loop and the emulator) ----------------
 

@@ -662,13 +662,15 @@ TEST(BatchNorm, OneThreadAndManyGiveTheSameBits) {
   EXPECT_EQ(many.dvar, one.dvar);
 }
 
-// The CPU loop walks each example's elements in runs of consecutive lanes; the CUDA kernel's
-// thread l adds the elements j = l, l + kBnLanes, ... Both must give the same lane sums, so the
-// moments and backward sums are checked against that strided walk, for plane sizes that divide
-// kBnLanes, exceed it, and wrap it in the middle of an example.
-TEST(BatchNorm, LaneSumsFollowTheStridedOrderOfTheGpuBlock) {
+// The CPU loop walks each example's elements in runs of consecutive lanes; a CUDA thread walks
+// lane l's elements j = l, l + kBnLanes, ... by additions (bn_lane). Both must give the lane
+// sums of that strided order, so the moments and backward sums of the CPU loop, and each lane
+// of the GPU thread's walk, are checked against it (with bn_index's two divisions per element),
+// for plane sizes that divide kBnLanes, exceed it, and wrap it in the middle of an example, and
+// channels of fewer elements than lanes.
+TEST(BatchNorm, LaneSumsFollowTheStridedOrderOfTheGpuThreads) {
   using namespace kernels;
-  for (const int64_t hw : {1, 7, 49, 196, 256, 300, 784}) {
+  for (const int64_t hw : {1, 3, 7, 49, 196, 256, 300, 784}) {
     const BnShape s{5, 3, hw, 1e-5};
     const std::vector<float> x = random_vec(s.n * s.c * hw, 11 + hw, -2.0f, 3.0f);
     const std::vector<float> dy = random_vec(s.n * s.c * hw, 12 + hw);
@@ -696,6 +698,16 @@ TEST(BatchNorm, LaneSumsFollowTheStridedOrderOfTheGpuBlock) {
           a[l] += g;
           b[l] += g * bn_xhat(x[bn_index(s, ch, j)], mean, invstd);
         }
+      }
+      for (int l = 0; l < kBnLanes; ++l) {
+        double la = -1.0, lb = -1.0;
+        bn_lane_backward_sums(s, ch, l, x.data(), dy.data(), mean, invstd, la, lb);
+        ASSERT_EQ(bn_lane_sum(s, ch, l, x.data(), 0.0, false), lanes[l])
+            << "hw " << hw << " lane " << l;
+        ASSERT_EQ(bn_lane_sum(s, ch, l, x.data(), mean, true), sq[l])
+            << "hw " << hw << " lane " << l;
+        ASSERT_EQ(la, a[l]) << "hw " << hw << " lane " << l;
+        ASSERT_EQ(lb, b[l]) << "hw " << hw << " lane " << l;
       }
       double got_mean = 0, got_var = 0, sdy = 0, sdyx = 0;
       bn_channel_moments(s, ch, x.data(), got_mean, got_var);

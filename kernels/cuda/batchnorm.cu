@@ -1,197 +1,244 @@
-// batchnorm.cu — batch normalization on the GPU: one block of kBnLanes threads per channel.
-// Thread l is lane l of kernels/batchnorm_rules.h: it sums the elements l, l + kBnLanes, ... of
-// its channel in order in double, thread 0 adds the lanes in order, and every thread then
-// writes its own elements. Built without FMA contraction, so the sums and outputs are the CPU
-// twin's bit for bit. Evaluation is one thread per element.
+// batchnorm.cu — batch normalization on the GPU, every kernel one thread per index through
+// for_each_index (the emulator runs the same functors as host loops):
+//   - a channel's sums: one thread per lane of every channel (C x kBnLanes threads; lane l of
+//     kernels/batchnorm_rules.h, walked in order in double by bn_lane_sum), in blocks of
+//     kLaneBlock threads so that a layer of few channels still spreads over the GPU's
+//     multiprocessors; then one thread per channel adds its lanes in order (bn_lanes_total);
+//   - the normalization and dx: one thread per element, its channel divided out by multiply and
+//     shift (kernels/divisor.h).
+// Built without FMA contraction, so the sums and outputs are the CPU twin's bit for bit.
 #include "kernels/batchnorm.h"
 #include "kernels/batchnorm_rules.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/divisor.h"
 
 namespace towers::kernels::cuda {
 
 namespace {
 
-// y from given statistics: the running ones (float, evaluation) or, under --sync-bn, the
-// global batch's (double, on the device).
-template <class Stat>
-struct BnNormalize {
+// Threads per block of the lane kernels: C x kBnLanes lanes make C x kBnLanes / kLaneBlock
+// blocks (192 for 24 channels), where blocks of kBlock would leave most multiprocessors idle.
+constexpr int kLaneBlock = 32;
+
+// The channel of element i of (n, C, HW): (i / HW) % C.
+template <class I>
+TOWERS_HD I bn_channel_of(const Divisor<I>& c, const Divisor<I>& hw, I i) {
+  const I q = hw.div(i);
+  return q - c.div(q) * c.value();
+}
+
+// lanes[ch x kBnLanes + l] = lane l of channel ch's sum of x - center[ch] and its square
+// (center non-null), or of x (center null): kernels::cpu::batchnorm_channel_sums's lanes.
+struct BnLaneSums {
   BnShape s;
-  const float *x, *gamma, *beta;
-  const Stat *mean, *var;
-  float* y;
-  TOWERS_HD void operator()(int64_t i) const { body(s, x, gamma, beta, mean, var, y, i); }
+  const float* x;
+  const double* center;
+  double* lanes;
+  TOWERS_HD void operator()(int64_t i) const { body(s, x, center, lanes, i); }
   static TOWERS_HD void body(const BnShape& s, const float* __restrict__ x,
-                             const float* __restrict__ gamma, const float* __restrict__ beta,
-                             const Stat* __restrict__ mean, const Stat* __restrict__ var,
-                             float* __restrict__ y, int64_t i) {
-    const int64_t ch = (i / s.hw) % s.c;
-    y[i] = bn_normalize(x[i], mean[ch], bn_invstd(var[ch], s.eps), gamma[ch], beta[ch]);
+                             const double* __restrict__ center, double* __restrict__ lanes,
+                             int64_t i) {
+    const int64_t ch = i / kBnLanes, l = i % kBnLanes;
+    lanes[i] = center != nullptr ? bn_lane_sum(s, ch, l, x, center[ch], true)
+                                 : bn_lane_sum(s, ch, l, x, 0.0, false);
   }
 };
 
+// The lane sums of dy and of dy x xhat, with the given statistics.
+struct BnBackwardLaneSums {
+  BnShape s;
+  const float *x, *dy;
+  const double *mean, *var;
+  double *a, *b;
+  TOWERS_HD void operator()(int64_t i) const { body(s, x, dy, mean, var, a, b, i); }
+  static TOWERS_HD void body(const BnShape& s, const float* __restrict__ x,
+                             const float* __restrict__ dy, const double* __restrict__ mean,
+                             const double* __restrict__ var, double* __restrict__ a,
+                             double* __restrict__ b, int64_t i) {
+    const int64_t ch = i / kBnLanes, l = i % kBnLanes;
+    bn_lane_backward_sums(s, ch, l, x, dy, mean[ch], bn_invstd(var[ch], s.eps), a[i], b[i]);
+  }
+};
+
+// out[ch] = channel ch's lanes added in order, over `divisor` (m for a moment, 1 for a sum;
+// x / 1 is x exactly).
+struct BnLaneTotals {
+  const double* lanes;
+  double divisor;
+  double* out;
+  TOWERS_HD void operator()(int64_t ch) const {
+    out[ch] = bn_lanes_total(lanes + ch * kBnLanes) / divisor;
+  }
+};
+
+// Channel ch's gradients and state deltas (bn_channel_outputs), from the statistics of shape
+// `stats` (the global batch's under --sync-bn) and the sums sdy, sdyx.
+struct BnOutputs {
+  BnShape stats;
+  const double *mean, *var, *sdy, *sdyx;
+  const float *running_mean, *running_var;
+  BnGrads g;
+  TOWERS_HD void operator()(int64_t ch) const {
+    bn_channel_outputs(stats, ch, mean[ch], var[ch], sdy[ch], sdyx[ch], running_mean, running_var,
+                       g);
+  }
+};
+
+// y from given statistics: the running ones (float, evaluation) or the batch's (double, on the
+// device).
+template <class I, class Stat>
+struct BnNormalize {
+  Divisor<I> c, hw;
+  double eps;
+  const float *x, *gamma, *beta;
+  const Stat *mean, *var;
+  float* y;
+  TOWERS_HD void operator()(I i) const { body(c, hw, eps, x, gamma, beta, mean, var, y, i); }
+  static TOWERS_HD void body(const Divisor<I>& c, const Divisor<I>& hw, double eps,
+                             const float* __restrict__ x, const float* __restrict__ gamma,
+                             const float* __restrict__ beta, const Stat* __restrict__ mean,
+                             const Stat* __restrict__ var, float* __restrict__ y, I i) {
+    const I ch = bn_channel_of(c, hw, i);
+    y[i] = bn_normalize(x[i], mean[ch], bn_invstd(var[ch], eps), gamma[ch], beta[ch]);
+  }
+};
+
+// dx of element i from the statistics and the sums over m elements per channel.
+template <class I>
+struct BnDx {
+  Divisor<I> c, hw;
+  double eps, m;
+  const float *x, *dy, *gamma;
+  const double *mean, *var, *sdy, *sdyx;
+  float* dx;
+  TOWERS_HD void operator()(I i) const {
+    body(c, hw, eps, m, x, dy, gamma, mean, var, sdy, sdyx, dx, i);
+  }
+  static TOWERS_HD void body(const Divisor<I>& c, const Divisor<I>& hw, double eps, double m,
+                             const float* __restrict__ x, const float* __restrict__ dy,
+                             const float* __restrict__ gamma, const double* __restrict__ mean,
+                             const double* __restrict__ var, const double* __restrict__ sdy,
+                             const double* __restrict__ sdyx, float* __restrict__ dx, I i) {
+    const I ch = bn_channel_of(c, hw, i);
+    const double invstd = bn_invstd(var[ch], eps);
+    dx[i] = bn_dx(dy[i], bn_xhat(x[i], mean[ch], invstd), m,
+                  static_cast<double>(gamma[ch]) * invstd, sdy[ch], sdyx[ch]);
+  }
+};
+
+// The call's scratch (batchnorm_work_doubles): two sets of lane sums, then four per-channel
+// statistics.
+struct BnWork {
+  double *a, *b, *mean, *var, *sdy, *sdyx;
+};
+BnWork bn_work(int64_t c, double* work) {
+  double* lanes = work + 2 * c * kBnLanes;
+  return {work, work + c * kBnLanes, lanes, lanes + c, lanes + 2 * c, lanes + 3 * c};
+}
+
+int64_t lanes_of(const BnShape& s) { return s.c * kBnLanes; }
+
+// out[ch] = the sum over channel ch of x, or (center non-null) of (x - center[ch])^2, divided
+// by `divisor`; `lanes` holds C x kBnLanes doubles.
+void channel_sums(CUstream_st* st, const BnShape& s, const float* x, const double* center,
+                  double divisor, double* out, double* lanes) {
+  for_each_index(st, lanes_of(s), BnLaneSums{s, x, center, lanes}, kLaneBlock);
+  for_each_index(st, s.c, BnLaneTotals{lanes, divisor, out});
+}
+
+// The batch mean and biased variance of every channel, into w.mean and w.var.
+void moments(CUstream_st* st, const BnShape& s, const float* x, const BnWork& w) {
+  const double m = static_cast<double>(s.n * s.hw);
+  channel_sums(st, s, x, nullptr, m, w.mean, w.a);
+  channel_sums(st, s, x, w.mean, m, w.var, w.a);
+}
+
+void backward_sums(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
+                   const double* mean, const double* var, double* sdy, double* sdyx,
+                   const BnWork& w) {
+  for_each_index(st, lanes_of(s), BnBackwardLaneSums{s, x, dy, mean, var, w.a, w.b}, kLaneBlock);
+  for_each_index(st, s.c, BnLaneTotals{w.a, 1.0, sdy});
+  for_each_index(st, s.c, BnLaneTotals{w.b, 1.0, sdyx});
+}
+
+// For every element of (n, C, HW), the functor make(c, hw) builds from the shape's divisors, at
+// the narrower index width where it fits.
+template <class Make>
+void for_each_element(CUstream_st* st, const BnShape& s, Make make) {
+  const int64_t count = s.n * s.c * s.hw;
+  launch_narrow_or_wide(st, count, fits_int32_indices(count), [&](auto i) {
+    using I = decltype(i);
+    return make(Divisor<I>(static_cast<I>(s.c)), Divisor<I>(static_cast<I>(s.hw)));
+  });
+}
+
+template <class Stat>
+void normalize(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
+               const float* beta, const Stat* mean, const Stat* var, float* y) {
+  for_each_element(st, s, [&](auto c, auto hw) {
+    using I = decltype(c.value());
+    return BnNormalize<I, Stat>{c, hw, s.eps, x, gamma, beta, mean, var, y};
+  });
+}
+
+// The per-channel outputs from `stats`' statistics and the sums own_sdy, own_sdyx; dx (where
+// wanted) from the sums sdy, sdyx over m elements per channel.
+void outputs_and_dx(CUstream_st* st, const BnShape& s, const BnShape& stats, double m,
+                    const float* x, const float* dy, const float* gamma, const double* mean,
+                    const double* var, const double* sdy, const double* sdyx, const double* own_sdy,
+                    const double* own_sdyx, const float* running_mean, const float* running_var,
+                    const BnGrads& g) {
+  for_each_index(st, s.c,
+                 BnOutputs{stats, mean, var, own_sdy, own_sdyx, running_mean, running_var, g});
+  if (g.dx == nullptr) return;
+  for_each_element(st, s, [&](auto c, auto hw) {
+    using I = decltype(c.value());
+    return BnDx<I>{c, hw, s.eps, m, x, dy, gamma, mean, var, sdy, sdyx, g.dx};
+  });
+}
+
 }  // namespace
 
-void batchnorm_forward_with(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
-                            const float* beta, const double* mean, const double* var, float* y) {
-  for_each_index(st, s.n * s.c * s.hw, BnNormalize<double>{s, x, gamma, beta, mean, var, y});
+void batchnorm_forward_train(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
+                             const float* beta, float* y, double* work) {
+  if (s.c == 0 || s.n * s.hw == 0) return;
+  const BnWork w = bn_work(s.c, work);
+  moments(st, s, x, w);
+  normalize(st, s, x, gamma, beta, w.mean, w.var, y);
 }
 
 void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
                             const float* beta, const float* mean, const float* var, float* y) {
-  for_each_index(st, s.n * s.c * s.hw, BnNormalize<float>{s, x, gamma, beta, mean, var, y});
+  normalize(st, s, x, gamma, beta, mean, var, y);
 }
 
-#if defined(__CUDACC__)  // per-channel blocks; emulator twins in tests/emu/emu_kernels.cpp
-
-namespace {
-
-// The block's total of each thread's v, by thread 0 in lane order; every thread gets it.
-__device__ double block_total(double v, double* lanes) {
-  __syncthreads();  // lanes may still be read from the previous total
-  lanes[threadIdx.x] = v;
-  __syncthreads();
-  if (threadIdx.x == 0) lanes[kBnLanes] = bn_lanes_total(lanes);
-  __syncthreads();
-  return lanes[kBnLanes];
+void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
+                        const float* gamma, const float* running_mean, const float* running_var,
+                        const BnGrads& g, double* work) {
+  if (s.c == 0 || s.n * s.hw == 0) return;
+  const BnWork w = bn_work(s.c, work);
+  moments(st, s, x, w);
+  backward_sums(st, s, x, dy, w.mean, w.var, w.sdy, w.sdyx, w);
+  outputs_and_dx(st, s, s, static_cast<double>(s.n * s.hw), x, dy, gamma, w.mean, w.var, w.sdy,
+                 w.sdyx, w.sdy, w.sdyx, running_mean, running_var, g);
 }
 
-// The batch mean and biased variance of channel blockIdx.x, in every thread.
-__device__ void block_moments(const BnShape& s, const float* x, double* lanes, double& mean,
-                              double& var) {
-  const int64_t ch = blockIdx.x, m = s.n * s.hw;
-  double a = 0.0;
-  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) a += static_cast<double>(x[bn_index(s, ch, j)]);
-  mean = block_total(a, lanes) / static_cast<double>(m);
-  double q = 0.0;
-  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
-    const double d = static_cast<double>(x[bn_index(s, ch, j)]) - mean;
-    q += d * d;
-  }
-  var = block_total(q, lanes) / static_cast<double>(m);
-}
-
-__global__ void __launch_bounds__(kBnLanes)
-    forward_train_kernel(BnShape s, const float* __restrict__ x, const float* __restrict__ gamma,
-                         const float* __restrict__ beta, float* __restrict__ y) {
-  __shared__ double lanes[kBnLanes + 1];
-  const int64_t ch = blockIdx.x, m = s.n * s.hw;
-  double mean, var;
-  block_moments(s, x, lanes, mean, var);
-  const double invstd = bn_invstd(var, s.eps);
-  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
-    const int64_t i = bn_index(s, ch, j);
-    y[i] = bn_normalize(x[i], mean, invstd, gamma[ch], beta[ch]);
-  }
-}
-
-__global__ void __launch_bounds__(kBnLanes)
-    backward_kernel(BnShape s, const float* __restrict__ x, const float* __restrict__ dy,
-                    const float* __restrict__ gamma, const float* __restrict__ running_mean,
-                    const float* __restrict__ running_var, BnGrads g) {
-  __shared__ double lanes[kBnLanes + 1];
-  const int64_t ch = blockIdx.x, m = s.n * s.hw;
-  double mean, var;
-  block_moments(s, x, lanes, mean, var);
-  const double invstd = bn_invstd(var, s.eps);
-  double a = 0.0, b = 0.0;
-  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
-    const int64_t i = bn_index(s, ch, j);
-    const double d = static_cast<double>(dy[i]);
-    a += d;
-    b += d * bn_xhat(x[i], mean, invstd);
-  }
-  const double sdy = block_total(a, lanes);
-  const double sdyx = block_total(b, lanes);
-  if (threadIdx.x == 0)
-    bn_channel_outputs(s, ch, mean, var, sdy, sdyx, running_mean, running_var, g);
-  if (g.dx == nullptr) return;
-  const double md = static_cast<double>(m), gi = static_cast<double>(gamma[ch]) * invstd;
-  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
-    const int64_t i = bn_index(s, ch, j);
-    g.dx[i] = bn_dx(dy[i], bn_xhat(x[i], mean, invstd), md, gi, sdy, sdyx);
-  }
-}
-
-// --sync-bn: the lane sums of channel blockIdx.x's x, or (center non-null) of its
-// (x - center)^2, as kernels::cpu::batchnorm_channel_sums takes them.
-__global__ void __launch_bounds__(kBnLanes)
-    channel_sums_kernel(BnShape s, const float* __restrict__ x, const double* __restrict__ center,
-                        double* __restrict__ out) {
-  __shared__ double lanes[kBnLanes + 1];
-  const int64_t ch = blockIdx.x, m = s.n * s.hw;
-  const double c = center != nullptr ? center[ch] : 0.0;
-  double a = 0.0;
-  if (center == nullptr) {
-    for (int64_t j = threadIdx.x; j < m; j += kBnLanes)
-      a += static_cast<double>(x[bn_index(s, ch, j)]) - c;
-  } else {
-    for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
-      const double d = static_cast<double>(x[bn_index(s, ch, j)]) - c;
-      a += d * d;
-    }
-  }
-  const double t = block_total(a, lanes);
-  if (threadIdx.x == 0) out[ch] = t;
-}
-
-// --sync-bn: the lane sums of dy and dy x xhat of channel blockIdx.x, with given statistics.
-__global__ void __launch_bounds__(kBnLanes)
-    backward_sums_kernel(BnShape s, const float* __restrict__ x, const float* __restrict__ dy,
-                         const double* __restrict__ mean, const double* __restrict__ var,
-                         double* __restrict__ sdy, double* __restrict__ sdyx) {
-  __shared__ double lanes[kBnLanes + 1];
-  const int64_t ch = blockIdx.x, m = s.n * s.hw;
-  const double mu = mean[ch], invstd = bn_invstd(var[ch], s.eps);
-  double a = 0.0, b = 0.0;
-  for (int64_t j = threadIdx.x; j < m; j += kBnLanes) {
-    const int64_t i = bn_index(s, ch, j);
-    const double d = static_cast<double>(dy[i]);
-    a += d;
-    b += d * bn_xhat(x[i], mu, invstd);
-  }
-  const double ta = block_total(a, lanes);
-  const double tb = block_total(b, lanes);
-  if (threadIdx.x == 0) sdy[ch] = ta, sdyx[ch] = tb;
-}
-
-// --sync-bn: channel blockIdx.x's dx from the global sums, its gradients from the tower's own
-// sums and its state deltas from the global statistics (`global`: the global batch's shape).
-__global__ void __launch_bounds__(kBnLanes)
-    backward_with_kernel(BnShape s, BnShape global, double m, const float* __restrict__ x,
-                         const float* __restrict__ dy, const float* __restrict__ gamma,
-                         const double* __restrict__ mean, const double* __restrict__ var,
-                         const double* __restrict__ sdy, const double* __restrict__ sdyx,
-                         const double* __restrict__ own_sdy, const double* __restrict__ own_sdyx,
-                         const float* __restrict__ running_mean,
-                         const float* __restrict__ running_var, BnGrads g) {
-  const int64_t ch = blockIdx.x, count = s.n * s.hw;
-  if (threadIdx.x == 0)
-    bn_channel_outputs(global, ch, mean[ch], var[ch], own_sdy[ch], own_sdyx[ch], running_mean,
-                       running_var, g);
-  if (g.dx == nullptr) return;
-  const double mu = mean[ch], invstd = bn_invstd(var[ch], s.eps);
-  const double gi = static_cast<double>(gamma[ch]) * invstd;
-  for (int64_t j = threadIdx.x; j < count; j += kBnLanes) {
-    const int64_t i = bn_index(s, ch, j);
-    g.dx[i] = bn_dx(dy[i], bn_xhat(x[i], mu, invstd), m, gi, sdy[ch], sdyx[ch]);
-  }
-}
-
-}  // namespace
-
-void batchnorm_channel_sums(CUstream_st* st, const BnShape& s, const float* x,
-                            const double* center, double* out) {
+void batchnorm_channel_sums(CUstream_st* st, const BnShape& s, const float* x, const double* center,
+                            double* out, double* work) {
   if (s.c == 0) return;
-  channel_sums_kernel<<<static_cast<unsigned>(s.c), kBnLanes, 0, st>>>(s, x, center, out);
-  CUDA_CHECK_LAUNCH();
+  channel_sums(st, s, x, center, 1.0, out, bn_work(s.c, work).a);
+}
+
+void batchnorm_forward_with(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
+                            const float* beta, const double* mean, const double* var, float* y) {
+  normalize(st, s, x, gamma, beta, mean, var, y);
 }
 
 void batchnorm_backward_sums(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
-                             const double* mean, const double* var, double* sdy, double* sdyx) {
+                             const double* mean, const double* var, double* sdy, double* sdyx,
+                             double* work) {
   if (s.c == 0) return;
-  backward_sums_kernel<<<static_cast<unsigned>(s.c), kBnLanes, 0, st>>>(s, x, dy, mean, var, sdy,
-                                                                         sdyx);
-  CUDA_CHECK_LAUNCH();
+  backward_sums(st, s, x, dy, mean, var, sdy, sdyx, bn_work(s.c, work));
 }
 
 void batchnorm_backward_with(CUstream_st* st, const BnShape& s, double m, const float* x,
@@ -203,28 +250,8 @@ void batchnorm_backward_with(CUstream_st* st, const BnShape& s, double m, const 
   if (s.c == 0) return;
   BnShape global = s;  // the state deltas' unbiased variance counts the global batch
   global.n = static_cast<int64_t>(m) / s.hw;
-  backward_with_kernel<<<static_cast<unsigned>(s.c), kBnLanes, 0, st>>>(
-      s, global, m, x, dy, gamma, mean, var, sdy, sdyx, own_sdy, own_sdyx, running_mean,
-      running_var, g);
-  CUDA_CHECK_LAUNCH();
+  outputs_and_dx(st, s, global, m, x, dy, gamma, mean, var, sdy, sdyx, own_sdy, own_sdyx,
+                 running_mean, running_var, g);
 }
-
-void batchnorm_forward_train(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
-                             const float* beta, float* y) {
-  if (s.c == 0 || s.n * s.hw == 0) return;
-  forward_train_kernel<<<static_cast<unsigned>(s.c), kBnLanes, 0, st>>>(s, x, gamma, beta, y);
-  CUDA_CHECK_LAUNCH();
-}
-
-void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
-                        const float* gamma, const float* running_mean, const float* running_var,
-                        const BnGrads& g) {
-  if (s.c == 0 || s.n * s.hw == 0) return;
-  backward_kernel<<<static_cast<unsigned>(s.c), kBnLanes, 0, st>>>(s, x, dy, gamma, running_mean,
-                                                                   running_var, g);
-  CUDA_CHECK_LAUNCH();
-}
-
-#endif
 
 }  // namespace towers::kernels::cuda

@@ -12,10 +12,10 @@
 // the same functor to launch_host_loop, the one function the emulator implements. Either way the
 // launcher's checks, its index width and the per-element code are those of the .cu file.
 //
-// The kernels that are not one thread per element (CUB block reductions, batch normalization's
-// per-channel blocks) are written out in their .cu files, under __CUDACC__ where the file also
-// has element-wise launchers (the emulator compiles those files); the emulator has its own
-// version of each (tests/emu/emu_kernels.cpp).
+// The kernels that are not one thread per element (CUB block reductions) are written out in
+// their .cu files, under __CUDACC__ where the file also has element-wise launchers (the
+// emulator compiles those files); the emulator has its own version of each
+// (tests/emu/emu_kernels.cpp).
 #pragma once
 
 #include <cstdint>
@@ -49,10 +49,12 @@ __global__ void __launch_bounds__(kBlock) for_each_index_kernel(I n, F f) {
   TOWERS_GRID_STRIDE(i, static_cast<int64_t>(n)) { f(static_cast<I>(i)); }
 }
 
+// block: threads per block, at most kBlock (fewer spread a short index range over more
+// multiprocessors, for threads that each do much work).
 template <class I, class F>
-void for_each_index(CUstream_st* stream, I n, const F& f) {
+void for_each_index(CUstream_st* stream, I n, const F& f, int block = kBlock) {
   if (n <= 0) return;
-  for_each_index_kernel<I, F><<<grid_for(n), kBlock, 0, stream>>>(n, f);
+  for_each_index_kernel<I, F><<<grid_for(n, block), block, 0, stream>>>(n, f);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)  // names the kernel: its signature carries the functor's type
     TOWERS_SYSTEM_FAIL("CUDA launch of {} failed: {} ({})", __PRETTY_FUNCTION__,
@@ -67,7 +69,7 @@ void for_each_index(CUstream_st* stream, I n, const F& f) {
 void launch_host_loop(CUstream_st* stream, std::function<void()> loop);
 
 template <class I, class F>
-void for_each_index(CUstream_st* stream, I n, const F& f) {
+void for_each_index(CUstream_st* stream, I n, const F& f, int /*block*/ = kBlock) {
   if (n <= 0) return;
   launch_host_loop(stream, [n, f] {
     for (I i = 0; i < n; ++i) f(i);

@@ -146,15 +146,16 @@ void BatchNorm::backward(const BackwardArgs& a) const {
 namespace kc = kernels::cuda;
 
 namespace {
-// The --sync-bn path's device doubles in the call's scratch: the global mean and variance, the
-// tower's own sums of dy and dy x xhat, and the global ones (c each, 8-byte aligned).
-struct SyncBnDevice {
-  double *mean, *var, *own_sdy, *own_sdyx, *sdy, *sdyx;
+// The call's device doubles in its scratch (8-byte aligned): for --sync-bn the global mean and
+// variance, the tower's own sums of dy and dy x xhat, and the global ones (c each); then the
+// kernels' work (kernels::cuda::batchnorm_work_doubles).
+struct BnDevice {
+  double *mean, *var, *own_sdy, *own_sdyx, *sdy, *sdyx, *work;
 };
-SyncBnDevice sync_bn_device(const GpuExec& e, int64_t c, const std::string& who) {
-  float* f = gpu_scratch_at(e, 0, BatchNorm::sync_scratch_floats(c), who);
+BnDevice bn_device(const GpuExec& e, int64_t c, const std::string& who) {
+  float* f = gpu_scratch_at(e, 0, BatchNorm::gpu_scratch_floats(c), who);
   auto* d = reinterpret_cast<double*>((reinterpret_cast<uintptr_t>(f) + 7) & ~uintptr_t{7});
-  return {d, d + c, d + 2 * c, d + 3 * c, d + 4 * c, d + 5 * c};
+  return {d, d + c, d + 2 * c, d + 3 * c, d + 4 * c, d + 5 * c, d + 6 * c};
 }
 
 // Device doubles to the host, on the call's stream, and waited for: the host adds them with
@@ -171,12 +172,12 @@ void to_device(const GpuExec& e, double* dev, const double* host, int64_t count)
 // --sync-bn on a GPU tower: BatchNorm::global_moments with the channel sums taken on the
 // device and copied out for the exchange; the statistics end in d.mean and d.var.
 double global_moments_gpu(const GpuExec& e, const kernels::BnShape& s, const float* x,
-                          TowerExchange& ex, const SyncBnDevice& d) {
+                          TowerExchange& ex, const BnDevice& d) {
   std::vector<double> mean, var;
   const double m = exchange_moments(s, ex, mean, var, [&](const double* center, double* out) {
     if (center != nullptr) to_device(e, d.mean, center, s.c);
     double* sums = center != nullptr ? d.var : d.mean;
-    kc::batchnorm_channel_sums(e.stream, s, x, center != nullptr ? d.mean : nullptr, sums);
+    kc::batchnorm_channel_sums(e.stream, s, x, center != nullptr ? d.mean : nullptr, sums, d.work);
     to_host(e, out, sums, s.c);
   });
   to_device(e, d.var, var.data(), s.c);
@@ -185,19 +186,20 @@ double global_moments_gpu(const GpuExec& e, const kernels::BnShape& s, const flo
 
 }  // namespace
 
-int64_t BatchNorm::gpu_scratch(int64_t) const { return sync_scratch_floats(c_); }
+int64_t BatchNorm::gpu_scratch(int64_t) const { return gpu_scratch_floats(c_); }
 
 void BatchNorm::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
   if (a.training && a.exchange != nullptr) {
-    const SyncBnDevice d = sync_bn_device(e, c_, name());
+    const BnDevice d = bn_device(e, c_, name());
     global_moments_gpu(e, s, a.x, *a.exchange, d);
     kc::batchnorm_forward_with(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], d.mean, d.var,
                                a.y);
     return;
   }
   if (a.training)
-    kc::batchnorm_forward_train(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.y);
+    kc::batchnorm_forward_train(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.y,
+                                bn_device(e, c_, name()).work);
   else
     kc::batchnorm_forward_eval(e.stream, s, a.x, a.params[kGamma], a.params[kBeta],
                                a.params[kMean], a.params[kVar], a.y);
@@ -208,9 +210,10 @@ void BatchNorm::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
   if (a.exchange != nullptr) {
     // As the CPU path: the global statistics again, the tower's own sums of dy and dy x xhat
     // (its share of dgamma and dbeta), and their global totals.
-    const SyncBnDevice d = sync_bn_device(e, c_, name());
+    const BnDevice d = bn_device(e, c_, name());
     const double m = global_moments_gpu(e, s, a.x, *a.exchange, d);
-    kc::batchnorm_backward_sums(e.stream, s, a.x, a.dy, d.mean, d.var, d.own_sdy, d.own_sdyx);
+    kc::batchnorm_backward_sums(e.stream, s, a.x, a.dy, d.mean, d.var, d.own_sdy, d.own_sdyx,
+                                d.work);
     std::vector<double> sums(2 * c_);
     to_host(e, sums.data(), d.own_sdy, 2 * c_);  // own_sdy and own_sdyx are adjacent
     a.exchange->sum(sums.data(), 2 * c_);
@@ -220,8 +223,8 @@ void BatchNorm::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
                                 bn_grads(a));
     return;
   }
-  kc::batchnorm_backward(e.stream, s, a.x, a.dy, a.params[kGamma], a.params[kMean],
-                         a.params[kVar], bn_grads(a));
+  kc::batchnorm_backward(e.stream, s, a.x, a.dy, a.params[kGamma], a.params[kMean], a.params[kVar],
+                         bn_grads(a), bn_device(e, c_, name()).work);
 }
 #endif  // TOWERS_HAVE_CUDA
 

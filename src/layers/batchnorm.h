@@ -45,10 +45,13 @@ class BatchNorm : public Layer {
 #if TOWERS_HAVE_CUDA
   void forward_gpu(const GpuExec& exec, const ForwardArgs& a) const override;
   void backward_gpu(const GpuExec& exec, const BackwardArgs& a) const override;
-  int64_t gpu_scratch(int64_t n) const override;  // the --sync-bn path's device doubles
+  int64_t gpu_scratch(int64_t n) const override;  // device doubles: gpu_scratch_floats
 #endif
-  // Scratch floats of the --sync-bn GPU path for c channels: 6 x c doubles, 8-byte aligned.
-  static int64_t sync_scratch_floats(int64_t c) { return 12 * c + 2; }
+  // Scratch floats of the GPU path for c channels, 8-byte aligned: the --sync-bn statistics and
+  // sums (6 x c doubles), then the kernels' work (kernels::cuda::batchnorm_work_doubles).
+  static int64_t gpu_scratch_floats(int64_t c) {
+    return 2 * (6 * c + kernels::cuda::batchnorm_work_doubles(c)) + 2;
+  }
 
  protected:
   Shape infer(const Shape& in) override;

@@ -1,10 +1,10 @@
 // emu_kernels.cpp — the kernels::cuda:: launchers whose kernels are not one thread per element,
 // on the emulated device (emu_runtime.h): the block reductions (bias gradients, the non-finite
-// check, standardize), batch normalization's per-channel blocks, the GEMM, and the debug
-// kernels. Each runs the checks of its .cu launcher, then a host loop over the rules its CUDA
-// kernel runs, submitted to the stream (queued, or recorded while the thread captures).
-// Every closure captures by value: a recorded one runs at graph replay, after the launcher has
-// returned, when only the device pointers it names are still valid.
+// check, standardize), the GEMM, and the debug kernels. Each runs the checks of its .cu launcher,
+// then a host loop over the rules its CUDA kernel runs, submitted to the stream (queued, or
+// recorded while the thread captures). Every closure captures by value: a recorded one runs at
+// graph replay, after the launcher has returned, when only the device pointers it names are still
+// valid.
 //
 // The element-wise launchers are not here: emu_launchers.cpp compiles their .cu files as host
 // code, and their one launcher, for_each_index (kernels/cuda/launch.cuh), calls
@@ -23,16 +23,14 @@
 
 #include "core/check.h"
 #include "emu_runtime.h"
-#include "kernels/batchnorm.h"
-#include "kernels/batchnorm_rules.h"
 #include "kernels/bias.h"
-#include "kernels/debug.h"
-#include "kernels/norm_rules.h"
+#include "kernels/cuda/augment_rules.h"
 #include "kernels/cuda/bias_rules.h"
 #include "kernels/cuda/launch.cuh"  // kBlock, launch_host_loop
-#include "kernels/cuda/augment_rules.h"
 #include "kernels/cuda/standardize_rules.h"
+#include "kernels/debug.h"
 #include "kernels/gemm.h"
+#include "kernels/norm_rules.h"
 #include "kernels/reduce.h"
 #include "kernels/standardize.h"
 
@@ -211,51 +209,6 @@ void contrast(CUstream_st* s, int64_t n, int64_t channels, int64_t plane,
       const float factor = plans[p / channels].factor;
       for (int64_t i = 0; i < plane; ++i) xp[i] = contrast_at(xp[i], mean, factor);
     }
-  });
-}
-
-// ---- batchnorm.cu -------------------------------------------------------------------------
-
-// Channel by channel, each one's lanes walked in order on one thread: the sums the CUDA block
-// takes one lane per thread (kernels/batchnorm_rules.h).
-void batchnorm_forward_train(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
-                             const float* beta, float* y) {
-  if (s.c == 0 || s.n * s.hw == 0) return;
-  submit(st, [=] {
-    for (int64_t ch = 0; ch < s.c; ++ch) bn_channel_forward_train(s, ch, x, gamma, beta, y);
-  });
-}
-
-void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
-                        const float* gamma, const float* running_mean, const float* running_var,
-                        const BnGrads& g) {
-  if (s.c == 0 || s.n * s.hw == 0) return;
-  submit(st, [=] {
-    for (int64_t ch = 0; ch < s.c; ++ch)
-      bn_channel_backward(s, ch, x, dy, gamma, running_mean, running_var, g);
-  });
-}
-
-// --sync-bn: the CPU twins over every channel (the same lanes as the CUDA blocks).
-void batchnorm_channel_sums(CUstream_st* st, const BnShape& s, const float* x,
-                            const double* center, double* out) {
-  submit(st, [=] { cpu::batchnorm_channel_sums(s, 0, s.c, x, center, out); });
-}
-
-void batchnorm_backward_sums(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
-                             const double* mean, const double* var, double* sdy, double* sdyx) {
-  submit(st, [=] { cpu::batchnorm_backward_sums(s, 0, s.c, x, dy, mean, var, sdy, sdyx); });
-}
-
-void batchnorm_backward_with(CUstream_st* st, const BnShape& s, double m, const float* x,
-                             const float* dy, const float* gamma, const double* mean,
-                             const double* var, const double* sdy, const double* sdyx,
-                             const double* own_sdy, const double* own_sdyx,
-                             const float* running_mean, const float* running_var,
-                             const BnGrads& g) {
-  submit(st, [=] {
-    cpu::batchnorm_backward_with(s, 0, s.c, m, x, dy, gamma, mean, var, sdy, sdyx, own_sdy,
-                                 own_sdyx, running_mean, running_var, g);
   });
 }
 

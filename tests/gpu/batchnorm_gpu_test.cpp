@@ -30,12 +30,12 @@ struct BnCase {
   Shape in;
 };
 
-// Shapes with fewer and with many more elements per channel than the 256 lanes, a dense (C)
-// input, and the production shape of a 3x3 convolution's output at batch 128.
+// Shapes with fewer and with many more elements per channel than the 256 lanes, planes smaller
+// and larger than the lanes, a dense (C) input, and the production shape of a 3x3 convolution's
+// output at batch 128.
 const std::vector<BnCase> kCases = {
-    {"3x4x5x5", 3, {4, 5, 5}},
-    {"16x7", 16, {7}},
-    {"9x5x13x11", 9, {5, 13, 11}},
+    {"3x4x5x5", 3, {4, 5, 5}},           {"16x7", 16, {7}},
+    {"9x5x13x11", 9, {5, 13, 11}},       {"4x3x28x28", 4, {3, 28, 28}},
     {"128x64x16x16", 128, {64, 16, 16}},
 };
 
@@ -83,8 +83,11 @@ TEST(BatchNormGpu, ForwardAndBackwardMatchCpuTwinBitwise) {
     // GPU: the same calls on device arrays (NaN-filled outputs: a missed write shows).
     DeviceArray<float> x_d(x), dy_d(dy), g_d(gamma), b_d(beta), m_d(rmean), v_d(rvar);
     DeviceArray<float> y_d(count), ye_d(count), dx_d(count), dg_d(c), db_d(c), dm_d(c), dv_d(c);
+    DeviceArray<float> scratch(layer.gpu_scratch(k.n));  // as a tower gives a layer
     GpuExec e;
     e.stream = st.s;
+    e.scratch = scratch.get();
+    e.scratch_size = scratch.size();
     ForwardArgs gf;
     gf.n = k.n, gf.x = x_d.get(), gf.y = y_d.get();
     gf.params = {g_d.get(), b_d.get(), m_d.get(), v_d.get()};
