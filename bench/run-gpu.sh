@@ -337,7 +337,8 @@ if [[ " $phases " == *" fashion "* ]]; then
   # resnet-small recipe (Nesterov, cosine with warm-up, label smoothing, flips), evaluated every
   # half epoch and stopped at the first evaluation at or above 91%: towers with mirrored
   # parameters and the input made on the GPU, then PyTorch with the same net and recipe and the
-  # dataset on the GPU. Both count their evaluations in the wall time.
+  # dataset on the GPU. Both count their evaluations in the wall time, and both run FP32 (towers'
+  # default; PyTorch's own default would let cuDNN's convolutions take TF32).
   m="$out/t91_towers.jsonl"
   rm -f "$m"
   timeout "${FASHION_S:-200}" "$build/towers" train --device cuda --params mirrored --input device \
@@ -347,7 +348,7 @@ if [[ " $phases " == *" fashion "* ]]; then
     > "$out/t91_towers.txt" 2>&1
   note "towers resnet-small to 91%: $(grep '"summary"' "$m" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'wall', round(r['wall_seconds'],2), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"
   timeout "${FASHION_S:-200}" python3 bench/peers/torch_model_file.py --model models/resnet-small.json \
-    --data "$fashion" --device cuda --epochs 8 --batch 128 --lr 0.1 --warmup-epochs 0.5 \
+    --precision fp32 --data "$fashion" --device cuda --epochs 8 --batch 128 --lr 0.1 --warmup-epochs 0.5 \
     --label-smoothing 0.1 --eval-every 0.5 --target-accuracy 0.91 --seed 1 \
     > "$out/t91_pytorch.jsonl" 2> "$out/t91_pytorch.err"
   note "pytorch resnet-small to 91%: $(grep '"summary"' "$out/t91_pytorch.jsonl" 2>/dev/null | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('test accuracy', r['test_accuracy'], 'to target', r['target_reached_wall_seconds'], 's, wall', round(r['wall_seconds'],2), 's,', round(r['train_images_per_sec']), 'images/s')" 2>/dev/null || echo failed)"

@@ -4,6 +4,9 @@ batchnorm, relu, gelu, dropout, residual, maxpool, global_avg_pool, dense) and t
 Fashion-MNIST or CIFAR-10 with the recipe of a towers run, so that accuracy and time can be
 compared with towers on the same machine in the same run.
 
+Precision: FP32 by default (--precision), as towers runs by default; PyTorch's own default would
+let cuDNN's convolutions use TF32 on the GPU.
+
 The recipe, as towers runs it (`towers train --optimizer momentum --nesterov --lr-schedule cosine
 --warmup-epochs W --label-smoothing E --augment flip|airbench`):
   - batches of B from a stream that concatenates per-epoch permutations;
@@ -32,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from torch_cifar10 import set_precision
 from torch_fashion import batch_indices, load, random_flip, standardize
 
 
@@ -188,6 +192,10 @@ def main():
     ap.add_argument("--eval-every", type=float, default=1.0, help="epochs between evaluations")
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (timing)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "tf32"], default="fp32",
+                    help="fp32 (no tensor cores, as towers by default) or tf32 (TF32 convolutions "
+                         "and matmuls, as towers' --tf32); PyTorch's own default lets cuDNN's "
+                         "convolutions take TF32")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--target-accuracy", type=float, default=0.0,
@@ -198,6 +206,7 @@ def main():
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    set_precision(args.precision)
     dev = torch.device(args.device)
     net, decay, spec = build_model_file(args.model)
     net = net.to(dev)
@@ -279,7 +288,8 @@ def main():
         steps, _, acc, test_loss = reached
     print(json.dumps({
         "event": "summary", "peer": "pytorch", "version": torch.__version__, "model": spec["name"],
-        "device": args.device, "threads": torch.get_num_threads(), "epochs": args.epochs,
+        "device": args.device, "precision": args.precision, "threads": torch.get_num_threads(),
+        "epochs": args.epochs,
         "batch": args.batch, "steps": steps, "final_loss": loss.item(), "test_accuracy": acc,
         "test_loss": test_loss, "train_seconds": train_seconds,
         "wall_seconds": time.perf_counter() - t0,
