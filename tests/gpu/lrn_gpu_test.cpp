@@ -36,6 +36,9 @@ const std::vector<LrnCase> kCases = {
     {"awkward 2x6x3 r1 beta 0.6 (powf)", 2, 6, 3, {1, 1.5f, 0.2f, 0.6f}},
     {"chunks of 8, 8 and 4 channels 2x20x9 r3", 2, 20, 9, {3, 1.0f, 0.4f, 0.75f}},
     {"radius 6, the per-element kernels 2x13x4", 2, 13, 4, {6, 1.0f, 0.2f, 0.75f}},
+    {"the net's radius, a short last chunk 2x13x5 r4", 2, 13, 5, {4, 1.0f, 0.001f / 9.0f, 0.75f}},
+    {"radius 0 2x9x1", 2, 9, 1, {0, 1.0f, 0.3f, 0.75f}},
+    {"one channel, one pixel 3x1x1 r4", 3, 1, 1, {4, 2.0f, 0.3f, 0.5f}},
 };
 
 TEST(LrnGpu, ForwardAndBackwardMatchCpuTwin) {
