@@ -148,12 +148,16 @@ if [[ " $phases " == *" sanitize "* ]]; then
   runs=(
     "memcheck|memcheck|*Gpu*:*GPU*:-*EngineGpu*:NcclReducer.*|"
     "memcheck-nccl|memcheck|NcclReducer.*|--report-api-errors no"
-    "racecheck|racecheck|*Gpu*:-*EngineGpu*:*TowerGpu*:Cuts/PlacedGpu.*|"
-    "racecheck-towers|racecheck|Models/TowerGpu.MatchesTheCpuTower/*|"
+    "racecheck|racecheck|*Gpu*:-*EngineGpu*:*TowerGpu*:Cuts/PlacedGpu.*|${SAN_RACECHECK_FLAGS:-}"
+    "racecheck-towers|racecheck|Models/TowerGpu.MatchesTheCpuTower/*|${SAN_RACECHECK_FLAGS:-}"
     "synccheck|synccheck|$gpu_filter|"
     "initcheck|initcheck|$gpu_filter|"
   )
   # SANITIZE_ONLY="initcheck racecheck-towers" runs those of the runs above alone.
+  # SAN_RACECHECK_FLAGS adds flags to the racecheck runs, e.g. a kernel-name filter that keeps
+  # racecheck to towers' own kernels where the library kernels (cuDNN, cuBLAS: shared memory in
+  # every tile) make it too slow to finish; read the machine's `compute-sanitizer --help` for
+  # the option's spelling first, and say so with the results (none by default).
   if [ -n "${SANITIZE_ONLY:-}" ]; then
     kept=()
     for r in "${runs[@]}"; do [[ " $SANITIZE_ONLY " == *" ${r%%|*} "* ]] && kept+=("$r"); done
