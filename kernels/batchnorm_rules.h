@@ -76,7 +76,8 @@ struct BnLane {
 TOWERS_HD BnLane bn_lane(const BnShape& s, int64_t ch, int64_t l) {
   BnLane w;
   const int64_t m = s.n * s.hw;
-  w.left = l < m ? (m - l + kBnLanes - 1) / kBnLanes : 0;
+  if (l >= m) return w;  // no elements (HW may be 0): nothing to walk
+  w.left = (m - l + kBnLanes - 1) / kBnLanes;
   w.hw = s.hw;
   w.cplane = s.c * s.hw;
   const int64_t e = l / s.hw, per = kBnLanes / s.hw;

@@ -1,8 +1,8 @@
 // batchnorm.cu — batch normalization on the GPU, every kernel one thread per index through
 // for_each_index (the emulator runs the same functors as host loops):
 //   - a channel's sums: one thread per lane of every channel (C x kBnLanes threads; lane l of
-//     kernels/batchnorm_rules.h, walked in order in double by bn_lane_sum), in blocks of
-//     kLaneBlock threads so that a layer of few channels still spreads over the GPU's
+//     kernels/batchnorm_rules.h, walked in order in double by bn_lane_sum), in small blocks
+//     (lane_block) so that a layer of few channels still spreads over the GPU's
 //     multiprocessors; then one thread per channel adds its lanes in order (bn_lanes_total);
 //   - the normalization and dx: one thread per element, its channel divided out by multiply and
 //     shift (kernels/divisor.h).
@@ -16,9 +16,11 @@ namespace towers::kernels::cuda {
 
 namespace {
 
-// Threads per block of the lane kernels: C x kBnLanes lanes make C x kBnLanes / kLaneBlock
-// blocks (192 for 24 channels), where blocks of kBlock would leave most multiprocessors idle.
-constexpr int kLaneBlock = 32;
+// Threads per block of the lane kernels: C x kBnLanes lanes make C x kBnLanes / 32 blocks of 32
+// (192 for 24 channels), where blocks of kBlock would leave most multiprocessors idle; from
+// 128 channels on, blocks of 128 (a multiprocessor holds at most 16 to 32 blocks, so blocks of
+// one warp would cap its warps there). A block's size changes no sum.
+int lane_block(const BnShape& s) { return s.c < 128 ? 32 : 128; }
 
 // The channel of element i of (n, C, HW): (i / HW) % C.
 template <class I>
@@ -142,7 +144,7 @@ int64_t lanes_of(const BnShape& s) { return s.c * kBnLanes; }
 // by `divisor`; `lanes` holds C x kBnLanes doubles.
 void channel_sums(CUstream_st* st, const BnShape& s, const float* x, const double* center,
                   double divisor, double* out, double* lanes) {
-  for_each_index(st, lanes_of(s), BnLaneSums{s, x, center, lanes}, kLaneBlock);
+  for_each_index(st, lanes_of(s), BnLaneSums{s, x, center, lanes}, lane_block(s));
   for_each_index(st, s.c, BnLaneTotals{lanes, divisor, out});
 }
 
@@ -156,7 +158,7 @@ void moments(CUstream_st* st, const BnShape& s, const float* x, const BnWork& w)
 void backward_sums(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
                    const double* mean, const double* var, double* sdy, double* sdyx,
                    const BnWork& w) {
-  for_each_index(st, lanes_of(s), BnBackwardLaneSums{s, x, dy, mean, var, w.a, w.b}, kLaneBlock);
+  for_each_index(st, lanes_of(s), BnBackwardLaneSums{s, x, dy, mean, var, w.a, w.b}, lane_block(s));
   for_each_index(st, s.c, BnLaneTotals{w.a, 1.0, sdy});
   for_each_index(st, s.c, BnLaneTotals{w.b, 1.0, sdyx});
 }
