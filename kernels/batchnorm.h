@@ -80,15 +80,15 @@ void batchnorm_backward_with(const BnShape& s, int64_t c0, int64_t c1, double m,
 namespace cuda {
 // Each sum is one thread per lane of every channel (C x kBnLanes threads, each walking its
 // lane's elements in order), then one thread per channel adding its lanes in order; the
-// normalization and dx are one thread per element. `work` is device scratch of
-// batchnorm_work_doubles(C) doubles (the lane sums and the batch's statistics), used only
-// while the call's kernels run on the stream.
-constexpr int64_t batchnorm_work_doubles(int64_t c) { return c * (2 * int64_t{kBnLanes} + 4); }
+// normalization and dx are one thread per element, with each channel's 1 / sqrt(var + eps)
+// taken once. `work` is device scratch of batchnorm_work_doubles(C) doubles (the lane sums and
+// the per-channel statistics), used only while the call's kernels run on the stream.
+constexpr int64_t batchnorm_work_doubles(int64_t c) { return c * (2 * int64_t{kBnLanes} + 5); }
 void batchnorm_forward_train(CUstream_st* stream, const BnShape& s, const float* x,
                              const float* gamma, const float* beta, float* y, double* work);
 void batchnorm_forward_eval(CUstream_st* stream, const BnShape& s, const float* x,
                             const float* gamma, const float* beta, const float* mean,
-                            const float* var, float* y);
+                            const float* var, float* y, double* work);
 void batchnorm_backward(CUstream_st* stream, const BnShape& s, const float* x, const float* dy,
                         const float* gamma, const float* running_mean, const float* running_var,
                         const BnGrads& g, double* work);
@@ -100,7 +100,7 @@ void batchnorm_channel_sums(CUstream_st* stream, const BnShape& s, const float* 
                             const double* center, double* out, double* work);
 void batchnorm_forward_with(CUstream_st* stream, const BnShape& s, const float* x,
                             const float* gamma, const float* beta, const double* mean,
-                            const double* var, float* y);
+                            const double* var, float* y, double* work);
 void batchnorm_backward_sums(CUstream_st* stream, const BnShape& s, const float* x, const float* dy,
                              const double* mean, const double* var, double* sdy, double* sdyx,
                              double* work);
@@ -108,8 +108,8 @@ void batchnorm_backward_with(CUstream_st* stream, const BnShape& s, double m, co
                              const float* dy, const float* gamma, const double* mean,
                              const double* var, const double* sdy, const double* sdyx,
                              const double* own_sdy, const double* own_sdyx,
-                             const float* running_mean, const float* running_var,
-                             const BnGrads& g);
+                             const float* running_mean, const float* running_var, const BnGrads& g,
+                             double* work);
 }  // namespace cuda
 
 }  // namespace towers::kernels

@@ -84,4 +84,12 @@ class Divisor<int64_t> {
   int64_t d_ = 1;
 };
 
+// The channel of element i of an (n, C, HW) tensor: (i / HW) mod C.
+template <class I>
+TOWERS_HD I channel_of(const Divisor<I>& c, const Divisor<I>& hw, I i) {
+  I q, ch;
+  c.divmod(hw.div(i), q, ch);
+  return ch;
+}
+
 }  // namespace towers::kernels::cuda

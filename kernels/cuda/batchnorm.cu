@@ -22,13 +22,6 @@ namespace {
 // one warp would cap its warps there). A block's size changes no sum.
 int lane_block(const BnShape& s) { return s.c < 128 ? 32 : 128; }
 
-// The channel of element i of (n, C, HW): (i / HW) % C.
-template <class I>
-TOWERS_HD I bn_channel_of(const Divisor<I>& c, const Divisor<I>& hw, I i) {
-  const I q = hw.div(i);
-  return q - c.div(q) * c.value();
-}
-
 // lanes[ch x kBnLanes + l] = lane l of channel ch's sum of x - center[ch] and its square
 // (center non-null), or of x (center null): kernels::cpu::batchnorm_channel_sums's lanes.
 struct BnLaneSums {
@@ -74,68 +67,81 @@ struct BnLaneTotals {
 };
 
 // Channel ch's gradients and state deltas (bn_channel_outputs), from the statistics of shape
-// `stats` (the global batch's under --sync-bn) and the sums sdy, sdyx.
+// `stats` (the global batch's under --sync-bn) and the sums sdy, sdyx; and its invstd, for dx.
 struct BnOutputs {
   BnShape stats;
   const double *mean, *var, *sdy, *sdyx;
   const float *running_mean, *running_var;
   BnGrads g;
+  double* invstd;
   TOWERS_HD void operator()(int64_t ch) const {
     bn_channel_outputs(stats, ch, mean[ch], var[ch], sdy[ch], sdyx[ch], running_mean, running_var,
                        g);
+    invstd[ch] = bn_invstd(var[ch], stats.eps);
   }
+};
+
+// invstd[ch] from a channel's variance (the batch's, or the running one), once per channel
+// rather than once per element.
+template <class Stat>
+struct BnInvstd {
+  const Stat* var;
+  double eps;
+  double* invstd;
+  TOWERS_HD void operator()(int64_t ch) const { invstd[ch] = bn_invstd(var[ch], eps); }
 };
 
 // y from given statistics: the running ones (float, evaluation) or the batch's (double, on the
-// device).
+// device), and the channels' invstd (BnInvstd).
 template <class I, class Stat>
 struct BnNormalize {
   Divisor<I> c, hw;
-  double eps;
   const float *x, *gamma, *beta;
-  const Stat *mean, *var;
+  const Stat* mean;
+  const double* invstd;
   float* y;
-  TOWERS_HD void operator()(I i) const { body(c, hw, eps, x, gamma, beta, mean, var, y, i); }
-  static TOWERS_HD void body(const Divisor<I>& c, const Divisor<I>& hw, double eps,
-                             const float* __restrict__ x, const float* __restrict__ gamma,
-                             const float* __restrict__ beta, const Stat* __restrict__ mean,
-                             const Stat* __restrict__ var, float* __restrict__ y, I i) {
-    const I ch = bn_channel_of(c, hw, i);
-    y[i] = bn_normalize(x[i], mean[ch], bn_invstd(var[ch], eps), gamma[ch], beta[ch]);
+  TOWERS_HD void operator()(I i) const { body(c, hw, x, gamma, beta, mean, invstd, y, i); }
+  static TOWERS_HD void body(const Divisor<I>& c, const Divisor<I>& hw, const float* __restrict__ x,
+                             const float* __restrict__ gamma, const float* __restrict__ beta,
+                             const Stat* __restrict__ mean, const double* __restrict__ invstd,
+                             float* __restrict__ y, I i) {
+    const I ch = channel_of(c, hw, i);
+    y[i] = bn_normalize(x[i], mean[ch], invstd[ch], gamma[ch], beta[ch]);
   }
 };
 
-// dx of element i from the statistics and the sums over m elements per channel.
+// dx of element i from the statistics (the mean and the channels' invstd) and the sums over m
+// elements per channel.
 template <class I>
 struct BnDx {
   Divisor<I> c, hw;
-  double eps, m;
+  double m;
   const float *x, *dy, *gamma;
-  const double *mean, *var, *sdy, *sdyx;
+  const double *mean, *invstd, *sdy, *sdyx;
   float* dx;
   TOWERS_HD void operator()(I i) const {
-    body(c, hw, eps, m, x, dy, gamma, mean, var, sdy, sdyx, dx, i);
+    body(c, hw, m, x, dy, gamma, mean, invstd, sdy, sdyx, dx, i);
   }
-  static TOWERS_HD void body(const Divisor<I>& c, const Divisor<I>& hw, double eps, double m,
+  static TOWERS_HD void body(const Divisor<I>& c, const Divisor<I>& hw, double m,
                              const float* __restrict__ x, const float* __restrict__ dy,
                              const float* __restrict__ gamma, const double* __restrict__ mean,
-                             const double* __restrict__ var, const double* __restrict__ sdy,
+                             const double* __restrict__ invstd, const double* __restrict__ sdy,
                              const double* __restrict__ sdyx, float* __restrict__ dx, I i) {
-    const I ch = bn_channel_of(c, hw, i);
-    const double invstd = bn_invstd(var[ch], eps);
-    dx[i] = bn_dx(dy[i], bn_xhat(x[i], mean[ch], invstd), m,
-                  static_cast<double>(gamma[ch]) * invstd, sdy[ch], sdyx[ch]);
+    const I ch = channel_of(c, hw, i);
+    const double is = invstd[ch];
+    dx[i] = bn_dx(dy[i], bn_xhat(x[i], mean[ch], is), m, static_cast<double>(gamma[ch]) * is,
+                  sdy[ch], sdyx[ch]);
   }
 };
 
-// The call's scratch (batchnorm_work_doubles): two sets of lane sums, then four per-channel
+// The call's scratch (batchnorm_work_doubles): two sets of lane sums, then five per-channel
 // statistics.
 struct BnWork {
-  double *a, *b, *mean, *var, *sdy, *sdyx;
+  double *a, *b, *mean, *var, *sdy, *sdyx, *invstd;
 };
 BnWork bn_work(int64_t c, double* work) {
   double* lanes = work + 2 * c * kBnLanes;
-  return {work, work + c * kBnLanes, lanes, lanes + c, lanes + 2 * c, lanes + 3 * c};
+  return {work, work + c * kBnLanes, lanes, lanes + c, lanes + 2 * c, lanes + 3 * c, lanes + 4 * c};
 }
 
 int64_t lanes_of(const BnShape& s) { return s.c * kBnLanes; }
@@ -174,28 +180,31 @@ void for_each_element(CUstream_st* st, const BnShape& s, Make make) {
   });
 }
 
+// y from the statistics mean and var; invstd: C doubles of scratch.
 template <class Stat>
 void normalize(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
-               const float* beta, const Stat* mean, const Stat* var, float* y) {
+               const float* beta, const Stat* mean, const Stat* var, float* y, double* invstd) {
+  for_each_index(st, s.c, BnInvstd<Stat>{var, s.eps, invstd});
   for_each_element(st, s, [&](auto c, auto hw) {
     using I = decltype(c.value());
-    return BnNormalize<I, Stat>{c, hw, s.eps, x, gamma, beta, mean, var, y};
+    return BnNormalize<I, Stat>{c, hw, x, gamma, beta, mean, invstd, y};
   });
 }
 
 // The per-channel outputs from `stats`' statistics and the sums own_sdy, own_sdyx; dx (where
-// wanted) from the sums sdy, sdyx over m elements per channel.
+// wanted) from the sums sdy, sdyx over m elements per channel. invstd: C doubles of scratch.
 void outputs_and_dx(CUstream_st* st, const BnShape& s, const BnShape& stats, double m,
                     const float* x, const float* dy, const float* gamma, const double* mean,
                     const double* var, const double* sdy, const double* sdyx, const double* own_sdy,
                     const double* own_sdyx, const float* running_mean, const float* running_var,
-                    const BnGrads& g) {
-  for_each_index(st, s.c,
-                 BnOutputs{stats, mean, var, own_sdy, own_sdyx, running_mean, running_var, g});
+                    const BnGrads& g, double* invstd) {
+  for_each_index(
+      st, s.c,
+      BnOutputs{stats, mean, var, own_sdy, own_sdyx, running_mean, running_var, g, invstd});
   if (g.dx == nullptr) return;
   for_each_element(st, s, [&](auto c, auto hw) {
     using I = decltype(c.value());
-    return BnDx<I>{c, hw, s.eps, m, x, dy, gamma, mean, var, sdy, sdyx, g.dx};
+    return BnDx<I>{c, hw, m, x, dy, gamma, mean, invstd, sdy, sdyx, g.dx};
   });
 }
 
@@ -206,12 +215,13 @@ void batchnorm_forward_train(CUstream_st* st, const BnShape& s, const float* x, 
   if (s.c == 0 || s.n * s.hw == 0) return;
   const BnWork w = bn_work(s.c, work);
   moments(st, s, x, w);
-  normalize(st, s, x, gamma, beta, w.mean, w.var, y);
+  normalize(st, s, x, gamma, beta, w.mean, w.var, y, w.invstd);
 }
 
 void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
-                            const float* beta, const float* mean, const float* var, float* y) {
-  normalize(st, s, x, gamma, beta, mean, var, y);
+                            const float* beta, const float* mean, const float* var, float* y,
+                            double* work) {
+  normalize(st, s, x, gamma, beta, mean, var, y, bn_work(s.c, work).invstd);
 }
 
 void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
@@ -222,7 +232,7 @@ void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const
   moments(st, s, x, w);
   backward_sums(st, s, x, dy, w.mean, w.var, w.sdy, w.sdyx, w);
   outputs_and_dx(st, s, s, static_cast<double>(s.n * s.hw), x, dy, gamma, w.mean, w.var, w.sdy,
-                 w.sdyx, w.sdy, w.sdyx, running_mean, running_var, g);
+                 w.sdyx, w.sdy, w.sdyx, running_mean, running_var, g, w.invstd);
 }
 
 void batchnorm_channel_sums(CUstream_st* st, const BnShape& s, const float* x, const double* center,
@@ -232,8 +242,9 @@ void batchnorm_channel_sums(CUstream_st* st, const BnShape& s, const float* x, c
 }
 
 void batchnorm_forward_with(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
-                            const float* beta, const double* mean, const double* var, float* y) {
-  normalize(st, s, x, gamma, beta, mean, var, y);
+                            const float* beta, const double* mean, const double* var, float* y,
+                            double* work) {
+  normalize(st, s, x, gamma, beta, mean, var, y, bn_work(s.c, work).invstd);
 }
 
 void batchnorm_backward_sums(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
@@ -247,13 +258,13 @@ void batchnorm_backward_with(CUstream_st* st, const BnShape& s, double m, const 
                              const float* dy, const float* gamma, const double* mean,
                              const double* var, const double* sdy, const double* sdyx,
                              const double* own_sdy, const double* own_sdyx,
-                             const float* running_mean, const float* running_var,
-                             const BnGrads& g) {
+                             const float* running_mean, const float* running_var, const BnGrads& g,
+                             double* work) {
   if (s.c == 0) return;
   BnShape global = s;  // the state deltas' unbiased variance counts the global batch
   global.n = static_cast<int64_t>(m) / s.hw;
   outputs_and_dx(st, s, global, m, x, dy, gamma, mean, var, sdy, sdyx, own_sdy, own_sdyx,
-                 running_mean, running_var, g);
+                 running_mean, running_var, g, bn_work(s.c, work).invstd);
 }
 
 }  // namespace towers::kernels::cuda

@@ -19,9 +19,7 @@ namespace towers::kernels::cuda {
 template <class I = int64_t>
 TOWERS_HD float bias_add_at(const Divisor<I>& c, const Divisor<I>& hw, const float* bias,
                             const float* y, bool relu, I idx) {
-  I q, ch;
-  c.divmod(hw.div(idx), q, ch);
-  const float v = y[idx] + bias[ch];
+  const float v = y[idx] + bias[channel_of(c, hw, idx)];
   return relu && v < 0.0f ? 0.0f : v;
 }
 

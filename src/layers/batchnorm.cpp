@@ -190,27 +190,26 @@ int64_t BatchNorm::gpu_scratch(int64_t) const { return gpu_scratch_floats(c_); }
 
 void BatchNorm::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
+  const BnDevice d = bn_device(e, c_, name());
   if (a.training && a.exchange != nullptr) {
-    const BnDevice d = bn_device(e, c_, name());
     global_moments_gpu(e, s, a.x, *a.exchange, d);
     kc::batchnorm_forward_with(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], d.mean, d.var,
-                               a.y);
+                               a.y, d.work);
     return;
   }
   if (a.training)
-    kc::batchnorm_forward_train(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.y,
-                                bn_device(e, c_, name()).work);
+    kc::batchnorm_forward_train(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.y, d.work);
   else
-    kc::batchnorm_forward_eval(e.stream, s, a.x, a.params[kGamma], a.params[kBeta],
-                               a.params[kMean], a.params[kVar], a.y);
+    kc::batchnorm_forward_eval(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.params[kMean],
+                               a.params[kVar], a.y, d.work);
 }
 
 void BatchNorm::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
+  const BnDevice d = bn_device(e, c_, name());
   if (a.exchange != nullptr) {
     // As the CPU path: the global statistics again, the tower's own sums of dy and dy x xhat
     // (its share of dgamma and dbeta), and their global totals.
-    const BnDevice d = bn_device(e, c_, name());
     const double m = global_moments_gpu(e, s, a.x, *a.exchange, d);
     kc::batchnorm_backward_sums(e.stream, s, a.x, a.dy, d.mean, d.var, d.own_sdy, d.own_sdyx,
                                 d.work);
@@ -220,11 +219,11 @@ void BatchNorm::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
     to_device(e, d.sdy, sums.data(), 2 * c_);
     kc::batchnorm_backward_with(e.stream, s, m, a.x, a.dy, a.params[kGamma], d.mean, d.var, d.sdy,
                                 d.sdyx, d.own_sdy, d.own_sdyx, a.params[kMean], a.params[kVar],
-                                bn_grads(a));
+                                bn_grads(a), d.work);
     return;
   }
   kc::batchnorm_backward(e.stream, s, a.x, a.dy, a.params[kGamma], a.params[kMean], a.params[kVar],
-                         bn_grads(a), bn_device(e, c_, name()).work);
+                         bn_grads(a), d.work);
 }
 #endif  // TOWERS_HAVE_CUDA
 
