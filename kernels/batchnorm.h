@@ -5,9 +5,10 @@
 // which the emulator runs as host loops, so the twins agree bitwise (their files are built
 // without FMA contraction).
 //
-// Training normalizes with the batch's statistics (mean and biased variance over n x HW);
-// evaluation with the running ones. Backward recomputes the batch statistics from the forward
-// input (nothing is saved) and writes, besides dx, dgamma and dbeta, the deltas of the running
+// Training normalizes with the batch's statistics (mean and biased variance over n x HW, in
+// double), which the forward also writes out for its backward; evaluation with the running
+// ones. Backward takes the forward's statistics and writes, besides dx, dgamma and dbeta, the
+// deltas of the running
 // statistics: state_weight x (batch mean - running mean) and state_weight x (unbiased batch
 // variance - running variance). The optimizer adds state_rate x their average over the update
 // (ParamSpec::state_rate), so the running averages follow the towers' batches through any
@@ -42,14 +43,17 @@ struct BnGrads {
 
 namespace cpu {
 // Channels [c0, c1) of each call: a caller may split the channels between threads.
+//   y, and the batch mean and biased variance per channel (mean[ch], var[ch]) for the backward
 void batchnorm_forward_train(const BnShape& s, int64_t c0, int64_t c1, const float* x,
-                             const float* gamma, const float* beta, float* y);
+                             const float* gamma, const float* beta, float* y, double* mean,
+                             double* var);
 void batchnorm_forward_eval(const BnShape& s, int64_t c0, int64_t c1, const float* x,
                             const float* gamma, const float* beta, const float* mean,
                             const float* var, float* y);
+//   from the forward's batch statistics
 void batchnorm_backward(const BnShape& s, int64_t c0, int64_t c1, const float* x, const float* dy,
-                        const float* gamma, const float* running_mean, const float* running_var,
-                        const BnGrads& g);
+                        const float* gamma, const double* mean, const double* var,
+                        const float* running_mean, const float* running_var, const BnGrads& g);
 
 // The pieces of a training step whose statistics are those of a global batch spread over
 // towers (--sync-bn): each tower takes its channel sums over its own examples (the lanes of
@@ -82,16 +86,20 @@ namespace cuda {
 // lane's elements in order), then one thread per channel adding its lanes in order; the
 // normalization and dx are one thread per element, with each channel's 1 / sqrt(var + eps)
 // taken once. `work` is device scratch of batchnorm_work_doubles(C) doubles (the lane sums and
-// the per-channel statistics), used only while the call's kernels run on the stream.
-constexpr int64_t batchnorm_work_doubles(int64_t c) { return c * (2 * int64_t{kBnLanes} + 5); }
+// the per-channel sums), used only while the call's kernels run on the stream. The batch
+// statistics (mean, var: C doubles each) are device memory the caller keeps from the forward
+// to its backward.
+constexpr int64_t batchnorm_work_doubles(int64_t c) { return c * (2 * int64_t{kBnLanes} + 3); }
 void batchnorm_forward_train(CUstream_st* stream, const BnShape& s, const float* x,
-                             const float* gamma, const float* beta, float* y, double* work);
+                             const float* gamma, const float* beta, float* y, double* mean,
+                             double* var, double* work);
 void batchnorm_forward_eval(CUstream_st* stream, const BnShape& s, const float* x,
                             const float* gamma, const float* beta, const float* mean,
                             const float* var, float* y, double* work);
 void batchnorm_backward(CUstream_st* stream, const BnShape& s, const float* x, const float* dy,
-                        const float* gamma, const float* running_mean, const float* running_var,
-                        const BnGrads& g, double* work);
+                        const float* gamma, const double* mean, const double* var,
+                        const float* running_mean, const float* running_var, const BnGrads& g,
+                        double* work);
 
 // The --sync-bn pieces, every channel at once, with the statistics and sums (double) in device
 // memory; the same lanes and rules as the CPU pieces above, so that a GPU tower's sync-bn step

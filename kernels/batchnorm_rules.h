@@ -231,10 +231,11 @@ inline void bn_channel_dx(const BnShape& s, int64_t ch, const float* x, const fl
   }
 }
 
-// The whole training forward of channel ch.
+// The whole training forward of channel ch; its batch statistics go to mean and var, for the
+// backward.
 inline void bn_channel_forward_train(const BnShape& s, int64_t ch, const float* x,
-                                     const float* gamma, const float* beta, float* y) {
-  double mean, var;
+                                     const float* gamma, const float* beta, float* y, double& mean,
+                                     double& var) {
   bn_channel_moments(s, ch, x, mean, var);
   bn_channel_normalize(s, ch, x, mean, bn_invstd(var, s.eps), gamma, beta, y);
 }
@@ -260,11 +261,12 @@ TOWERS_HD void bn_channel_outputs(const BnShape& s, int64_t ch, double mean, dou
         static_cast<float>((bn_unbiased(var, m) - static_cast<double>(running_var[ch])) * w);
 }
 
+// The training backward of channel ch, from the forward's batch statistics mean and var.
 inline void bn_channel_backward(const BnShape& s, int64_t ch, const float* x, const float* dy,
-                                const float* gamma, const float* running_mean,
-                                const float* running_var, const BnGrads& g) {
-  double mean, var, sdy, sdyx;
-  bn_channel_moments(s, ch, x, mean, var);
+                                const float* gamma, double mean, double var,
+                                const float* running_mean, const float* running_var,
+                                const BnGrads& g) {
+  double sdy, sdyx;
   const double invstd = bn_invstd(var, s.eps);
   bn_channel_backward_sums(s, ch, x, dy, mean, invstd, sdy, sdyx);
   bn_channel_outputs(s, ch, mean, var, sdy, sdyx, running_mean, running_var, g);

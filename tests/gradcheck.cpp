@@ -92,7 +92,7 @@ std::vector<GradCheckResult> check_layer(const Layer& layer, int64_t n, uint64_t
                                          int64_t samples) {
   const int64_t in_sz = n * numel(layer.in_shape()), out_sz = n * numel(layer.out_shape());
   Rng rng(seed);
-  std::vector<float> x(in_sz), r(out_sz), y(out_sz), saved(n * layer.saved_per_example() + 1);
+  std::vector<float> x(in_sz), r(out_sz), y(out_sz), saved(saved_floats(layer, n) + 1);
   for (float& v : x) v = rng.uniform(-1.0f, 1.0f);
   for (float& v : r) v = rng.uniform(-1.0f, 1.0f);
   const auto specs = layer.params();

@@ -509,8 +509,9 @@ BnRun run_batchnorm(const BatchNorm& bn, int64_t n, const std::vector<float>& x,
   const int64_t c = bn.in_shape()[0];
   BnRun r;
   r.y.assign(x.size(), NAN);
+  std::vector<float> saved(saved_floats(bn, n), NAN);  // the forward's statistics, for backward
   ForwardArgs f;
-  f.n = n, f.x = x.data(), f.y = r.y.data(), f.training = training;
+  f.n = n, f.x = x.data(), f.y = r.y.data(), f.training = training, f.saved = saved.data();
   f.params = {gamma.data(), beta.data(), rmean.data(), rvar.data()};
   bn.forward(f);
   if (!training) return r;
@@ -518,7 +519,7 @@ BnRun run_batchnorm(const BatchNorm& bn, int64_t n, const std::vector<float>& x,
   r.dgamma.assign(c, NAN), r.dbeta.assign(c, NAN), r.dmean.assign(c, NAN), r.dvar.assign(c, NAN);
   BackwardArgs b;
   b.n = n, b.x = x.data(), b.y = r.y.data(), b.dy = dy.data(), b.dx = r.dx.data();
-  b.params = f.params;
+  b.params = f.params, b.saved = saved.data();
   b.grads = {r.dgamma.data(), r.dbeta.data(), r.dmean.data(), r.dvar.data()};
   b.state_weight = state_weight;
   bn.backward(b);
@@ -544,13 +545,15 @@ TEST(BatchNorm, ItsSyncBnPathIsTheWholeBatchsStatistics) {
   };
   auto run = [&](int64_t e0, int64_t count, TowerExchange* ex, float weight) {
     Out o{std::vector<float>(count * per), std::vector<float>(count * per), std::vector<float>(20)};
+    std::vector<float> saved(saved_floats(bn, count), NAN);
     ForwardArgs f;
     f.n = count, f.x = x.data() + e0 * per, f.y = o.y.data(), f.exchange = ex;
+    f.saved = saved.data();
     f.params = {gamma.data(), beta.data(), mean.data(), var.data()};
     bn.forward(f);
     BackwardArgs b;
     b.n = count, b.x = f.x, b.y = o.y.data(), b.dy = dy.data() + e0 * per, b.dx = o.dx.data();
-    b.exchange = ex, b.params = f.params, b.state_weight = weight;
+    b.exchange = ex, b.params = f.params, b.state_weight = weight, b.saved = saved.data();
     for (int k = 0; k < 4; ++k) b.grads[k] = o.grads.data() + 5 * k;
     bn.backward(b);
     return o;
@@ -639,6 +642,47 @@ TEST(BatchNorm, BackwardWritesTheRunningStatisticsDeltas) {
   EXPECT_TRUE(specs[0].trainable && specs[1].trainable);
   EXPECT_FALSE(specs[2].trainable || specs[3].trainable);
   EXPECT_FLOAT_EQ(specs[3].state_rate, 0.01f);
+}
+
+// The training forward keeps its batch statistics (double) at the saved buffer's per-call
+// floats, and backward takes them from there: a changed mean there moves backward's running-
+// mean delta by state_weight x the change, and its dx.
+TEST(BatchNorm, BackwardUsesTheStatisticsTheForwardKept) {
+  const int64_t n = 3, c = 2, hw = 5;
+  BatchNorm bn("bn", {});
+  bn.bind({c, 1, 5});
+  ASSERT_EQ(bn.saved_per_call(), 4 * c);
+  const std::vector<float> x = random_vec(n * c * hw, 93, -1.0f, 4.0f);
+  const std::vector<float> dy = random_vec(n * c * hw, 94);
+  const std::vector<float> gamma = {1.5f, 0.5f}, beta = {0.0f, 1.0f}, rmean(c, 0.0f), rvar(c, 1.0f);
+  std::vector<float> saved(saved_floats(bn, n), NAN), y(x.size());
+  ForwardArgs f;
+  f.n = n, f.x = x.data(), f.y = y.data(), f.saved = saved.data();
+  f.params = {gamma.data(), beta.data(), rmean.data(), rvar.data()};
+  bn.forward(f);
+  const auto* kept = reinterpret_cast<const double*>(bn.call_saved(saved.data(), n));
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double mean, var;
+    channel_moments(x, n, c, hw, ch, mean, var);
+    EXPECT_NEAR(kept[ch], mean, 1e-12 * (1 + std::fabs(mean))) << ch;
+    EXPECT_NEAR(kept[c + ch], var, 1e-12 * (1 + var)) << ch;
+  }
+  auto backward = [&](std::vector<float>& dx, std::vector<float>& dmean) {
+    std::vector<float> dg(c), db(c), dv(c);
+    dx.assign(x.size(), NAN), dmean.assign(c, NAN);
+    BackwardArgs b;
+    b.n = n, b.x = x.data(), b.y = y.data(), b.dy = dy.data(), b.dx = dx.data();
+    b.params = f.params, b.saved = saved.data(), b.state_weight = 0.5f;
+    b.grads = {dg.data(), db.data(), dmean.data(), dv.data()};
+    bn.backward(b);
+  };
+  std::vector<float> dx0, dm0, dx1, dm1;
+  backward(dx0, dm0);
+  reinterpret_cast<double*>(bn.call_saved(saved.data(), n))[0] += 1.0;  // channel 0's mean
+  backward(dx1, dm1);
+  EXPECT_NEAR(dm1[0] - dm0[0], 0.5, 1e-6);
+  EXPECT_EQ(dm1[1], dm0[1]);
+  EXPECT_NE(dx1, dx0);
 }
 
 // Any split of the channels between threads gives the same bits: each channel is summed by one
@@ -769,7 +813,7 @@ TEST(Residual, ForwardIsTheInputPlusTheInnerChain) {
   std::vector<std::vector<float>> vars;
   for (size_t k = 0; k < specs.size(); ++k) vars.push_back(random_vec(numel(specs[k].shape), 200 + k));
   const std::vector<float> x = random_vec(n * numel(block->in_shape()), 210);
-  std::vector<float> y(x.size()), saved(n * block->saved_per_example());
+  std::vector<float> y(x.size()), saved(saved_floats(*block, n));
   ForwardArgs a;
   a.n = n, a.x = x.data(), a.y = y.data(), a.saved = saved.data();
   for (size_t k = 0; k < vars.size(); ++k) a.params[k] = vars[k].data();
@@ -778,7 +822,7 @@ TEST(Residual, ForwardIsTheInputPlusTheInnerChain) {
   std::vector<float> cur = x;
   size_t v = 0;
   for (const auto& l : block->inner()) {
-    std::vector<float> out(n * numel(l->out_shape())), sv(n * l->saved_per_example() + 1);
+    std::vector<float> out(n * numel(l->out_shape())), sv(saved_floats(*l, n) + 1);
     ForwardArgs f;
     f.n = n, f.x = cur.data(), f.y = out.data(), f.saved = sv.data();
     for (size_t k = 0; k < l->params().size(); ++k) f.params[k] = vars[v++].data();
@@ -786,6 +830,61 @@ TEST(Residual, ForwardIsTheInputPlusTheInnerChain) {
     cur = out;
   }
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], x[i] + cur[i]) << i;
+}
+
+// A layer that records where its saved buffer's parts start and writes every float of them
+// (ASan sees a buffer too short): an odd count per example, and per call.
+class SavedProbe : public Layer {
+ public:
+  explicit SavedProbe(std::string name, std::vector<uintptr_t>* starts)
+      : Layer(std::move(name)), starts_(starts) {}
+  std::string kind() const override { return "probe"; }
+  int64_t saved_per_example() const override { return 3; }
+  int64_t saved_per_call() const override { return 5; }
+  void forward(const ForwardArgs& a) const override {
+    starts_->push_back(reinterpret_cast<uintptr_t>(a.saved));
+    starts_->push_back(reinterpret_cast<uintptr_t>(call_saved(a.saved, a.n)));
+    for (int64_t i = 0; i < a.n * 3; ++i) a.saved[i] = 1.0f;
+    for (int64_t i = 0; i < 5; ++i) call_saved(a.saved, a.n)[i] = 2.0f;
+    for (int64_t i = 0; i < a.n * numel(in_shape()); ++i) a.y[i] = a.x[i];
+  }
+  void backward(const BackwardArgs&) const override {}
+
+ protected:
+  Shape infer(const Shape& in) override { return in; }
+
+ private:
+  std::vector<uintptr_t>* starts_;
+};
+
+// Layers nested in a residual block get saved buffers as a tower gives them: 8-byte aligned,
+// with their per-call floats aligned too, whatever the odd sizes of the outputs and
+// per-example parts before them; all inside the block's saved_floats.
+TEST(Residual, InnerSavedBuffersAreAlignedAndInside) {
+  std::vector<uintptr_t> starts;
+  std::vector<std::unique_ptr<Layer>> inner;
+  for (int k = 0; k < 3; ++k) inner.push_back(std::make_unique<SavedProbe>("p", &starts));
+  Residual block("block", std::move(inner));
+  block.bind({1, 3, 3});  // 9 floats per example
+  for (const int64_t n : {1, 3, 4}) {
+    starts.clear();
+    const std::vector<float> x = random_vec(n * 9, 220 + n);
+    std::vector<float> y(x.size());
+    std::vector<double> backing((saved_floats(block, n) + 1) / 2);  // 8-byte aligned
+    float* saved = reinterpret_cast<float*>(backing.data());
+    ForwardArgs a;
+    a.n = n, a.x = x.data(), a.y = y.data(), a.saved = saved;
+    block.forward(a);
+    ASSERT_EQ(starts.size(), 6u);
+    const auto begin = reinterpret_cast<uintptr_t>(saved);
+    const auto end = reinterpret_cast<uintptr_t>(saved + saved_floats(block, n));
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(starts[2 * k] % 8, 0u) << n << " " << k;
+      EXPECT_EQ(starts[2 * k + 1] % 8, 0u) << n << " " << k;
+      EXPECT_GE(starts[2 * k], begin);
+      EXPECT_LE(starts[2 * k + 1] + 5 * sizeof(float), end);
+    }
+  }
 }
 
 TEST(Residual, GradientsMatchNumerical) {

@@ -39,7 +39,9 @@ struct PlacedTower::Part {
   Device* mem = nullptr;  // where its buffers live: device, or the GPU
   int memory = -1;        // -1: host memory; else the GPU's ordinal
   DeviceBuffer params;                   // [lo, hi) of the flat array
-  std::vector<DeviceBuffer> act, saved;  // per layer of the part, max_batch examples
+  // Per layer of the part: its outputs for max_batch examples, and its saved buffer, a slice
+  // per micro-batch (PlacedTower::saved).
+  std::vector<DeviceBuffer> act, saved;
   // The error at the part's output, from the next part's backward, max_batch examples (not in
   // the last part); errors between the part's own layers, one micro-batch.
   DeviceBuffer err, dact[2];
@@ -147,6 +149,7 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
   row_loss_.assign(max_batch, 0.0);
   row_correct_.assign(max_batch, 0);
   const int64_t micro = ceil_div(max_batch, micro_batches);  // the largest micro-batch
+  micro_ = micro;
   const std::vector<int> th = part_threads(placement, threads);
   size_t next_layer = 0;
   int64_t prev_hi = 0;
@@ -190,7 +193,7 @@ PlacedTower::PlacedTower(const Graph& graph, int64_t max_batch, const Placement&
         hi = std::max(hi, v->offset + v->size);
       }
       part->act.emplace_back(dev, max_batch * numel(layers[i]->out_shape()));
-      part->saved.emplace_back(dev, max_batch * layers[i]->saved_per_example());
+      part->saved.emplace_back(dev, micro_batches * saved_floats(*layers[i], micro));
       widest = std::max(widest, numel(layers[i]->out_shape()));
       part_of_[i] = part.get();
     }
@@ -401,7 +404,13 @@ float* PlacedTower::output(size_t i, int64_t b0) const {
   return p.act[i - p.spec.first].data() + b0 * numel(graph().layers()[i]->out_shape());
 }
 
-void PlacedTower::forward(Part& part, int64_t b0, int64_t b1, const float* images, bool training) {
+float* PlacedTower::saved(size_t i, int m) const {
+  const Part& p = *part_of_[i];
+  return p.saved[i - p.spec.first].data() + m * saved_floats(*graph().layers()[i], micro_);
+}
+
+void PlacedTower::forward(Part& part, int m, int64_t b0, int64_t b1, const float* images,
+                          bool training) {
   const auto& layers = graph().layers();
   // The micro-batch's examples keep their positions in the step: the masks of one device.
   const kernels::StepNoise nz{noise_.key, noise_.first_example + b0};
@@ -414,7 +423,7 @@ void PlacedTower::forward(Part& part, int64_t b0, int64_t b1, const float* image
     a.x = i == part.spec.first ? x0 : input(i, b0, images);
     a.y = output(i, b0);
     bind_variables(i, part.params.data(), part.lo, a);
-    a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
+    a.saved = saved(i, m);
     a.training = training;
     a.noise = noise;
 #if TOWERS_HAVE_CUDA
@@ -530,7 +539,7 @@ void PlacedTower::backward(Part& part, int m, int64_t b0, int64_t b1, const floa
     }
     bind_variables(i, part.params.data(), g, part.lo, a);
     a.state_weight = static_cast<float>(b1 - b0) * grad_scale;
-    a.saved = part.saved[i - part.spec.first].data() + b0 * layers[i]->saved_per_example();
+    a.saved = saved(i, m);
     a.noise = noise;
 #if TOWERS_HAVE_CUDA
     if (on_gpu) {
@@ -613,7 +622,7 @@ StepStats PlacedTower::run(const float* images, const int32_t* labels, int64_t n
       await_job(part, j < mbs ? q - 1 : q + 1, j);
       begin_job(part, j);
       if (j < mbs) {
-        forward(part, at[j], at[j + 1], images, training);
+        forward(part, j, at[j], at[j + 1], images, training);
         if (!training && q + 1 == P) {
           if (part.memory >= 0)
             loss_rows_gpu(part, at[j], at[j + 1], labels, 0.0f, nullptr);

@@ -110,7 +110,7 @@ class PlacedTower final : public Tower {
   struct Part;
   StepStats run(const float* images, const int32_t* labels, int64_t n, float grad_scale,
                 bool training);
-  void forward(Part& part, int64_t b0, int64_t b1, const float* images, bool training);
+  void forward(Part& part, int m, int64_t b0, int64_t b1, const float* images, bool training);
   void backward(Part& part, int m, int64_t b0, int64_t b1, const float* images,
                 const int32_t* labels, float grad_scale);
   void loss_rows(int64_t b0, int64_t b1, const int32_t* labels, float grad_scale, float* dlogits);
@@ -133,8 +133,11 @@ class PlacedTower final : public Tower {
   // Layer i's input and output rows of examples [b0, ...).
   const float* input(size_t i, int64_t b0, const float* images) const;
   float* output(size_t i, int64_t b0) const;
+  // Layer i's saved buffer for micro-batch m: a slice of saved_floats(layer, micro_) each.
+  float* saved(size_t i, int m) const;
 
   int micro_batches_;
+  int64_t micro_ = 0;  // the largest micro-batch
   int total_threads_ = 0;
   CpuDevice host_;
   DeviceBuffer grads_;  // the flat layout; part p writes its span

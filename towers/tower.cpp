@@ -34,7 +34,7 @@ void Tower::allocate_activations(Device& dev) {
   int64_t widest = numel(graph_.input_shape());
   for (const auto& l : graph_.layers()) {
     act_.emplace_back(dev, max_batch_ * numel(l->out_shape()));
-    saved_.emplace_back(dev, max_batch_ * l->saved_per_example());
+    saved_.emplace_back(dev, saved_floats(*l, max_batch_));
     widest = std::max(widest, numel(l->out_shape()));
   }
   for (auto& d : dact_) d = DeviceBuffer(dev, max_batch_ * widest);

@@ -5,8 +5,10 @@
 namespace towers::kernels::cpu {
 
 void batchnorm_forward_train(const BnShape& s, int64_t c0, int64_t c1, const float* x,
-                             const float* gamma, const float* beta, float* y) {
-  for (int64_t ch = c0; ch < c1; ++ch) bn_channel_forward_train(s, ch, x, gamma, beta, y);
+                             const float* gamma, const float* beta, float* y, double* mean,
+                             double* var) {
+  for (int64_t ch = c0; ch < c1; ++ch)
+    bn_channel_forward_train(s, ch, x, gamma, beta, y, mean[ch], var[ch]);
 }
 
 void batchnorm_forward_eval(const BnShape& s, int64_t c0, int64_t c1, const float* x,
@@ -16,10 +18,10 @@ void batchnorm_forward_eval(const BnShape& s, int64_t c0, int64_t c1, const floa
 }
 
 void batchnorm_backward(const BnShape& s, int64_t c0, int64_t c1, const float* x, const float* dy,
-                        const float* gamma, const float* running_mean, const float* running_var,
-                        const BnGrads& g) {
+                        const float* gamma, const double* mean, const double* var,
+                        const float* running_mean, const float* running_var, const BnGrads& g) {
   for (int64_t ch = c0; ch < c1; ++ch)
-    bn_channel_backward(s, ch, x, dy, gamma, running_mean, running_var, g);
+    bn_channel_backward(s, ch, x, dy, gamma, mean[ch], var[ch], running_mean, running_var, g);
 }
 
 void batchnorm_channel_sums(const BnShape& s, int64_t c0, int64_t c1, const float* x,

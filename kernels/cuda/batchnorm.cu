@@ -134,14 +134,14 @@ struct BnDx {
   }
 };
 
-// The call's scratch (batchnorm_work_doubles): two sets of lane sums, then five per-channel
-// statistics.
+// The call's scratch (batchnorm_work_doubles): two sets of lane sums, then three per-channel
+// values.
 struct BnWork {
-  double *a, *b, *mean, *var, *sdy, *sdyx, *invstd;
+  double *a, *b, *sdy, *sdyx, *invstd;
 };
 BnWork bn_work(int64_t c, double* work) {
   double* lanes = work + 2 * c * kBnLanes;
-  return {work, work + c * kBnLanes, lanes, lanes + c, lanes + 2 * c, lanes + 3 * c, lanes + 4 * c};
+  return {work, work + c * kBnLanes, lanes, lanes + c, lanes + 2 * c};
 }
 
 int64_t lanes_of(const BnShape& s) { return s.c * kBnLanes; }
@@ -154,11 +154,12 @@ void channel_sums(CUstream_st* st, const BnShape& s, const float* x, const doubl
   for_each_index(st, s.c, BnLaneTotals{lanes, divisor, out});
 }
 
-// The batch mean and biased variance of every channel, into w.mean and w.var.
-void moments(CUstream_st* st, const BnShape& s, const float* x, const BnWork& w) {
+// The batch mean and biased variance of every channel.
+void moments(CUstream_st* st, const BnShape& s, const float* x, double* mean, double* var,
+             const BnWork& w) {
   const double m = static_cast<double>(s.n * s.hw);
-  channel_sums(st, s, x, nullptr, m, w.mean, w.a);
-  channel_sums(st, s, x, w.mean, m, w.var, w.a);
+  channel_sums(st, s, x, nullptr, m, mean, w.a);
+  channel_sums(st, s, x, mean, m, var, w.a);
 }
 
 void backward_sums(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
@@ -211,11 +212,11 @@ void outputs_and_dx(CUstream_st* st, const BnShape& s, const BnShape& stats, dou
 }  // namespace
 
 void batchnorm_forward_train(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
-                             const float* beta, float* y, double* work) {
+                             const float* beta, float* y, double* mean, double* var, double* work) {
   if (s.c == 0 || s.n * s.hw == 0) return;
   const BnWork w = bn_work(s.c, work);
-  moments(st, s, x, w);
-  normalize(st, s, x, gamma, beta, w.mean, w.var, y, w.invstd);
+  moments(st, s, x, mean, var, w);
+  normalize(st, s, x, gamma, beta, mean, var, y, w.invstd);
 }
 
 void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, const float* gamma,
@@ -225,14 +226,14 @@ void batchnorm_forward_eval(CUstream_st* st, const BnShape& s, const float* x, c
 }
 
 void batchnorm_backward(CUstream_st* st, const BnShape& s, const float* x, const float* dy,
-                        const float* gamma, const float* running_mean, const float* running_var,
-                        const BnGrads& g, double* work) {
+                        const float* gamma, const double* mean, const double* var,
+                        const float* running_mean, const float* running_var, const BnGrads& g,
+                        double* work) {
   if (s.c == 0 || s.n * s.hw == 0) return;
   const BnWork w = bn_work(s.c, work);
-  moments(st, s, x, w);
-  backward_sums(st, s, x, dy, w.mean, w.var, w.sdy, w.sdyx, w);
-  outputs_and_dx(st, s, s, static_cast<double>(s.n * s.hw), x, dy, gamma, w.mean, w.var, w.sdy,
-                 w.sdyx, w.sdy, w.sdyx, running_mean, running_var, g, w.invstd);
+  backward_sums(st, s, x, dy, mean, var, w.sdy, w.sdyx, w);
+  outputs_and_dx(st, s, s, static_cast<double>(s.n * s.hw), x, dy, gamma, mean, var, w.sdy, w.sdyx,
+                 w.sdy, w.sdyx, running_mean, running_var, g, w.invstd);
 }
 
 void batchnorm_channel_sums(CUstream_st* st, const BnShape& s, const float* x, const double* center,

@@ -26,23 +26,33 @@ constexpr int64_t kChannelsPerTask = 4;
 // The host's part of --sync-bn's global statistics, for the CPU and GPU paths alike (so
 // theirs agree bitwise): sums(center, out) writes this tower's s.c channel sums of x (center
 // null) or of (x - center)^2 to host memory out; the exchange adds the towers' in tower order,
-// the examples' count with the first. Fills mean and (biased) var; returns the global batch's
-// elements per channel.
+// the examples' count with the first. Fills mean and (biased) var, s.c each, in host memory.
 template <class Sums>
-double exchange_moments(const kernels::BnShape& s, TowerExchange& ex, std::vector<double>& mean,
-                        std::vector<double>& var, Sums sums) {
+void exchange_moments(const kernels::BnShape& s, TowerExchange& ex, double* mean, double* var,
+                      Sums sums) {
   const int64_t c = s.c;
-  mean.assign(c + 1, 0.0);
-  sums(nullptr, mean.data());
-  mean[c] = static_cast<double>(s.n);  // the global batch's examples, summed with the rest
-  ex.sum(mean.data(), c + 1);
-  const double m = mean[c] * static_cast<double>(s.hw);
-  mean.resize(c);
-  for (double& v : mean) v /= m;
-  var.assign(c, 0.0);
-  sums(mean.data(), var.data());
-  ex.sum(var.data(), c);
-  for (double& v : var) v /= m;
+  std::vector<double> t(c + 1, 0.0);
+  sums(nullptr, t.data());
+  t[c] = static_cast<double>(s.n);  // the global batch's examples, summed with the rest
+  ex.sum(t.data(), c + 1);
+  const double m = t[c] * static_cast<double>(s.hw);
+  for (int64_t ch = 0; ch < c; ++ch) mean[ch] = t[ch] / m;
+  for (int64_t ch = 0; ch < c; ++ch) var[ch] = 0.0;
+  sums(mean, var);
+  ex.sum(var, c);
+  for (int64_t ch = 0; ch < c; ++ch) var[ch] /= m;
+}
+
+// --sync-bn's backward sums: this tower's sums of dy and dy x xhat (own, 2c: its share of
+// dgamma and dbeta) added over the towers into sums (2c), with the examples' count; returns
+// the global batch's elements per channel.
+double exchange_backward_sums(const kernels::BnShape& s, TowerExchange& ex, const double* own,
+                              std::vector<double>& sums) {
+  sums.assign(own, own + 2 * s.c);
+  sums.push_back(static_cast<double>(s.n));
+  ex.sum(sums.data(), 2 * s.c + 1);
+  const double m = sums.back() * static_cast<double>(s.hw);
+  sums.pop_back();
   return m;
 }
 
@@ -83,61 +93,75 @@ std::vector<ParamSpec> BatchNorm::params() const {
 
 // --sync-bn: the statistics of the global batch, from every tower's channel sums (two passes,
 // as one tower takes them: the mean, then the squares about it) into mean and (biased) var
-// per channel; returns the global batch's elements per channel.
-double BatchNorm::global_moments(const kernels::BnShape& s, const float* x, TowerExchange& ex,
-                                 std::vector<double>& mean, std::vector<double>& var) const {
-  return exchange_moments(s, ex, mean, var, [&](const double* center, double* out) {
+// per channel.
+void BatchNorm::global_moments(const kernels::BnShape& s, const float* x, TowerExchange& ex,
+                               double* mean, double* var) const {
+  exchange_moments(s, ex, mean, var, [&](const double* center, double* out) {
     for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
       kernels::cpu::batchnorm_channel_sums(s, c0, c1, x, center, out);
     });
   });
 }
 
+double* BatchNorm::stats(float* saved, int64_t n) const {
+  TOWERS_CHECK(saved != nullptr, "{}: a training call needs its saved buffer", name());
+  return reinterpret_cast<double*>(call_saved(saved, n));
+}
+
+const double* BatchNorm::stats(const float* saved, int64_t n) const {
+  TOWERS_CHECK(saved != nullptr, "{}: a training call needs its saved buffer", name());
+  return reinterpret_cast<const double*>(call_saved(saved, n));
+}
+
 void BatchNorm::forward(const ForwardArgs& a) const {
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
-  if (a.training && a.exchange != nullptr) {
-    std::vector<double> mean, var;
+  if (!a.training) {
+    for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
+      kernels::cpu::batchnorm_forward_eval(s, c0, c1, a.x, a.params[kGamma], a.params[kBeta],
+                                           a.params[kMean], a.params[kVar], a.y);
+    });
+    return;
+  }
+  double* mean = stats(a.saved, a.n);
+  double* var = mean + c_;
+  if (a.exchange != nullptr) {
     global_moments(s, a.x, *a.exchange, mean, var);
     for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
-      kernels::cpu::batchnorm_forward_with(s, c0, c1, a.x, a.params[kGamma], a.params[kBeta],
-                                           mean.data(), var.data(), a.y);
+      kernels::cpu::batchnorm_forward_with(s, c0, c1, a.x, a.params[kGamma], a.params[kBeta], mean,
+                                           var, a.y);
     });
     return;
   }
   for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
-    if (a.training)
-      kernels::cpu::batchnorm_forward_train(s, c0, c1, a.x, a.params[kGamma], a.params[kBeta], a.y);
-    else
-      kernels::cpu::batchnorm_forward_eval(s, c0, c1, a.x, a.params[kGamma], a.params[kBeta],
-                                           a.params[kMean], a.params[kVar], a.y);
+    kernels::cpu::batchnorm_forward_train(s, c0, c1, a.x, a.params[kGamma], a.params[kBeta], a.y,
+                                          mean, var);
   });
 }
 
 void BatchNorm::backward(const BackwardArgs& a) const {
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
   const kernels::BnGrads g = bn_grads(a);
+  const double* mean = stats(a.saved, a.n);
+  const double* var = mean + c_;
   if (a.exchange != nullptr) {
-    // The forward's global statistics again (nothing is saved), then the global sums of dy
-    // and dy x xhat; this tower's own sums are its share of dgamma and dbeta.
-    std::vector<double> mean, var;
-    const double m = global_moments(s, a.x, *a.exchange, mean, var);
+    // The forward's global statistics, then the global sums of dy and dy x xhat; this tower's
+    // own sums are its share of dgamma and dbeta.
     std::vector<double> own(2 * c_), sums;
     for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
-      kernels::cpu::batchnorm_backward_sums(s, c0, c1, a.x, a.dy, mean.data(), var.data(),
-                                            own.data(), own.data() + c_);
+      kernels::cpu::batchnorm_backward_sums(s, c0, c1, a.x, a.dy, mean, var, own.data(),
+                                            own.data() + c_);
     });
-    sums = own;
-    a.exchange->sum(sums.data(), 2 * c_);
+    const double m = exchange_backward_sums(s, *a.exchange, own.data(), sums);
     for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
-      kernels::cpu::batchnorm_backward_with(s, c0, c1, m, a.x, a.dy, a.params[kGamma], mean.data(),
-                                            var.data(), sums.data(), sums.data() + c_, own.data(),
+      kernels::cpu::batchnorm_backward_with(s, c0, c1, m, a.x, a.dy, a.params[kGamma], mean, var,
+                                            sums.data(), sums.data() + c_, own.data(),
                                             own.data() + c_, a.params[kMean], a.params[kVar], g);
     });
     return;
   }
   for_chunks(c_, kChannelsPerTask, [&](int64_t, int64_t c0, int64_t c1) {
-    kernels::cpu::batchnorm_backward(s, c0, c1, a.x, a.dy, a.params[kGamma], a.params[kMean],
-                                     a.params[kVar], g);
+    kernels::cpu::batchnorm_backward(s, c0, c1, a.x, a.dy, a.params[kGamma], mean, var,
+                                     a.params[kMean], a.params[kVar], g);
   });
 }
 
@@ -146,16 +170,16 @@ void BatchNorm::backward(const BackwardArgs& a) const {
 namespace kc = kernels::cuda;
 
 namespace {
-// The call's device doubles in its scratch (8-byte aligned): for --sync-bn the global mean and
-// variance, the tower's own sums of dy and dy x xhat, and the global ones (c each); then the
-// kernels' work (kernels::cuda::batchnorm_work_doubles).
+// The call's device doubles in its scratch (8-byte aligned): for --sync-bn the tower's own
+// sums of dy and dy x xhat, and the global ones (c each); then the kernels' work
+// (kernels::cuda::batchnorm_work_doubles).
 struct BnDevice {
-  double *mean, *var, *own_sdy, *own_sdyx, *sdy, *sdyx, *work;
+  double *own_sdy, *own_sdyx, *sdy, *sdyx, *work;
 };
 BnDevice bn_device(const GpuExec& e, int64_t c, const std::string& who) {
   float* f = gpu_scratch_at(e, 0, BatchNorm::gpu_scratch_floats(c), who);
   auto* d = reinterpret_cast<double*>((reinterpret_cast<uintptr_t>(f) + 7) & ~uintptr_t{7});
-  return {d, d + c, d + 2 * c, d + 3 * c, d + 4 * c, d + 5 * c, d + 6 * c};
+  return {d, d + c, d + 2 * c, d + 3 * c, d + 4 * c};
 }
 
 // Device doubles to the host, on the call's stream, and waited for: the host adds them with
@@ -170,18 +194,18 @@ void to_device(const GpuExec& e, double* dev, const double* host, int64_t count)
   CUDA_CHECK(cudaMemcpyAsync(dev, host, sizeof(double) * count, cudaMemcpyHostToDevice, e.stream));
 }
 // --sync-bn on a GPU tower: BatchNorm::global_moments with the channel sums taken on the
-// device and copied out for the exchange; the statistics end in d.mean and d.var.
-double global_moments_gpu(const GpuExec& e, const kernels::BnShape& s, const float* x,
-                          TowerExchange& ex, const BnDevice& d) {
-  std::vector<double> mean, var;
-  const double m = exchange_moments(s, ex, mean, var, [&](const double* center, double* out) {
-    if (center != nullptr) to_device(e, d.mean, center, s.c);
-    double* sums = center != nullptr ? d.var : d.mean;
-    kc::batchnorm_channel_sums(e.stream, s, x, center != nullptr ? d.mean : nullptr, sums, d.work);
+// device (into mean and var, c device doubles each, where the statistics end) and copied out
+// for the exchange.
+void global_moments_gpu(const GpuExec& e, const kernels::BnShape& s, const float* x,
+                        TowerExchange& ex, double* mean, double* var, double* work) {
+  std::vector<double> host(2 * s.c);
+  exchange_moments(s, ex, host.data(), host.data() + s.c, [&](const double* center, double* out) {
+    if (center != nullptr) to_device(e, mean, center, s.c);
+    double* sums = center != nullptr ? var : mean;
+    kc::batchnorm_channel_sums(e.stream, s, x, center != nullptr ? mean : nullptr, sums, work);
     to_host(e, out, sums, s.c);
   });
-  to_device(e, d.var, var.data(), s.c);
-  return m;
+  to_device(e, var, host.data() + s.c, s.c);
 }
 
 }  // namespace
@@ -191,39 +215,43 @@ int64_t BatchNorm::gpu_scratch(int64_t) const { return gpu_scratch_floats(c_); }
 void BatchNorm::forward_gpu(const GpuExec& e, const ForwardArgs& a) const {
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
   const BnDevice d = bn_device(e, c_, name());
-  if (a.training && a.exchange != nullptr) {
-    global_moments_gpu(e, s, a.x, *a.exchange, d);
-    kc::batchnorm_forward_with(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], d.mean, d.var,
-                               a.y, d.work);
-    return;
-  }
-  if (a.training)
-    kc::batchnorm_forward_train(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.y, d.work);
-  else
+  if (!a.training) {
     kc::batchnorm_forward_eval(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.params[kMean],
                                a.params[kVar], a.y, d.work);
+    return;
+  }
+  double* mean = stats(a.saved, a.n);
+  double* var = mean + c_;
+  if (a.exchange != nullptr) {
+    global_moments_gpu(e, s, a.x, *a.exchange, mean, var, d.work);
+    kc::batchnorm_forward_with(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], mean, var, a.y,
+                               d.work);
+    return;
+  }
+  kc::batchnorm_forward_train(e.stream, s, a.x, a.params[kGamma], a.params[kBeta], a.y, mean, var,
+                              d.work);
 }
 
 void BatchNorm::backward_gpu(const GpuExec& e, const BackwardArgs& a) const {
   const kernels::BnShape s{a.n, c_, hw_, cfg_.eps};
   const BnDevice d = bn_device(e, c_, name());
+  const double* mean = stats(a.saved, a.n);
+  const double* var = mean + c_;
   if (a.exchange != nullptr) {
-    // As the CPU path: the global statistics again, the tower's own sums of dy and dy x xhat
-    // (its share of dgamma and dbeta), and their global totals.
-    const double m = global_moments_gpu(e, s, a.x, *a.exchange, d);
-    kc::batchnorm_backward_sums(e.stream, s, a.x, a.dy, d.mean, d.var, d.own_sdy, d.own_sdyx,
-                                d.work);
-    std::vector<double> sums(2 * c_);
-    to_host(e, sums.data(), d.own_sdy, 2 * c_);  // own_sdy and own_sdyx are adjacent
-    a.exchange->sum(sums.data(), 2 * c_);
-    to_device(e, d.sdy, sums.data(), 2 * c_);
-    kc::batchnorm_backward_with(e.stream, s, m, a.x, a.dy, a.params[kGamma], d.mean, d.var, d.sdy,
+    // As the CPU path: the forward's global statistics, the tower's own sums of dy and
+    // dy x xhat (its share of dgamma and dbeta), and their global totals.
+    kc::batchnorm_backward_sums(e.stream, s, a.x, a.dy, mean, var, d.own_sdy, d.own_sdyx, d.work);
+    std::vector<double> own(2 * c_), sums;
+    to_host(e, own.data(), d.own_sdy, 2 * c_);  // own_sdy and own_sdyx are adjacent
+    const double m = exchange_backward_sums(s, *a.exchange, own.data(), sums);
+    to_device(e, d.sdy, sums.data(), 2 * c_);  // sdy and sdyx are adjacent
+    kc::batchnorm_backward_with(e.stream, s, m, a.x, a.dy, a.params[kGamma], mean, var, d.sdy,
                                 d.sdyx, d.own_sdy, d.own_sdyx, a.params[kMean], a.params[kVar],
                                 bn_grads(a), d.work);
     return;
   }
-  kc::batchnorm_backward(e.stream, s, a.x, a.dy, a.params[kGamma], a.params[kMean], a.params[kVar],
-                         bn_grads(a), d.work);
+  kc::batchnorm_backward(e.stream, s, a.x, a.dy, a.params[kGamma], mean, var, a.params[kMean],
+                         a.params[kVar], bn_grads(a), d.work);
 }
 #endif  // TOWERS_HAVE_CUDA
 

@@ -8,7 +8,8 @@
 // average of them. So they are updated where every parameter is updated (the host, a shard,
 // ...), once per update, from the statistics of the towers behind it: per tower by default,
 // as TF's multi-GPU towers compute them; a sync update follows the mean of its towers' batch
-// statistics. Nothing is saved for backward: it recomputes the statistics from the input.
+// statistics. The training forward keeps its batch statistics (mean and biased variance, C
+// doubles each) in its saved buffer's per-call floats, and backward reads them there.
 //
 // With a TowerExchange in the call (--sync-bn, sync towers) a training step normalizes
 // with the statistics of the global batch instead: the towers add their channel sums through
@@ -16,7 +17,7 @@
 // so N towers of B / N compute what one tower of B computes, up to the order of the additions
 // (one tower's lanes against per-tower lanes added in tower order: float-close, not bitwise).
 // A GPU tower takes its sums on the device and adds them through the same exchange on the
-// host (a copy out and in, and a wait on its stream, at each of the five sums of a step), so
+// host (a copy out and in, and a wait on its stream, at each of the three sums of a step), so
 // its step cannot be a CUDA graph: CudaTower runs --sync-bn steps eagerly.
 #pragma once
 
@@ -40,6 +41,7 @@ class BatchNorm : public Layer {
   std::string kind() const override { return "batchnorm"; }
   std::vector<ParamSpec> params() const override;
   int64_t flops_per_example() const override { return 4 * c_ * hw_; }
+  int64_t saved_per_call() const override { return 4 * c_; }  // mean, var: c doubles each
   void forward(const ForwardArgs& a) const override;
   void backward(const BackwardArgs& a) const override;
 #if TOWERS_HAVE_CUDA
@@ -47,18 +49,21 @@ class BatchNorm : public Layer {
   void backward_gpu(const GpuExec& exec, const BackwardArgs& a) const override;
   int64_t gpu_scratch(int64_t n) const override;  // device doubles: gpu_scratch_floats
 #endif
-  // Scratch floats of the GPU path for c channels, 8-byte aligned: the --sync-bn statistics and
-  // sums (6 x c doubles), then the kernels' work (kernels::cuda::batchnorm_work_doubles).
+  // Scratch floats of the GPU path for c channels, 8-byte aligned: the --sync-bn sums (4 x c
+  // doubles), then the kernels' work (kernels::cuda::batchnorm_work_doubles).
   static int64_t gpu_scratch_floats(int64_t c) {
-    return 2 * (6 * c + kernels::cuda::batchnorm_work_doubles(c)) + 2;
+    return 2 * (4 * c + kernels::cuda::batchnorm_work_doubles(c)) + 2;
   }
 
  protected:
   Shape infer(const Shape& in) override;
 
  private:
-  double global_moments(const kernels::BnShape& s, const float* x, TowerExchange& ex,
-                        std::vector<double>& mean, std::vector<double>& var) const;
+  void global_moments(const kernels::BnShape& s, const float* x, TowerExchange& ex, double* mean,
+                      double* var) const;
+  // The training forward's statistics in a call's saved buffer: mean, then var.
+  double* stats(float* saved, int64_t n) const;
+  const double* stats(const float* saved, int64_t n) const;
 
   BatchNormConfig cfg_;
   int64_t c_ = 0, hw_ = 1;

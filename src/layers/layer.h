@@ -12,9 +12,12 @@
 // non-null only for non-trainable variables) is there for a layer that must write its state
 // in forward; none does.
 //
-// What forward keeps for backward is the `saved` buffer: saved_per_example() floats per
-// example, owned by the tower and allocated once (so a CUDA graph can capture the step); the
-// ForwardArgs::saved of a call is the BackwardArgs::saved of its backward.
+// What forward keeps for backward is the `saved` buffer, owned by the tower and allocated once
+// (so a CUDA graph can capture the step): a call on n examples gets saved_floats(layer, n)
+// floats, starting 8-byte aligned; saved_per_example() floats per example, then (at
+// call_saved(), 8-byte aligned) saved_per_call() floats whatever n is (BatchNorm's batch
+// statistics, in double). The ForwardArgs::saved of a call is the BackwardArgs::saved of its
+// backward.
 //
 // A layer that draws random numbers in training (dropout) draws them from the call's noise
 // (kernels/dropout.h): the step's key and the global position of the call's first example, in
@@ -55,7 +58,7 @@ struct ForwardArgs {
   float* y = nullptr;         // (n, out_shape)
   VarViews params{};          // the layer's variables, in params() order
   MutableVarViews state{};    // the non-trainable ones, writable (null for trainable ones)
-  float* saved = nullptr;     // (n, saved_per_example()) floats kept for backward
+  float* saved = nullptr;     // saved_floats(layer, n) floats kept for backward (see above)
   bool training = true;       // false: no backward follows, nothing needs saving
   const kernels::StepNoise* noise = nullptr;  // training: the step's noise (see above)
   TowerExchange* exchange = nullptr;  // training under --sync-bn: the step's other towers
@@ -97,6 +100,13 @@ class Layer {
   // The layer's variables, "<layer name>/<variable>", at most kMaxLayerVars.
   virtual std::vector<ParamSpec> params() const { return {}; }
   virtual int64_t saved_per_example() const { return 0; }
+  virtual int64_t saved_per_call() const { return 0; }
+  // Where a call's per-call floats start in its saved buffer (after n x saved_per_example(),
+  // rounded up to an even count so that they stay 8-byte aligned).
+  template <class T>
+  T* call_saved(T* saved, int64_t n) const {
+    return saved + (n * saved_per_example() + 1) / 2 * 2;
+  }
   virtual int64_t flops_per_example() const { return 0; }  // forward multiply-adds x 2
   // Examples the CPU path computes as one block: its weight gradient is the tree sum
   // (kernels/reduce.h) of one partial per batch_chunk() examples, and its per-example results
@@ -124,5 +134,11 @@ class Layer {
   std::string name_;
   Shape in_, out_;
 };
+
+// The floats of saved buffer a call of `layer` on n examples needs (see above); a sum of
+// these keeps every call's buffer 8-byte aligned.
+inline int64_t saved_floats(const Layer& layer, int64_t n) {
+  return (n * layer.saved_per_example() + 1) / 2 * 2 + (layer.saved_per_call() + 1) / 2 * 2;
+}
 
 }  // namespace towers

@@ -52,6 +52,14 @@ int64_t Residual::saved_per_example() const {
   return total;
 }
 
+// Per inner layer, its per-call floats and up to two floats of padding: its saved buffer starts
+// on an even float (after its output), and saved_floats rounds its per-example part up to one.
+int64_t Residual::saved_per_call() const {
+  int64_t total = 0;
+  for (const auto& l : inner_) total += 2 + (l->saved_per_call() + 1) / 2 * 2;
+  return total;
+}
+
 int64_t Residual::flops_per_example() const {
   int64_t f = numel(in_shape());  // the sum
   for (const auto& l : inner_) f += l->flops_per_example();
@@ -67,13 +75,14 @@ int64_t Residual::batch_chunk() const {
 
 Residual::Slices Residual::slices(float* saved, int64_t n) const {
   Slices s;
-  float* p = saved;
+  int64_t at = 0;  // floats from `saved`, which starts 8-byte aligned
   for (const auto& l : inner_) {
-    s.act.push_back(p);
-    p += n * numel(l->out_shape());
-    s.saved.push_back(p);
-    p += n * l->saved_per_example();
+    s.act.push_back(saved + at);
+    at += (n * numel(l->out_shape()) + 1) / 2 * 2;
+    s.saved.push_back(saved + at);
+    at += saved_floats(*l, n);
   }
+  float* p = saved + at;
   s.err[0] = p;
   s.err[1] = p + n * widest_;
   return s;

@@ -4,10 +4,11 @@
 // declares their variables (under the inner layers' own names, at most kMaxLayerVars in all),
 // and runs their CPU or GPU calls in order.
 //
-// Its saved buffer holds, for a call on n examples, each inner layer's output and saved buffer,
-// then two ping-pong buffers for the errors between inner layers (written by backward: the
-// buffer is the tower's, used by this layer only). Backward runs the inner layers' backwards
-// in reverse; the first one writes dx, and the shortcut adds dy to it.
+// Its saved buffer holds, for a call on n examples, each inner layer's output and saved buffer
+// (saved_floats(inner, n), 8-byte aligned as the layer contract wants), then two ping-pong buffers
+// for the errors between inner layers (written by backward: the buffer is the tower's, used by this
+// layer only). Backward runs the inner layers' backwards in reverse; the first one writes dx, and
+// the shortcut adds dy to it.
 #pragma once
 
 #include <memory>
@@ -24,6 +25,7 @@ class Residual : public Layer {
   const std::vector<std::unique_ptr<Layer>>& inner() const { return inner_; }
   std::vector<ParamSpec> params() const override;
   int64_t saved_per_example() const override;
+  int64_t saved_per_call() const override;
   int64_t flops_per_example() const override;
   int64_t batch_chunk() const override;
   void forward(const ForwardArgs& a) const override;

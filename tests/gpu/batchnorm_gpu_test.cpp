@@ -66,13 +66,14 @@ TEST(BatchNormGpu, ForwardAndBackwardMatchCpuTwinBitwise) {
 
     // CPU: training forward, backward, evaluation forward.
     std::vector<float> y(count), yeval(count), dx(count), dg(c), db(c), dm(c), dv(c);
+    std::vector<float> saved(saved_floats(layer, k.n), NAN);
     ForwardArgs f;
-    f.n = k.n, f.x = x.data(), f.y = y.data();
+    f.n = k.n, f.x = x.data(), f.y = y.data(), f.saved = saved.data();
     f.params = {gamma.data(), beta.data(), rmean.data(), rvar.data()};
     layer.forward(f);
     BackwardArgs b;
     b.n = k.n, b.x = x.data(), b.y = y.data(), b.dy = dy.data(), b.dx = dx.data();
-    b.params = f.params;
+    b.params = f.params, b.saved = saved.data();
     b.grads = {dg.data(), db.data(), dm.data(), dv.data()};
     b.state_weight = weight;
     layer.backward(b);
@@ -84,17 +85,18 @@ TEST(BatchNormGpu, ForwardAndBackwardMatchCpuTwinBitwise) {
     DeviceArray<float> x_d(x), dy_d(dy), g_d(gamma), b_d(beta), m_d(rmean), v_d(rvar);
     DeviceArray<float> y_d(count), ye_d(count), dx_d(count), dg_d(c), db_d(c), dm_d(c), dv_d(c);
     DeviceArray<float> scratch(layer.gpu_scratch(k.n));  // as a tower gives a layer
+    DeviceArray<float> saved_d(saved_floats(layer, k.n));
     GpuExec e;
     e.stream = st.s;
     e.scratch = scratch.get();
     e.scratch_size = scratch.size();
     ForwardArgs gf;
-    gf.n = k.n, gf.x = x_d.get(), gf.y = y_d.get();
+    gf.n = k.n, gf.x = x_d.get(), gf.y = y_d.get(), gf.saved = saved_d.get();
     gf.params = {g_d.get(), b_d.get(), m_d.get(), v_d.get()};
     layer.forward_gpu(e, gf);
     BackwardArgs gb;
     gb.n = k.n, gb.x = x_d.get(), gb.y = y_d.get(), gb.dy = dy_d.get(), gb.dx = dx_d.get();
-    gb.params = gf.params;
+    gb.params = gf.params, gb.saved = saved_d.get();
     gb.grads = {dg_d.get(), db_d.get(), dm_d.get(), dv_d.get()};
     gb.state_weight = weight;
     layer.backward_gpu(e, gb);
@@ -144,13 +146,14 @@ TEST(BatchNormGpu, ItsSyncBnPathIsTheCpuTwinsBitwise) {
     // Examples [e0, e0 + n) as one tower of an exchange, on the CPU or the GPU.
     auto cpu = [&](int64_t e0, int64_t n, TowerExchange* ex, float weight) {
       Out o{std::vector<float>(n * per), std::vector<float>(n * per), std::vector<float>(4 * c)};
+      std::vector<float> saved(saved_floats(layer, n), NAN);
       ForwardArgs f;
-      f.n = n, f.x = x.data() + e0 * per, f.y = o.y.data(), f.exchange = ex;
+      f.n = n, f.x = x.data() + e0 * per, f.y = o.y.data(), f.exchange = ex, f.saved = saved.data();
       f.params = {gamma.data(), beta.data(), rmean.data(), rvar.data()};
       layer.forward(f);
       BackwardArgs b;
       b.n = n, b.x = f.x, b.y = o.y.data(), b.dy = dy.data() + e0 * per, b.dx = o.dx.data();
-      b.exchange = ex, b.params = f.params, b.state_weight = weight;
+      b.exchange = ex, b.params = f.params, b.state_weight = weight, b.saved = saved.data();
       for (int q = 0; q < 4; ++q) b.grads[q] = o.grads.data() + q * c;
       layer.backward(b);
       return o;
@@ -161,18 +164,18 @@ TEST(BatchNormGpu, ItsSyncBnPathIsTheCpuTwinsBitwise) {
       const std::vector<float> dys(dy.begin() + e0 * per, dy.begin() + (e0 + n) * per);
       DeviceArray<float> x_d(xs), dy_d(dys), g_d(gamma), b_d(beta), m_d(rmean), v_d(rvar);
       DeviceArray<float> y_d(n * per), dx_d(n * per), grads_d(4 * c);
-      DeviceArray<float> scratch(layer.gpu_scratch(n));
+      DeviceArray<float> scratch(layer.gpu_scratch(n)), saved_d(saved_floats(layer, n));
       GpuExec e;
       e.stream = st.s;
       e.scratch = scratch.get();
       e.scratch_size = scratch.size();
       ForwardArgs f;
-      f.n = n, f.x = x_d.get(), f.y = y_d.get(), f.exchange = ex;
+      f.n = n, f.x = x_d.get(), f.y = y_d.get(), f.exchange = ex, f.saved = saved_d.get();
       f.params = {g_d.get(), b_d.get(), m_d.get(), v_d.get()};
       layer.forward_gpu(e, f);
       BackwardArgs b;
       b.n = n, b.x = x_d.get(), b.y = y_d.get(), b.dy = dy_d.get(), b.dx = dx_d.get();
-      b.exchange = ex, b.params = f.params, b.state_weight = weight;
+      b.exchange = ex, b.params = f.params, b.state_weight = weight, b.saved = saved_d.get();
       for (int q = 0; q < 4; ++q) b.grads[q] = grads_d.get() + q * c;
       layer.backward_gpu(e, b);
       return Out{y_d.download(), dx_d.download(), grads_d.download()};

@@ -39,7 +39,7 @@ TEST(ResidualGpu, BasicBlockMatchesCpuTwin) {
   Residual block("block", std::move(inner));
   block.bind({c, 10, 10});
   const auto specs = block.params();
-  const int64_t count = n * numel(block.in_shape()), sv = n * block.saved_per_example();
+  const int64_t count = n * numel(block.in_shape()), sv = saved_floats(block, n);
   const std::vector<float> x = random_floats(count, 300), dy = random_floats(count, 301);
   std::vector<std::vector<float>> vars, grads;
   std::vector<std::unique_ptr<DeviceArray<float>>> vars_d, grads_d;
