@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The cost of --sync-bn (README, "Model files"): resnet-small (9 BatchNorm layers, so 45
-# exchanges per step) on synthetic 28x28x1 data, 2 sync towers of one thread each and 64
-# examples, with and without --sync-bn, in ROUNDS alternating rounds; next to them, 1 tower of
-# 2 threads and 128 examples, whose statistics --sync-bn reproduces. Prints, and writes to
+# The cost of --sync-bn (README, "Model files"): resnet-small (9 BatchNorm layers, so 27
+# exchanges per step: two in each forward, one in each backward) on synthetic 28x28x1 data, 2
+# sync towers of one thread each and 64 examples, with and without --sync-bn, in ROUNDS
+# alternating rounds; next to them, 1 tower of 2 threads and 128 examples, whose statistics
+# --sync-bn reproduces. Prints, and writes to
 # OUT/summary.txt, each run's training images/s and the medians.
 #   bench/run-sync-bn.sh [BUILD_DIR] [OUT_DIR]     STEPS=N (default 30), ROUNDS=N (default 3)
 set -euo pipefail

@@ -16,6 +16,7 @@
 #include "core/device.h"
 #include "core/rng.h"
 #include "kernels/gemm.h"
+#include "layers/batchnorm.h"
 #include "models/model_file.h"
 #include "models/models.h"
 #include "optim/optimizer.h"
@@ -76,6 +77,58 @@ BENCHMARK_CAPTURE(BM_TowerStep, cifar10_im2col, "cifar10", ConvAlgorithm::Im2col
     ->Apply([](auto* b) { step_args(b, true); });
 BENCHMARK_CAPTURE(BM_TowerStep, fashion, "fashion", ConvAlgorithm::Auto)
     ->Apply([](auto* b) { step_args(b, false); });
+
+// One BatchNorm layer's training forward and backward on batch 128 of (C, H, H), on the
+// default threads: resnet-small's three stages (24, 48, 96 channels). Args: C, H. The memory
+// the passes stream is the limit: a forward reads x three times (two moments, normalize) and
+// writes y, a backward reads x and dy twice (the sums, dx) and writes dx, at 4 bytes each.
+void BM_BatchNormStep(benchmark::State& state) {
+  const int64_t n = 128, c = state.range(0), h = state.range(1), count = n * c * h * h;
+  BatchNorm bn("bn", {});
+  bn.bind({c, h, h});
+  Rng rng(4);
+  std::vector<float> x(count), y(count), dy(count), dx(count);
+  for (float& v : x) v = rng.uniform(-2.0f, 3.0f);
+  for (float& v : dy) v = rng.uniform(-1.0f, 1.0f);
+  std::vector<float> gamma(c, 1.0f), beta(c, 0.0f), mean(c, 0.0f), var(c, 1.0f);
+  std::vector<float> dgamma(c), dbeta(c), dmean(c), dvar(c);
+  std::vector<double> saved((saved_floats(bn, n) + 1) / 2);  // 8-byte aligned floats
+  ForwardArgs f;
+  f.n = n, f.x = x.data(), f.y = y.data(), f.saved = reinterpret_cast<float*>(saved.data());
+  f.params = {gamma.data(), beta.data(), mean.data(), var.data()};
+  BackwardArgs b;
+  b.n = n, b.x = x.data(), b.y = y.data(), b.dy = dy.data(), b.dx = dx.data(), b.saved = f.saved;
+  b.params = f.params;
+  b.grads = {dgamma.data(), dbeta.data(), dmean.data(), dvar.data()};
+  // Validate: with gamma 1 and beta 0 each channel of y has mean 0 and variance about 1.
+  bn.forward(f);
+  double s = 0.0, q = 0.0;
+  for (int64_t e = 0; e < n; ++e)
+    for (int64_t i = 0; i < h * h; ++i) {
+      const double v = y[e * c * h * h + i];
+      s += v, q += v * v;
+    }
+  const double m = static_cast<double>(n * h * h);
+  if (std::fabs(s / m) > 1e-4 || std::fabs(q / m - 1.0) > 1e-3) {
+    state.SkipWithError("batchnorm forward failed validation");
+    return;
+  }
+  for (auto _ : state) {
+    bn.forward(f);
+    bn.backward(b);
+    benchmark::DoNotOptimize(dx.data());
+  }
+  state.counters["GB_per_sec"] = benchmark::Counter(4.0 * count * (4 + 5) * 1e-9,
+                                                    benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_BatchNormStep)
+    ->ArgNames({"C", "H"})
+    ->Args({24, 28})
+    ->Args({48, 14})
+    ->Args({96, 7})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(1.0);
 
 // The FLOP-rate limit: single-threaded OpenBLAS sgemm at conv2's shape (64 x 1152 x 1600,
 // one chunk of 8 images), run on `threads` threads at once as a tower does.
