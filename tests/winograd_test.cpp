@@ -167,7 +167,7 @@ TEST(Winograd, AppliesToStrideOneSameConvolutionsWithThreeOrFiveTaps) {
   EXPECT_EQ(shape(7, 1, kernels::Padding::Same).m, 0);
 }
 
-TEST(Winograd, AutoPicksItForWideFiveByFiveLayersOnly) {
+TEST(Winograd, AutoPicksItForWideThreeAndFiveByFiveLayersOnly) {
   auto algo = [](int64_t ci, int64_t co, int64_t k, ConvAlgorithm a) {
     Conv2DConfig c{co, k, 1, kernels::Padding::Same, true};
     c.algorithm = a;
@@ -177,7 +177,11 @@ TEST(Winograd, AutoPicksItForWideFiveByFiveLayersOnly) {
   };
   EXPECT_EQ(algo(64, 64, 5, ConvAlgorithm::Auto), ConvAlgorithm::Winograd);  // cifar10's conv2
   EXPECT_EQ(algo(3, 64, 5, ConvAlgorithm::Auto), ConvAlgorithm::Im2col);     // conv1: 3 channels
-  EXPECT_EQ(algo(64, 64, 3, ConvAlgorithm::Auto), ConvAlgorithm::Im2col);
+  EXPECT_EQ(algo(64, 64, 3, ConvAlgorithm::Auto), ConvAlgorithm::Winograd);  // F(4x4, 3x3)
+  EXPECT_EQ(algo(24, 16, 3, ConvAlgorithm::Auto), ConvAlgorithm::Winograd);
+  EXPECT_EQ(algo(1, 24, 3, ConvAlgorithm::Auto), ConvAlgorithm::Im2col);  // resnet-small's stem
+  EXPECT_EQ(algo(24, 8, 3, ConvAlgorithm::Auto), ConvAlgorithm::Im2col);
+  EXPECT_EQ(algo(64, 64, 1, ConvAlgorithm::Auto), ConvAlgorithm::Im2col);  // no transform
   EXPECT_EQ(algo(64, 64, 3, ConvAlgorithm::Winograd), ConvAlgorithm::Winograd);
   EXPECT_EQ(algo(64, 64, 5, ConvAlgorithm::Im2col), ConvAlgorithm::Im2col);
 }

@@ -68,7 +68,7 @@ Shape Conv2D::infer(const Shape& in) {
                    "and SAME padding (this is {}x{}, stride {}, {})", name(), cfg_.kernel,
                    cfg_.kernel, cfg_.stride, cfg_.padding == kernels::Padding::Same ? "SAME" : "VALID");
     wino_ = w;
-  } else if (cfg_.algorithm == ConvAlgorithm::Auto && w.r == 5 &&
+  } else if (cfg_.algorithm == ConvAlgorithm::Auto && w.m != 0 &&
              g.channels >= kWinogradMinChannels && cfg_.out_channels >= kWinogradMinChannels) {
     wino_ = w;
   }

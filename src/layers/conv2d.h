@@ -17,8 +17,8 @@ namespace towers {
 class CudnnConv;  // core/cudnn_conv.h
 
 // How a convolution is computed.
-//   auto      CPU: Winograd where it applies and pays: a 5x5 kernel, stride 1, SAME padding, at
-//             least kWinogradMinChannels input and output channels; else im2col.
+//   auto      CPU: Winograd where it applies and pays: a 3x3 or 5x5 kernel, stride 1, SAME
+//             padding, at least kWinogradMinChannels input and output channels; else im2col.
 //             GPU: cuDNN where its symmetric padding gives the layer's window; else im2col
 //   im2col    CPU: im2col + one GEMM per chunk of images; GPU: im2col + one cuBLAS GEMM
 //   winograd  CPU: Winograd (F(2x2, 5x5) or F(4x4, 3x3)); an error where it does not apply.
