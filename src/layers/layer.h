@@ -48,6 +48,10 @@ class TowerExchange {
   virtual void sum(double* values, int64_t count) = 0;
 };
 
+// A count of floats rounded up to an even one: slices of a saved buffer laid out in such
+// counts keep the 8-byte alignment of the buffer's start (see above).
+constexpr int64_t even_floats(int64_t floats) { return (floats + 1) / 2 * 2; }
+
 inline constexpr int kMaxLayerVars = 16;
 using VarViews = std::array<const float*, kMaxLayerVars>;
 using MutableVarViews = std::array<float*, kMaxLayerVars>;
@@ -105,7 +109,7 @@ class Layer {
   // rounded up to an even count so that they stay 8-byte aligned).
   template <class T>
   T* call_saved(T* saved, int64_t n) const {
-    return saved + (n * saved_per_example() + 1) / 2 * 2;
+    return saved + even_floats(n * saved_per_example());
   }
   virtual int64_t flops_per_example() const { return 0; }  // forward multiply-adds x 2
   // Examples the CPU path computes as one block: its weight gradient is the tree sum
@@ -138,7 +142,7 @@ class Layer {
 // The floats of saved buffer a call of `layer` on n examples needs (see above); a sum of
 // these keeps every call's buffer 8-byte aligned.
 inline int64_t saved_floats(const Layer& layer, int64_t n) {
-  return (n * layer.saved_per_example() + 1) / 2 * 2 + (layer.saved_per_call() + 1) / 2 * 2;
+  return even_floats(n * layer.saved_per_example()) + even_floats(layer.saved_per_call());
 }
 
 }  // namespace towers

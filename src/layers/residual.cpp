@@ -56,7 +56,7 @@ int64_t Residual::saved_per_example() const {
 // on an even float (after its output), and saved_floats rounds its per-example part up to one.
 int64_t Residual::saved_per_call() const {
   int64_t total = 0;
-  for (const auto& l : inner_) total += 2 + (l->saved_per_call() + 1) / 2 * 2;
+  for (const auto& l : inner_) total += 2 + even_floats(l->saved_per_call());
   return total;
 }
 
@@ -78,7 +78,7 @@ Residual::Slices Residual::slices(float* saved, int64_t n) const {
   int64_t at = 0;  // floats from `saved`, which starts 8-byte aligned
   for (const auto& l : inner_) {
     s.act.push_back(saved + at);
-    at += (n * numel(l->out_shape()) + 1) / 2 * 2;
+    at += even_floats(n * numel(l->out_shape()));
     s.saved.push_back(saved + at);
     at += saved_floats(*l, n);
   }
