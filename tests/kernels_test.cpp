@@ -1,6 +1,7 @@
-// Kernel tests: softmax cross-entropy, standardization, ReLU and the optimizer updates
-// against their formulas.
+// Kernel tests: softmax cross-entropy, standardization, ReLU, the GEMM wrapper and the
+// optimizer updates against their formulas.
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include "core/rng.h"
 #include "gradcheck.h"
 #include "kernels/activation.h"
+#include "kernels/gemm.h"
 #include "kernels/optimizer.h"
 #include "kernels/softmax_xent.h"
 #include "kernels/standardize.h"
@@ -97,6 +99,36 @@ TEST(Relu, ForwardAndBackward) {
   EXPECT_EQ(y, (std::vector<float>{0, 0, 2, 0, 4}));
   kernels::cpu::relu_backward(5, y.data(), dy.data(), dx.data());
   EXPECT_EQ(dx, (std::vector<float>{0, 0, 1, 0, 1}));
+}
+
+// beta = 0: whatever C held (NaN here) is overwritten, never added, and the columns past n of
+// a row (ldc > n) are left alone; beta != 0 still scales C. Against the sums in double.
+TEST(Gemm, BetaZeroOverwritesCAndLeavesItsRowPaddingAlone) {
+  const int64_t m = 5, n = 7, k = 9, ldc = n + 3;
+  Rng rng(61);
+  std::vector<float> a(m * k), b(k * n), c0(m * ldc);
+  for (auto* v : {&a, &b, &c0})
+    for (float& e : *v) e = rng.uniform(-1, 1);
+  const float sentinel = 12345.0f;
+  for (float beta : {0.0f, 0.5f}) {
+    std::vector<float> c(m * ldc);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < ldc; ++j)
+        c[i * ldc + j] = j >= n         ? sentinel
+                         : beta == 0.0f ? std::numeric_limits<float>::quiet_NaN()
+                                        : c0[i * ldc + j];
+    kernels::cpu::gemm(false, false, m, n, k, 2.0f, a.data(), k, b.data(), n, beta, c.data(), ldc);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < ldc; ++j) {
+        if (j >= n) {
+          EXPECT_EQ(c[i * ldc + j], sentinel) << "padding at " << i << "," << j;
+          continue;
+        }
+        double want = beta == 0.0f ? 0.0 : static_cast<double>(beta) * c0[i * ldc + j];
+        for (int64_t l = 0; l < k; ++l) want += 2.0 * a[i * k + l] * b[l * n + j];
+        EXPECT_NEAR(c[i * ldc + j], want, 1e-5) << "beta " << beta << " at " << i << "," << j;
+      }
+  }
 }
 
 // One variable of 3 floats through the Optimizer, checked step by step against the formulas.

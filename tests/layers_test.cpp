@@ -233,6 +233,43 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvWinogradTest,
                                   (c.relu ? "_relu" : "");
                          });
 
+// The bias gradient of one chunk of images (kChunk = 4 in conv2d.cpp) is each channel's
+// masked dy summed in double in (image, pixel) order and rounded once: the same bits however
+// the channels are grouped (7 = a group of 4 and 3 alone) and on either path.
+TEST(Conv2D, BiasGradientIsTheMaskedSumInImageThenPixelOrder) {
+  for (ConvAlgorithm alg : {ConvAlgorithm::Im2col, ConvAlgorithm::Winograd}) {
+    ConvCase c{16, 6, 6, 7, 3, 1, Padding::Same, true, alg};
+    if (alg == ConvAlgorithm::Winograd) c.co = 23;  // 16 or more channels: 5 groups and 3
+    const int64_t n = 3;
+    Conv2D conv("conv", c.config());
+    conv.bind({c.ci, c.h, c.w});
+    const int64_t P = c.h * c.w, in = n * c.ci * P, out = n * c.co * P;
+    auto x = random_vec(in, 71), w = random_vec(c.co * c.ci * c.k * c.k, 72),
+         b = random_vec(c.co, 73), dy = random_vec(out, 74);
+    std::vector<float> y(out), dx(in), dw(w.size()), db(c.co);
+    ForwardArgs f;
+    f.n = n, f.x = x.data(), f.y = y.data(), f.params = {w.data(), b.data()};
+    conv.forward(f);
+    BackwardArgs a;
+    a.n = n, a.x = x.data(), a.y = y.data(), a.dy = dy.data(), a.dx = dx.data();
+    a.params = {w.data(), b.data()};
+    a.grads = {dw.data(), db.data()};
+    conv.backward(a);
+    int64_t masked = 0;
+    for (int64_t ch = 0; ch < c.co; ++ch) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t p = 0; p < P; ++p) {
+          const int64_t at = (i * c.co + ch) * P + p;
+          masked += y[at] > 0.0f ? 0 : 1;
+          sum += y[at] > 0.0f ? dy[at] : 0.0f;
+        }
+      EXPECT_EQ(db[ch], static_cast<float>(sum)) << conv_algorithm_name(alg) << " channel " << ch;
+    }
+    EXPECT_GT(masked, 0) << "the ReLU masked nothing: the mask is untested";
+  }
+}
+
 TEST(Dense, ForwardIsXWtPlusB) {
   Dense d("fc", DenseConfig{3, false});
   d.bind({2, 2, 1});  // flattened to 4 in (C, H, W) order

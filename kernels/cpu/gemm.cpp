@@ -2,11 +2,24 @@
 
 #include <cblas.h>  // OpenBLAS: cblas_sgemm, openblas_set_num_threads
 
+#include <algorithm>
+
 namespace towers::kernels::cpu {
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc) {
+  // beta = 0: C is cleared here and the GEMM accumulates into it (beta = 1). OpenBLAS would
+  // clear it with its own scalar loop (sgemm_beta), which cost 5% of a cifar10 step on the
+  // CPU; 0 + x is x, so the result is the same to the bit.
+  if (beta == 0.0f && k > 0) {
+    if (ldc == n) {
+      std::fill(c, c + m * n, 0.0f);
+    } else {
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    }
+    beta = 1.0f;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,

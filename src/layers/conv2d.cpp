@@ -26,15 +26,33 @@ constexpr int64_t kChunk = 4;  // images per GEMM: big enough for an efficient G
                                // 64 x 576 x 1600), small enough that two towers' col buffers
                                // share the L3 cache
 
-// d = dy where y > 0 (relu) or dy; adds d to sum (the bias gradient), in order.
-void mask_dy(const float* dy, const float* y, bool relu, int64_t n, float* d, double& sum) {
-  if (relu)
-    for (int64_t p = 0; p < n; ++p) d[p] = y[p] > 0.0f ? dy[p] : 0.0f;
-  else
-    std::memcpy(d, dy, sizeof(float) * n);
-  for (int64_t p = 0; p < n; ++p) sum += d[p];
+// The masked dy of L channels from c0 (d = dy where y > 0 with relu, else dy) for images
+// [b0, b1), and each channel's bias gradient. Each channel's sum runs in double, in (image,
+// pixel) order, exactly as one channel alone; the L sums are independent, so their adds
+// overlap instead of waiting on one another's latency (one chain of dependent double adds
+// cost 4% of a cifar10 step).
+template <int L>
+void mask_dy(const float* dy, const float* y, bool relu, int64_t c0, int64_t b0, int64_t b1,
+             int64_t P, int64_t out_sz, float* g, int64_t c_stride, int64_t i_stride, float* db) {
+  double sum[L] = {};
+  for (int64_t i = b0; i < b1; ++i) {
+    const int64_t at = i * out_sz + c0 * P;
+    float* d = g + c0 * c_stride + (i - b0) * i_stride;
+    for (int l = 0; l < L; ++l) {
+      const float* dyl = dy + at + l * P;
+      const float* yl = y + at + l * P;
+      float* dl = d + l * c_stride;
+      if (relu)
+        for (int64_t p = 0; p < P; ++p) dl[p] = yl[p] > 0.0f ? dyl[p] : 0.0f;
+      else
+        std::memcpy(dl, dyl, sizeof(float) * P);
+    }
+    for (int64_t p = 0; p < P; ++p)
+      for (int l = 0; l < L; ++l) sum[l] += d[l * c_stride + p];
+  }
+  for (int l = 0; l < L; ++l) db[c0 + l] = static_cast<float>(sum[l]);
 }
-}
+}  // namespace
 
 std::optional<ConvAlgorithm> conv_algorithm_named(std::string_view name) {
   for (ConvAlgorithm a : {ConvAlgorithm::Auto, ConvAlgorithm::Im2col, ConvAlgorithm::Winograd})
@@ -145,15 +163,11 @@ void Conv2D::backward(const BackwardArgs& a) const {
     // The masked dy: (co, images * P) for im2col's GEMMs, (images, co, P) for Winograd.
     float* g = thread_scratch(ScratchSlot::Out, co * cols);
     const int64_t c_stride = wino_.m != 0 ? P : cols, i_stride = wino_.m != 0 ? out_sz : P;
-    for (int64_t c = 0; c < co; ++c) {
-      double bsum = 0.0;
-      for (int64_t i = b0; i < b1; ++i) {
-        const float* dy = a.dy + i * out_sz + c * P;
-        const float* y = a.y + i * out_sz + c * P;
-        mask_dy(dy, y, cfg_.relu, P, g + c * c_stride + (i - b0) * i_stride, bsum);
-      }
-      dbs[k][c] = static_cast<float>(bsum);
-    }
+    int64_t c = 0;
+    for (; c + 4 <= co; c += 4)
+      mask_dy<4>(a.dy, a.y, cfg_.relu, c, b0, b1, P, out_sz, g, c_stride, i_stride, dbs[k]);
+    for (; c < co; ++c)
+      mask_dy<1>(a.dy, a.y, cfg_.relu, c, b0, b1, P, out_sz, g, c_stride, i_stride, dbs[k]);
     if (wino_.m != 0)
       return kernels::cpu::winograd_backward(wino_, co, ci, b1 - b0, ut, a.x + b0 * in_sz, g,
                                              dws[k], a.dx != nullptr ? a.dx + b0 * in_sz : nullptr);
