@@ -55,9 +55,9 @@ WinogradShape winograd_shape(int64_t kernel, int64_t stride, Padding padding, in
 // whole vectors (kernels/cpu/winograd.cpp):
 //   U  (positions, ci, co)  the weights' transform                        winograd_weights
 //   Ut (positions, co, ci)  that of the flipped kernel, for dx             (for_dx = true)
-//   V  (positions, T, Cp)   an input's transform, B^T d B per tile
-//   M  (positions, T, Cp)   the GEMMs' products, A^T m A per tile to NCHW output
-//   Dy (positions, T, Cp)   the adjoint of the output transform, A dy A^T per tile
+//   V  (T, positions, Cp)   an input's transform, B^T d B per tile
+//   M  (T, positions, Cp)   the GEMMs' products, A^T m A per tile to NCHW output
+//   Dy (T, positions, Cp)   the adjoint of the output transform, A dy A^T per tile
 //   dU (positions, co, ci)  to dW (co, ci, r, r), the weight transform's adjoint
 // w is (co, ci, r, r); x, y, dy and dx are (images, c, height, width).
 void winograd_weights(const WinogradShape& s, int64_t co, int64_t ci, const float* w, bool for_dx,

@@ -86,7 +86,7 @@ struct Mats {
 };
 
 // The tile transforms run over blocks of kLanes channels, the channel innermost, so that each
-// step is a vector operation: the transformed arrays are (positions, T, channels rounded up
+// step is a vector operation: the transformed arrays are (T, positions, channels rounded up
 // to kLanes), and the GEMMs read and write them with that leading dimension.
 constexpr int kLanes = 8;
 int64_t lanes_up(int64_t c) { return (c + kLanes - 1) / kLanes * kLanes; }
@@ -126,19 +126,31 @@ Scratch& scratch() {
 }
 
 // x (images, C, H, W) channels-last in this thread's scratch: (images, Hp, Wp, lanes_up(C)),
-// each plane at (off, off), zeros around it and in the lanes past C.
+// each plane at (off, off), zeros around it and in the lanes past C. Only the border and the
+// lanes past C are cleared; the plane's pixels are written once, kLanes channels of a pixel
+// side by side (one vector store, from kLanes rows of x).
 const float* channels_last(const float* x, int64_t images, int64_t C, int64_t H, int64_t Wd,
                            int64_t Hp, int64_t Wp, int64_t off) {
-  const int64_t Cp = lanes_up(C), floats = images * Hp * Wp * Cp;
+  const int64_t Cp = lanes_up(C), floats = images * Hp * Wp * Cp, full = C / kLanes * kLanes;
   float* out = Scratch::get(scratch().planes, floats);
-  std::fill(out, out + floats, 0.0f);
   for (int64_t i = 0; i < images; ++i)
-    for (int64_t y = 0; y < H; ++y)
-      for (int64_t c = 0; c < C; ++c) {
-        const float* src = x + ((i * C + c) * H + y) * Wd;
-        float* dst = out + ((i * Hp + y + off) * Wp + off) * Cp + c;
-        for (int64_t xx = 0; xx < Wd; ++xx) dst[xx * Cp] = src[xx];
+    for (int64_t yp = 0; yp < Hp; ++yp) {
+      float* row = out + (i * Hp + yp) * Wp * Cp;
+      const int64_t y = yp - off;
+      if (y < 0 || y >= H) {
+        std::fill(row, row + Wp * Cp, 0.0f);
+        continue;
       }
+      std::fill(row, row + off * Cp, 0.0f);
+      std::fill(row + (off + Wd) * Cp, row + Wp * Cp, 0.0f);
+      float* dst = row + off * Cp;
+      const float* src = x + (i * C * H + y) * Wd;  // channel c's row at src + c * H * Wd
+      for (int64_t cb = 0; cb < full; cb += kLanes)
+        for (int64_t xx = 0; xx < Wd; ++xx)
+          for (int j = 0; j < kLanes; ++j) dst[xx * Cp + cb + j] = src[(cb + j) * H * Wd + xx];
+      for (int64_t xx = 0; xx < Wd; ++xx)
+        for (int64_t c = full; c < Cp; ++c) dst[xx * Cp + c] = c < C ? src[c * H * Wd + xx] : 0.0f;
+    }
   return out;
 }
 
@@ -163,13 +175,13 @@ void for_each_tile(const WinogradShape& s, int64_t C, int64_t images, F f) {
         for (int64_t cb = 0; cb < Cp; cb += kLanes) f(i, ti, tj, (i * th + ti) * tw + tj, cb);
 }
 
-// planes() of an input -> v (positions, T, lanes_up(C)).
+// planes() of an input -> v (T, positions, lanes_up(C)).
 template <int M, int R>
 void input(const WinogradShape& s, int64_t C, int64_t images, const float* pad, float* v) {
   using W = Mats<M, R>;
   constexpr int A = W::A;
   const int64_t th = s.tiles_h(), tw = s.tiles_w();
-  const int64_t T = images * th * tw, Cp = lanes_up(C);
+  const int64_t Cp = lanes_up(C);
   const int64_t Hp = th * M + R - 1, Wp = tw * M + R - 1;
   for_each_tile(s, C, images, [&](int64_t i, int64_t ti, int64_t tj, int64_t t, int64_t cb) {
     const float* base = pad + ((i * Hp + ti * M) * Wp + tj * M) * Cp;
@@ -181,23 +193,23 @@ void input(const WinogradShape& s, int64_t C, int64_t images, const float* pad, 
     for (int a = 0; a < A; ++a)
       product_lanes<A, A, false, typename W::BT>(
           [&](int k) { return rows[a][k]; },
-          [&](int b) { return v + ((a * A + b) * T + t) * Cp + cb; });
+          [&](int b) { return v + ((t * A + a) * A + b) * Cp + cb; });
   });
 }
 
-// m (positions, T, lanes_up(C)) -> y (images, C, H, W), plus bias[c] (unless null), ReLU.
+// m (T, positions, lanes_up(C)) -> y (images, C, H, W), plus bias[c] (unless null), ReLU.
 template <int M, int R>
 void output(const WinogradShape& s, int64_t C, int64_t images, const float* m, const float* bias,
             bool relu, float* y) {
   using W = Mats<M, R>;
   constexpr int A = W::A;
-  const int64_t H = s.height, Wd = s.width, th = s.tiles_h(), tw = s.tiles_w();
-  const int64_t T = images * th * tw, Cp = lanes_up(C);
+  const int64_t H = s.height, Wd = s.width;
+  const int64_t Cp = lanes_up(C);
   for_each_tile(s, C, images, [&](int64_t i, int64_t ti, int64_t tj, int64_t t, int64_t cb) {
     float half[M][A][kLanes];  // A^T m, down the columns
     for (int b = 0; b < A; ++b)
       product_lanes<M, A, false, typename W::AT>(
-          [&](int a) { return m + ((a * A + b) * T + t) * Cp + cb; },
+          [&](int a) { return m + ((t * A + a) * A + b) * Cp + cb; },
           [&](int u) { return half[u][b]; });
     float out[M][M][kLanes];
     for (int u = 0; u < M; ++u)
@@ -217,13 +229,13 @@ void output(const WinogradShape& s, int64_t C, int64_t images, const float* m, c
   });
 }
 
-// planes() of dy -> out (positions, T, lanes_up(C)) = A dy_tile A^T per tile.
+// planes() of dy -> out (T, positions, lanes_up(C)) = A dy_tile A^T per tile.
 template <int M, int R>
 void output_adjoint(const WinogradShape& s, int64_t C, int64_t images, const float* pad, float* out) {
   using W = Mats<M, R>;
   constexpr int A = W::A, P = (R - 1) / 2;
   const int64_t th = s.tiles_h(), tw = s.tiles_w();
-  const int64_t T = images * th * tw, Cp = lanes_up(C);
+  const int64_t Cp = lanes_up(C);
   const int64_t Hp = th * M + R - 1, Wp = tw * M + R - 1;
   for_each_tile(s, C, images, [&](int64_t i, int64_t ti, int64_t tj, int64_t t, int64_t cb) {
     const float* base = pad + ((i * Hp + ti * M + P) * Wp + tj * M + P) * Cp;
@@ -235,7 +247,7 @@ void output_adjoint(const WinogradShape& s, int64_t C, int64_t images, const flo
     for (int b = 0; b < A; ++b)
       product_lanes<A, M, true, typename W::AT>(
           [&](int u) { return half[u][b]; },
-          [&](int a) { return out + ((a * A + b) * T + t) * Cp + cb; });
+          [&](int a) { return out + ((t * A + a) * A + b) * Cp + cb; });
   });
 }
 
@@ -325,12 +337,15 @@ void winograd_forward(const WinogradShape& s, int64_t co, int64_t ci, int64_t im
   Scratch& sc = scratch();
   float* v = Scratch::get(sc.v, pos * T * cpi);
   float* m = Scratch::get(sc.m, pos * T * cpo);
-  if (cpo != co) std::fill(m, m + pos * T * cpo, 0.0f);  // the lanes past co, never written
+  // The GEMMs add their products to m, cleared here in one pass (rather than row by row,
+  // T * pos rows of co floats, for beta = 0); that also zeroes the lanes past co, which no
+  // GEMM writes.
+  std::fill(m, m + pos * T * cpo, 0.0f);
   with_form(s, [&]<int M, int R>() { input<M, R>(s, ci, images, planes<M, R>(s, ci, images, x), v); });
-  // M[xi] (T, co) = V[xi] (T, ci) * U[xi] (ci, co)
+  // M[xi] (T, co) = V[xi] (T, ci) * U[xi] (ci, co); V[xi]'s rows are pos * cpi apart
   for (int xi = 0; xi < pos; ++xi)
-    gemm(false, false, T, co, ci, 1.0f, v + xi * T * cpi, cpi, u + xi * ci * co, co, 0.0f,
-         m + xi * T * cpo, cpo);
+    gemm(false, false, T, co, ci, 1.0f, v + xi * cpi, pos * cpi, u + xi * ci * co, co, 1.0f,
+         m + xi * cpo, pos * cpo);
   with_form(s, [&]<int M, int R>() { output<M, R>(s, co, images, m, bias, relu, y); });
 }
 
@@ -349,17 +364,17 @@ void winograd_backward(const WinogradShape& s, int64_t co, int64_t ci, int64_t i
     const float* gp = planes<M, R>(s, co, images, g);
     output_adjoint<M, R>(s, co, images, gp, m);
     for (int xi = 0; xi < pos; ++xi)
-      gemm(true, false, co, ci, T, 1.0f, m + xi * T * cpo, cpo, v + xi * T * cpi, cpi, 0.0f,
+      gemm(true, false, co, ci, T, 1.0f, m + xi * cpo, pos * cpo, v + xi * cpi, pos * cpi, 0.0f,
            du + xi * co * ci, ci);
     weights_adjoint<M, R>(co, ci, du, dw);
     if (dx == nullptr) return;
     // dx: the forward convolution of g with the flipped kernel, ci outputs from co inputs:
     // Mdx[xi] (T, ci) = Vg[xi] (T, co) * Ut[xi] (co, ci)
     input<M, R>(s, co, images, gp, m);
-    if (cpi != ci) std::fill(v, v + pos * T * cpi, 0.0f);
+    std::fill(v, v + pos * T * cpi, 0.0f);  // as m in the forward
     for (int xi = 0; xi < pos; ++xi)
-      gemm(false, false, T, ci, co, 1.0f, m + xi * T * cpo, cpo, ut + xi * co * ci, ci, 0.0f,
-           v + xi * T * cpi, cpi);
+      gemm(false, false, T, ci, co, 1.0f, m + xi * cpo, pos * cpo, ut + xi * co * ci, ci, 1.0f,
+           v + xi * cpi, pos * cpi);
     output<M, R>(s, ci, images, v, nullptr, false, dx);
   });
 }
