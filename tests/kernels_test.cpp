@@ -1,7 +1,9 @@
 // Kernel tests: softmax cross-entropy, standardization, ReLU, the GEMM wrapper and the
 // optimizer updates against their formulas.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -101,32 +103,43 @@ TEST(Relu, ForwardAndBackward) {
   EXPECT_EQ(dx, (std::vector<float>{0, 0, 1, 0, 1}));
 }
 
-// beta = 0: whatever C held (NaN here) is overwritten, never added, and the columns past n of
-// a row (ldc > n) are left alone; beta != 0 still scales C. Against the sums in double.
+// beta = 0: whatever C held (NaN here) is overwritten, never added, with or without row
+// padding (ldc > n: the columns past n are left alone) and when k = 0 (C = 0); beta != 0
+// still scales C. Against the sums in double.
 TEST(Gemm, BetaZeroOverwritesCAndLeavesItsRowPaddingAlone) {
-  const int64_t m = 5, n = 7, k = 9, ldc = n + 3;
-  Rng rng(61);
-  std::vector<float> a(m * k), b(k * n), c0(m * ldc);
-  for (auto* v : {&a, &b, &c0})
-    for (float& e : *v) e = rng.uniform(-1, 1);
+  struct Case {
+    int64_t pad, k;
+    float alpha, beta;
+  };
+  const int64_t m = 5, n = 7;
   const float sentinel = 12345.0f;
-  for (float beta : {0.0f, 0.5f}) {
+  for (const Case cs : {Case{3, 9, 2.0f, 0.0f}, Case{3, 9, 2.0f, 0.5f}, Case{0, 9, 1.0f, 0.0f},
+                        Case{0, 0, 1.0f, 0.0f}}) {
+    const int64_t k = cs.k, ldc = n + cs.pad;
+    Rng rng(61);
+    std::vector<float> a(m * std::max<int64_t>(k, 1)), b(std::max<int64_t>(k, 1) * n), c0(m * ldc);
+    for (auto* v : {&a, &b, &c0})
+      for (float& e : *v) e = rng.uniform(-1, 1);
     std::vector<float> c(m * ldc);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < ldc; ++j)
-        c[i * ldc + j] = j >= n         ? sentinel
-                         : beta == 0.0f ? std::numeric_limits<float>::quiet_NaN()
-                                        : c0[i * ldc + j];
-    kernels::cpu::gemm(false, false, m, n, k, 2.0f, a.data(), k, b.data(), n, beta, c.data(), ldc);
+        c[i * ldc + j] = j >= n            ? sentinel
+                         : cs.beta == 0.0f ? std::numeric_limits<float>::quiet_NaN()
+                                           : c0[i * ldc + j];
+    kernels::cpu::gemm(false, false, m, n, k, cs.alpha, a.data(), std::max<int64_t>(k, 1), b.data(),
+                       n, cs.beta, c.data(), ldc);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < ldc; ++j) {
+        const std::string at = "k " + std::to_string(k) + ", ldc " + std::to_string(ldc) +
+                               ", beta " + std::to_string(cs.beta) + " at " + std::to_string(i) +
+                               "," + std::to_string(j);
         if (j >= n) {
-          EXPECT_EQ(c[i * ldc + j], sentinel) << "padding at " << i << "," << j;
+          EXPECT_EQ(c[i * ldc + j], sentinel) << at;
           continue;
         }
-        double want = beta == 0.0f ? 0.0 : static_cast<double>(beta) * c0[i * ldc + j];
-        for (int64_t l = 0; l < k; ++l) want += 2.0 * a[i * k + l] * b[l * n + j];
-        EXPECT_NEAR(c[i * ldc + j], want, 1e-5) << "beta " << beta << " at " << i << "," << j;
+        double want = cs.beta == 0.0f ? 0.0 : static_cast<double>(cs.beta) * c0[i * ldc + j];
+        for (int64_t l = 0; l < k; ++l) want += double{cs.alpha} * a[i * k + l] * b[l * n + j];
+        EXPECT_NEAR(c[i * ldc + j], want, 1e-5) << at;
       }
   }
 }

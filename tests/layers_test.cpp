@@ -235,11 +235,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ConvWinogradTest,
 
 // The bias gradient of one chunk of images (kChunk = 4 in conv2d.cpp) is each channel's
 // masked dy summed in double in (image, pixel) order and rounded once: the same bits however
-// the channels are grouped (7 = a group of 4 and 3 alone) and on either path.
+// the channels are grouped (4 at a time, the rest alone) and on either path. Each channel's
+// dy holds +2^60 at its first unmasked pixel of image 0 and -2^60 at that of image 1, so a
+// double sum loses what it adds between the two and the order shows: the test also checks
+// that the (pixel, image) order gives other bits for some channel.
 TEST(Conv2D, BiasGradientIsTheMaskedSumInImageThenPixelOrder) {
   for (ConvAlgorithm alg : {ConvAlgorithm::Im2col, ConvAlgorithm::Winograd}) {
     ConvCase c{16, 6, 6, 7, 3, 1, Padding::Same, true, alg};
-    if (alg == ConvAlgorithm::Winograd) c.co = 23;  // 16 or more channels: 5 groups and 3
+    if (alg == ConvAlgorithm::Winograd) c.co = 23;  // 5 groups of 4 and 3 alone
     const int64_t n = 3;
     Conv2D conv("conv", c.config());
     conv.bind({c.ci, c.h, c.w});
@@ -250,23 +253,34 @@ TEST(Conv2D, BiasGradientIsTheMaskedSumInImageThenPixelOrder) {
     ForwardArgs f;
     f.n = n, f.x = x.data(), f.y = y.data(), f.params = {w.data(), b.data()};
     conv.forward(f);
+    for (int64_t ch = 0; ch < c.co; ++ch)
+      for (int64_t i = 0; i < 2; ++i)
+        for (int64_t p = 0; p < P; ++p)
+          if (const int64_t at = (i * c.co + ch) * P + p; y[at] > 0.0f) {
+            dy[at] = std::ldexp(i == 0 ? 1.0f : -1.0f, 60);
+            break;
+          }
     BackwardArgs a;
     a.n = n, a.x = x.data(), a.y = y.data(), a.dy = dy.data(), a.dx = dx.data();
     a.params = {w.data(), b.data()};
     a.grads = {dw.data(), db.data()};
     conv.backward(a);
-    int64_t masked = 0;
+    const auto masked = [&](int64_t i, int64_t ch, int64_t p) {
+      const int64_t at = (i * c.co + ch) * P + p;
+      return y[at] > 0.0f ? dy[at] : 0.0f;
+    };
+    int64_t zeros = 0, order_shows = 0;
     for (int64_t ch = 0; ch < c.co; ++ch) {
-      double sum = 0.0;
+      double sum = 0.0, other = 0.0;
       for (int64_t i = 0; i < n; ++i)
-        for (int64_t p = 0; p < P; ++p) {
-          const int64_t at = (i * c.co + ch) * P + p;
-          masked += y[at] > 0.0f ? 0 : 1;
-          sum += y[at] > 0.0f ? dy[at] : 0.0f;
-        }
+        for (int64_t p = 0; p < P; ++p) sum += masked(i, ch, p), zeros += masked(i, ch, p) == 0;
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t i = 0; i < n; ++i) other += masked(i, ch, p);
       EXPECT_EQ(db[ch], static_cast<float>(sum)) << conv_algorithm_name(alg) << " channel " << ch;
+      order_shows += static_cast<float>(other) != static_cast<float>(sum);
     }
-    EXPECT_GT(masked, 0) << "the ReLU masked nothing: the mask is untested";
+    EXPECT_GT(zeros, 0) << "the ReLU masked nothing: the mask is untested";
+    EXPECT_GT(order_shows, 0) << "no channel's bits depend on the order: the order is untested";
   }
 }
 

@@ -9,10 +9,15 @@ namespace towers::kernels::cpu {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc) {
-  // beta = 0: C is cleared here and the GEMM accumulates into it (beta = 1). OpenBLAS would
-  // clear it with its own scalar loop (sgemm_beta), which cost 5% of a cifar10 step on the
-  // CPU; 0 + x is x, so the result is the same to the bit.
-  if (beta == 0.0f && k > 0) {
+  // beta = 0 without AVX-512: C is cleared here (a vector fill) and OpenBLAS accumulates into
+  // it (beta = 1). OpenBLAS 0.3.21's own clearing is a scalar loop there (sgemm_beta), which
+  // cost 5% of a cifar10 step on a 2-core AVX2 machine; 0 + x is x (-0 products aside, which
+  // OpenBLAS's accumulating kernels also give as +0), so the bits are the same. With AVX-512
+  // its clearing is vectorized, and small row-major products with alpha = 1 and beta = 0 go
+  // to its sgemm_direct kernel, which sums in an order of its own: there the call passes
+  // through unchanged, so each kind of machine keeps the bits it had.
+  static const bool blas_clears_fast = __builtin_cpu_supports("avx512f");
+  if (beta == 0.0f && k > 0 && !blas_clears_fast) {
     if (ldc == n) {
       std::fill(c, c + m * n, 0.0f);
     } else {

@@ -87,7 +87,8 @@ struct Mats {
 
 // The tile transforms run over blocks of kLanes channels, the channel innermost, so that each
 // step is a vector operation: the transformed arrays are (T, positions, channels rounded up
-// to kLanes), and the GEMMs read and write them with that leading dimension.
+// to kLanes, Cp), a tile's positions one contiguous block; position xi's GEMM reads or
+// writes the T rows starting at xi * Cp, positions * Cp apart.
 constexpr int kLanes = 8;
 int64_t lanes_up(int64_t c) { return (c + kLanes - 1) / kLanes * kLanes; }
 
@@ -337,14 +338,11 @@ void winograd_forward(const WinogradShape& s, int64_t co, int64_t ci, int64_t im
   Scratch& sc = scratch();
   float* v = Scratch::get(sc.v, pos * T * cpi);
   float* m = Scratch::get(sc.m, pos * T * cpo);
-  // The GEMMs add their products to m, cleared here in one pass (rather than row by row,
-  // T * pos rows of co floats, for beta = 0); that also zeroes the lanes past co, which no
-  // GEMM writes.
-  std::fill(m, m + pos * T * cpo, 0.0f);
+  if (cpo != co) std::fill(m, m + pos * T * cpo, 0.0f);  // the lanes past co, never written
   with_form(s, [&]<int M, int R>() { input<M, R>(s, ci, images, planes<M, R>(s, ci, images, x), v); });
   // M[xi] (T, co) = V[xi] (T, ci) * U[xi] (ci, co); V[xi]'s rows are pos * cpi apart
   for (int xi = 0; xi < pos; ++xi)
-    gemm(false, false, T, co, ci, 1.0f, v + xi * cpi, pos * cpi, u + xi * ci * co, co, 1.0f,
+    gemm(false, false, T, co, ci, 1.0f, v + xi * cpi, pos * cpi, u + xi * ci * co, co, 0.0f,
          m + xi * cpo, pos * cpo);
   with_form(s, [&]<int M, int R>() { output<M, R>(s, co, images, m, bias, relu, y); });
 }
@@ -371,9 +369,9 @@ void winograd_backward(const WinogradShape& s, int64_t co, int64_t ci, int64_t i
     // dx: the forward convolution of g with the flipped kernel, ci outputs from co inputs:
     // Mdx[xi] (T, ci) = Vg[xi] (T, co) * Ut[xi] (co, ci)
     input<M, R>(s, co, images, gp, m);
-    std::fill(v, v + pos * T * cpi, 0.0f);  // as m in the forward
+    if (cpi != ci) std::fill(v, v + pos * T * cpi, 0.0f);
     for (int xi = 0; xi < pos; ++xi)
-      gemm(false, false, T, ci, co, 1.0f, m + xi * cpo, pos * cpo, ut + xi * co * ci, ci, 1.0f,
+      gemm(false, false, T, ci, co, 1.0f, m + xi * cpo, pos * cpo, ut + xi * co * ci, ci, 0.0f,
            v + xi * cpi, pos * cpi);
     output<M, R>(s, ci, images, v, nullptr, false, dx);
   });
