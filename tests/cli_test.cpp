@@ -275,6 +275,19 @@ TEST(CliBadInput, NonsenseFlags) {
   expect_error(run_towers(kQuick + "--steps 5 --mode ssp" + m), {"--staleness"});
   expect_error(run_towers(kQuick + "--steps 5 --towers 2 --replicas-to-aggregate 3" + m), {"--replicas-to-aggregate"});
   expect_error(run_towers(kQuick + "--steps 5 --towers 2 --slow-tower 2:10" + m), {"--slow-tower", "2:10"});
+  expect_error(
+      run_towers(kQuick + "--steps 5 --towers 3 --slow-tower 2:lately --replicas-to-aggregate 2" +
+                 m),
+      {"--slow-tower", "2:lately"});
+  expect_error(run_towers(kQuick + "--steps 5 --towers 3 --slow-tower 2:late" + m),
+               {"--slow-tower 2:late", "--replicas-to-aggregate below --towers"});
+  expect_error(run_towers(kQuick + "--steps 5 --towers 3 --mode async --slow-tower 1:late" + m),
+               {"--slow-tower 1:late", "--mode sync"});
+  expect_error(run_towers(kQuick +
+                          "--steps 5 --towers 3 --replicas-to-aggregate 2 --slow-tower 1:late "
+                          "--slow-tower 2:late" +
+                          m),
+               {"--slow-tower", "2 late towers", "leaves room for 1"});
   expect_error(run_towers(kQuick + "--steps 5 --use-locking" + m), {"--use-locking"});
   expect_error(run_towers(kQuick + "--steps 5 --params gpu" + m), {"--params", "gpu"});
   expect_error(run_towers(kQuick + "--steps 5 --params mirrored" + m), {"--params mirrored", "--device cuda"});

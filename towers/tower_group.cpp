@@ -167,6 +167,11 @@ void TowerGroup::straggle(int tower) const {
     if (t == cfg_.first_tower + tower) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
+bool TowerGroup::late(int tower) const {
+  const std::vector<int>& l = cfg_.late_towers;
+  return std::find(l.begin(), l.end(), cfg_.first_tower + tower) != l.end();
+}
+
 void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augment,
                      uint64_t seed, int64_t start_version, int64_t end_version,
                      int64_t first_batch, RunHooks hooks) {
@@ -289,6 +294,16 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
       s.stats = planned ? t.compute_gradients_planned(plans, labels, batch_, grad_scale)
                         : t.compute_gradients(images, labels, batch_, grad_scale);
       straggle(i);
+      if (late(i)) {
+        // Always late: hold the gradient until the version it was computed on has been
+        // applied without it. Outside the gate, which side work (made due by that very
+        // update, or the next) takes exclusively, and which the towers that apply need.
+        g.unlock();
+        while (store_.version() <= s.version_read && !stop.load() &&
+               store_.version() < end_version && !hooks.stop_requested())
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        g.lock();
+      }
       s.seconds = seconds_since(t0);
       out = policy.submit(s, ctx);
     } catch (const ExchangeAbandoned&) {

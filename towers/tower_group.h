@@ -69,6 +69,7 @@ class TowerGroup {
 
  private:
   void straggle(int tower) const;
+  bool late(int tower) const;
   // ModeContext::push: the gradient guard (EngineConfig::clip_grad_norm, check_grad_norm)
   // around the store's push and wait, on the pushing tower's host threads.
   void guarded_push(const float* grads, int tower, UpdateRecord& rec);

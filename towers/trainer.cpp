@@ -117,17 +117,28 @@ int all_towers(const TrainConfig& c) {
              : c.towers;
 }
 
-std::vector<std::pair<int, int>> parse_slow_towers(const std::vector<std::string>& specs,
-                                                   int towers) {
-  std::vector<std::pair<int, int>> out;
+// --slow-tower's specs: TOWER:MS sleeps, TOWER:late towers that are always late.
+struct SlowTowers {
+  std::vector<std::pair<int, int>> sleeps;
+  std::vector<int> late;
+};
+
+SlowTowers parse_slow_towers(const std::vector<std::string>& specs, int towers) {
+  SlowTowers out;
   for (const std::string& s : specs) {
-    int t = -1, ms = -1;
+    int t = -1, ms = -1, used = 0;
     char tail = 0;
-    const bool ok = std::sscanf(s.c_str(), "%d:%d%c", &t, &ms, &tail) == 2;
-    TOWERS_REQUIRE(ok && t >= 0 && t < towers && ms >= 0,
-                   "--slow-tower '{}': expected TOWER:MILLISECONDS with 0 <= TOWER < {}", s,
-                   towers);
-    out.emplace_back(t, ms);
+    const bool late =
+        std::sscanf(s.c_str(), "%d:late%n", &t, &used) == 1 && used == static_cast<int>(s.size());
+    const bool ok = late || std::sscanf(s.c_str(), "%d:%d%c", &t, &ms, &tail) == 2;
+    TOWERS_REQUIRE(ok && t >= 0 && t < towers && (late || ms >= 0),
+                   "--slow-tower '{}': expected TOWER:MILLISECONDS or TOWER:late with 0 <= "
+                   "TOWER < {}",
+                   s, towers);
+    if (late)
+      out.late.push_back(t);
+    else
+      out.sleeps.emplace_back(t, ms);
   }
   return out;
 }
@@ -213,7 +224,20 @@ void validate(const TrainConfig& c) {
                  "--clip-grad-norm must be a finite number >= 0 (0: off), got {}", c.clip_grad_norm);
   TOWERS_REQUIRE(c.lr_scaling == "none" || c.lr_scaling == "linear",
                  "--lr-scaling: unknown rule '{}' (known: none, linear)", c.lr_scaling);
-  parse_slow_towers(c.slow_towers, all_towers(c));
+  const SlowTowers slow = parse_slow_towers(c.slow_towers, all_towers(c));
+  if (!slow.late.empty()) {
+    // A late tower waits for its version's update; only backup towers apply one without it.
+    const int k = c.replicas_to_aggregate == 0 ? c.towers : c.replicas_to_aggregate;
+    TOWERS_REQUIRE(mode == Mode::Sync && k < c.towers && !remote::cluster_requested(c.cluster),
+                   "--slow-tower {}:late holds each gradient until its version has been applied "
+                   "without it: that needs --mode sync with --replicas-to-aggregate below "
+                   "--towers, in one process (here every update would wait for it forever)",
+                   slow.late.front());
+    TOWERS_REQUIRE(static_cast<int>(slow.late.size()) <= c.towers - k,
+                   "--slow-tower: {} late towers, but --replicas-to-aggregate {} of --towers {} "
+                   "leaves room for {}: the others could never make an update",
+                   slow.late.size(), k, c.towers, c.towers - k);
+  }
   TOWERS_REQUIRE(c.batch >= 1, "--batch must be at least 1, got {}", c.batch);
   TOWERS_REQUIRE(c.batch <= 65536, "--batch {} is too large (at most 65536 per tower)", c.batch);
   TOWERS_REQUIRE(c.epochs >= 0.0 && std::isfinite(c.epochs), "--epochs must be >= 0, got {}", c.epochs);
@@ -411,7 +435,9 @@ EngineConfig engine_config(const TrainConfig& c, int threads, std::string& place
   ec.staleness = std::max<int64_t>(c.staleness, 0);
   ec.use_locking = c.use_locking;
   ec.staleness_aware_lr = c.staleness_aware_lr;
-  ec.stragglers = parse_slow_towers(c.slow_towers, all_towers(c));
+  const SlowTowers slow = parse_slow_towers(c.slow_towers, all_towers(c));
+  ec.stragglers = slow.sleeps;
+  ec.late_towers = slow.late;
   ec.clip_grad_norm = c.clip_grad_norm;
   ec.sync_bn = c.sync_bn;
   ec.check_grad_norm = c.on_divergence == "skip-step";

@@ -177,8 +177,11 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
       ->capture_default_str();
   app.add_option("--lr-scaling", c.lr_scaling,
                  "none, or linear: lr x the towers whose gradients make one update")->capture_default_str();
-  app.add_option("--slow-tower", c.slow_towers,
-                 "TOWER:MS: tower TOWER sleeps MS milliseconds per step (a straggler, to study them)");
+  app.add_option(
+      "--slow-tower", c.slow_towers,
+      "TOWER:MS: tower TOWER sleeps MS milliseconds per step (a straggler, to study them); "
+      "TOWER:late: it holds each gradient until its version has been applied without "
+      "it (sync with --replicas-to-aggregate below --towers)");
   app.add_option("--seed", c.seed, "seed of initialisation, example order and augmentation")
       ->capture_default_str();
   std::string optimizer_help = "optimizer:";

@@ -47,6 +47,9 @@ struct EngineConfig {
   bool use_locking = false;       // async/ssp
   bool staleness_aware_lr = false;
   std::vector<std::pair<int, int>> stragglers;  // (tower, extra milliseconds per step)
+  // Towers that give each gradient only once the version they read has been applied without
+  // them: always late (sync with backup towers; --slow-tower TOWER:late).
+  std::vector<int> late_towers;
   // Where the towers run. CUDA: tower i on GPU i % gpus; threads_per_tower is then the
   // threads of each tower's host-side work.
   DeviceKind device = DeviceKind::Cpu;
