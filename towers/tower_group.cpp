@@ -250,19 +250,28 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
     }
     Submitted out;
     try {
+      bool ended = false;
       {
         std::lock_guard<std::mutex> l(mu);
-        if (side_due || !policy.may_start(i, ctx)) {
+        // The last update may have been made since the check above, by a tower that
+        // finished its step meanwhile: then no step starts (it would compute a gradient that
+        // no update can take, and count as dropped).
+        ended = store_.version() >= end_version;
+        if (!ended && (side_due || !policy.may_start(i, ctx))) {
           parked[i] = true;
           return;
         }
         // Each version's batch once, in order. The version may move on by more than one
         // between two fetches (a remote group whose late gradients were dropped): the batches
         // in between are skipped, so that batch v is always the one of version v.
-        while (lockstep && global_version < store_.version()) {
+        while (!ended && lockstep && global_version < store_.version()) {
           global = pipes[0]->next();
           global_version = global_version < 0 ? pipe_first : global_version + 1;
         }
+      }
+      if (ended) {
+        leave();
+        return;
       }
       const float* images = nullptr;
       const kernels::ExamplePlan* plans = nullptr;
