@@ -282,7 +282,17 @@ TEST(CliBadInput, NonsenseFlags) {
   expect_error(run_towers(kQuick + "--steps 5 --towers 3 --slow-tower 2:late" + m),
                {"--slow-tower 2:late", "--replicas-to-aggregate below --towers"});
   expect_error(run_towers(kQuick + "--steps 5 --towers 3 --mode async --slow-tower 1:late" + m),
-               {"--slow-tower 1:late", "--mode sync"});
+               {"--slow-tower 1:late", "--mode sync", "async towers neither wait"});
+  expect_error(run_towers(kQuick +
+                          "--steps 5 --towers 3 --replicas-to-aggregate 1 --slow-tower 2:late "
+                          "--slow-tower 2:late" +
+                          m),
+               {"--slow-tower 2:late is given twice"});
+  expect_error(run_towers(kQuick +
+                          "--steps 5 --towers 2 --mode ssp --staleness 1 --slow-tower 0:late "
+                          "--slow-tower 1:late" +
+                          m),
+               {"--slow-tower", "2 late towers of --towers 2", "--mode ssp"});
   expect_error(run_towers(kQuick +
                           "--steps 5 --towers 3 --replicas-to-aggregate 2 --slow-tower 1:late "
                           "--slow-tower 2:late" +

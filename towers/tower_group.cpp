@@ -44,6 +44,16 @@ TowerGroup::TowerGroup(const Graph& graph, EngineConfig cfg, int64_t batch, Para
   TOWERS_CHECK(store_.access() == store_access(cfg_),
                "the parameter store's update access does not suit mode {}", mode_name(cfg_.mode));
   if (cfg_.replicas_to_aggregate == 0) cfg_.replicas_to_aggregate = cfg_.towers;
+  if (!cfg_.late_towers.empty()) {
+    // A late tower waits until the others can go no further without it (step): they must be
+    // able to, or it waits forever.
+    const int late = static_cast<int>(cfg_.late_towers.size());
+    const bool backup = cfg_.mode == Mode::Sync && late <= cfg_.towers - cfg_.replicas_to_aggregate;
+    const bool ssp = cfg_.mode == Mode::Ssp && late < cfg_.towers;
+    TOWERS_CHECK((backup || ssp) && cfg_.total_towers() == cfg_.towers,
+                 "late towers need sync with that many backup towers, or ssp with a tower that "
+                 "is not late, in one process");
+  }
   const bool cuda = cfg_.device == DeviceKind::Cuda;
   TOWERS_CHECK(!cuda || cfg_.gpus >= 1, "a CUDA tower group needs at least one GPU");
   for (int i = 0; i < cfg_.towers; ++i) {
@@ -253,9 +263,10 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
       bool ended = false;
       {
         std::lock_guard<std::mutex> l(mu);
-        // The last update may have been made since the check above, by a tower that
-        // finished its step meanwhile: then no step starts (it would compute a gradient that
-        // no update can take, and count as dropped).
+        // Where the policy makes its updates under this lock (backup towers), the last one
+        // may have been made since the check above, by a tower that finished its step
+        // meanwhile: then no step starts (it would compute a gradient that no update can
+        // take, and count as dropped). The other modes' gates stop such a step themselves.
         ended = store_.version() >= end_version;
         if (!ended && (side_due || !policy.may_start(i, ctx))) {
           parked[i] = true;
@@ -304,14 +315,28 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
                         : t.compute_gradients(images, labels, batch_, grad_scale);
       straggle(i);
       if (late(i)) {
-        // Always late: hold the gradient until the version it was computed on has been
-        // applied without it. Outside the gate, which side work (made due by that very
-        // update, or the next) takes exclusively, and which the towers that apply need.
+        // Always late: hold the gradient until the others can go no further without it.
+        // Backup towers: until the version it was computed on has been applied without it.
+        // SSP: until every tower that is not late waits at the bound for it (with a large
+        // bound that is many steps of theirs for each of its own). Outside the
+        // gate, which side work (made due by an update meanwhile) takes exclusively, and
+        // which the towers that apply need.
         g.unlock();
-        while (store_.version() <= s.version_read && !stop.load() &&
-               store_.version() < end_version && !hooks.stop_requested())
+        const bool ssp = cfg_.mode == Mode::Ssp;
+        auto others_wait = [&] {
+          std::lock_guard<std::mutex> l(mu);
+          for (int j = 0; j < n; ++j)
+            if (!late(j) && !parked[j]) return false;
+          return true;
+        };
+        while (!stop.load() && store_.version() < end_version && !hooks.stop_requested() &&
+               (ssp ? !others_wait() : store_.version() <= s.version_read))
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         g.lock();
+        if (stop.load() || hooks.stop_requested()) {
+          leave();  // the run is ending: the gradient is not given, in time or late
+          return;
+        }
       }
       s.seconds = seconds_since(t0);
       out = policy.submit(s, ctx);

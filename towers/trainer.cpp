@@ -135,6 +135,8 @@ SlowTowers parse_slow_towers(const std::vector<std::string>& specs, int towers) 
                    "--slow-tower '{}': expected TOWER:MILLISECONDS or TOWER:late with 0 <= "
                    "TOWER < {}",
                    s, towers);
+    TOWERS_REQUIRE(!late || std::find(out.late.begin(), out.late.end(), t) == out.late.end(),
+                   "--slow-tower {}:late is given twice", t);
     if (late)
       out.late.push_back(t);
     else
@@ -226,17 +228,27 @@ void validate(const TrainConfig& c) {
                  "--lr-scaling: unknown rule '{}' (known: none, linear)", c.lr_scaling);
   const SlowTowers slow = parse_slow_towers(c.slow_towers, all_towers(c));
   if (!slow.late.empty()) {
-    // A late tower waits for its version's update; only backup towers apply one without it.
+    // A late tower waits until the others can go no further without it: backup towers apply
+    // updates without it, SSP towers wait for it at the bound.
     const int k = c.replicas_to_aggregate == 0 ? c.towers : c.replicas_to_aggregate;
-    TOWERS_REQUIRE(mode == Mode::Sync && k < c.towers && !remote::cluster_requested(c.cluster),
-                   "--slow-tower {}:late holds each gradient until its version has been applied "
-                   "without it: that needs --mode sync with --replicas-to-aggregate below "
-                   "--towers, in one process (here every update would wait for it forever)",
-                   slow.late.front());
-    TOWERS_REQUIRE(static_cast<int>(slow.late.size()) <= c.towers - k,
+    const int late = static_cast<int>(slow.late.size());
+    TOWERS_REQUIRE(((mode == Mode::Sync && k < c.towers) || mode == Mode::Ssp) &&
+                       !remote::cluster_requested(c.cluster),
+                   "--slow-tower {}:late holds each gradient until the other towers can go no "
+                   "further without it: that needs --mode sync with --replicas-to-aggregate "
+                   "below --towers, or --mode ssp, in one process (here {})",
+                   slow.late.front(),
+                   remote::cluster_requested(c.cluster) ? "the towers are in several processes"
+                   : mode == Mode::Async ? "async towers neither wait for it nor update without it"
+                                         : "every update would wait for it forever");
+    TOWERS_REQUIRE(mode == Mode::Ssp || late <= c.towers - k,
                    "--slow-tower: {} late towers, but --replicas-to-aggregate {} of --towers {} "
                    "leaves room for {}: the others could never make an update",
-                   slow.late.size(), k, c.towers, c.towers - k);
+                   late, k, c.towers, c.towers - k);
+    TOWERS_REQUIRE(mode != Mode::Ssp || late < c.towers,
+                   "--slow-tower: {} late towers of --towers {}: with --mode ssp at least one "
+                   "tower must not be late, or none would ever wait for them",
+                   late, c.towers);
   }
   TOWERS_REQUIRE(c.batch >= 1, "--batch must be at least 1, got {}", c.batch);
   TOWERS_REQUIRE(c.batch <= 65536, "--batch {} is too large (at most 65536 per tower)", c.batch);

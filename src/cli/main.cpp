@@ -180,8 +180,9 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
   app.add_option(
       "--slow-tower", c.slow_towers,
       "TOWER:MS: tower TOWER sleeps MS milliseconds per step (a straggler, to study them); "
-      "TOWER:late: it holds each gradient until its version has been applied without "
-      "it (sync with --replicas-to-aggregate below --towers)");
+      "TOWER:late: it holds each gradient until the others can go no further without it "
+      "(sync with --replicas-to-aggregate below --towers: its version is applied without it; "
+      "ssp: the others wait at the bound)");
   app.add_option("--seed", c.seed, "seed of initialisation, example order and augmentation")
       ->capture_default_str();
   std::string optimizer_help = "optimizer:";
