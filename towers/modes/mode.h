@@ -47,8 +47,9 @@ struct EngineConfig {
   bool use_locking = false;       // async/ssp
   bool staleness_aware_lr = false;
   std::vector<std::pair<int, int>> stragglers;  // (tower, extra milliseconds per step)
-  // Towers that give each gradient only once the version they read has been applied without
-  // them: always late (sync with backup towers; --slow-tower TOWER:late).
+  // Towers that give each gradient only once the others can go no further without it: sync
+  // with backup towers, once the version it read has been applied without it; ssp, once every
+  // other tower waits for it at the bound (--slow-tower TOWER:late; TowerGroup::run).
   std::vector<int> late_towers;
   // Where the towers run. CUDA: tower i on GPU i % gpus; threads_per_tower is then the
   // threads of each tower's host-side work.
