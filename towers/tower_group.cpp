@@ -252,22 +252,20 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
     stop.store(true);
     if (exchange_) exchange_->abandon();
   };
+  // The run is being stopped (by a tower that left, a signal or the target accuracy).
+  auto stopping = [&] { return stop.load() || hooks.stop_requested(); };
   if (exchange_) exchange_->reset();
   step = [&](int i) {
-    if (stop.load() || store_.version() >= end_version || hooks.stop_requested()) {
-      leave();
-      return;
-    }
     Submitted out;
     try {
       bool ended = false;
       {
         std::lock_guard<std::mutex> l(mu);
-        // Where the policy makes its updates under this lock (backup towers), the last one
-        // may have been made since the check above, by a tower that finished its step
-        // meanwhile: then no step starts (it would compute a gradient that no update can
-        // take, and count as dropped). The other modes' gates stop such a step themselves.
-        ended = store_.version() >= end_version;
+        // The end is read under this lock: where the policy makes its updates under it
+        // (backup towers), a tower that reached it while another made the last update would
+        // otherwise start a step whose gradient no update can take (counted as dropped). The
+        // other modes' gates stop such a step themselves.
+        ended = stopping() || store_.version() >= end_version;
         if (!ended && (side_due || !policy.may_start(i, ctx))) {
           parked[i] = true;
           return;
@@ -329,11 +327,11 @@ void TowerGroup::run(const data::Dataset& train, const data::AugmentConfig& augm
             if (!late(j) && !parked[j]) return false;
           return true;
         };
-        while (!stop.load() && store_.version() < end_version && !hooks.stop_requested() &&
+        while (!stopping() && store_.version() < end_version &&
                (ssp ? !others_wait() : store_.version() <= s.version_read))
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         g.lock();
-        if (stop.load() || hooks.stop_requested()) {
+        if (stopping()) {
           leave();  // the run is ending: the gradient is not given, in time or late
           return;
         }
