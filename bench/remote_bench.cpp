@@ -32,13 +32,15 @@
 //                          the push stream's floor in stripes: STRIPES streams at once, each on
 //                          a TCP connection of its own, each carrying its share of the pieces
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
-//   BM_PushToProcesses/BYTES/SHARDS/STRIPES, BM_PullFromProcesses/BYTES/SHARDS/STRIPES
+//   BM_PushToProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB,
+//   BM_PullFromProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB
 //                          the same push and pull (in STRIPES streams a shard, each on a
-//                          connection of its own) to shards that are
+//                          connection of its own, in pieces of PIECE_KIB) to shards that are
 //                          `towers ps` processes
 //                          (the towers binary beside this one's bench/ directory), as in a
 //                          real cluster: each process has gRPC threads of its own, and every
-//                          hand-off between client and shard crosses processes
+//                          hand-off between client and shard crosses processes; their counters
+//                          say how busy each side's threads were (timed_loop)
 // Elsewhere the shards run as threads of this process on 127.0.0.1: they share the cores with
 // the client, as separate processes would, and also gRPC's callback threads, which lets one
 // thread serve both sides of a hand-off. bytes_per_second is the message size over the time
@@ -179,6 +181,67 @@ void wait_listening(pid_t pid, int port, const std::string& what) {
   }
 }
 
+// CPU time of every thread of some processes (/proc/PID/task/TID/schedstat: nanoseconds on a
+// CPU), read before and after a case's timed loop. What it gives, as counters of the case:
+// the cores each side kept busy on average over the loop's wall time, and the share of that
+// time its busiest thread ran. A side whose busiest thread runs close to 100% is bound by that
+// thread, whatever the machine's core count; one whose threads all idle part of the time waits
+// for the other side, or for the wire.
+struct ThreadTimes {
+  std::map<std::pair<pid_t, pid_t>, int64_t> ns;  // (process, thread) -> time on a CPU
+
+  static ThreadTimes read(const std::vector<pid_t>& pids) {
+    ThreadTimes t;
+    for (pid_t pid : pids) {
+      std::error_code ec;
+      for (const auto& e :
+           std::filesystem::directory_iterator(fmt::format("/proc/{}/task", pid), ec)) {
+        std::ifstream f(e.path() / "schedstat");
+        int64_t on_cpu = 0;
+        if (f >> on_cpu) t.ns[{pid, static_cast<pid_t>(std::stol(e.path().filename()))}] = on_cpu;
+      }
+    }
+    return t;
+  }
+  // (cores busy on average, the busiest thread's share) of `pids`' threads from `before` to
+  // this reading, over `wall` seconds.
+  std::pair<double, double> since(const ThreadTimes& before, const std::vector<pid_t>& pids,
+                                  double wall) const {
+    double sum = 0, top = 0;
+    for (const auto& [key, now] : ns) {
+      if (std::find(pids.begin(), pids.end(), key.first) == pids.end()) continue;
+      const auto was = before.ns.find(key);
+      const double d = 1e-9 * static_cast<double>(now - (was == before.ns.end() ? 0 : was->second));
+      sum += d;
+      top = std::max(top, d);
+    }
+    return {sum / wall, top / wall};
+  }
+};
+
+// Runs a case's timed loop (`one` per iteration) and, for a cluster of shard processes, sets
+// the counters of ThreadTimes: client_cores and client_top for this process (the worker),
+// shard_cores and shard_top for the shard processes together (shard_top: the busiest thread
+// of any of them).
+template <class One>
+void timed_loop(benchmark::State& state, const std::vector<pid_t>& shards, One one) {
+  const pid_t self = getpid();
+  std::vector<pid_t> all = shards;
+  all.push_back(self);
+  const ThreadTimes before = ThreadTimes::read(all);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) one();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (shards.empty() || wall <= 0) return;
+  const ThreadTimes after = ThreadTimes::read(all);
+  const auto [client_cores, client_top] = after.since(before, {self}, wall);
+  const auto [shard_cores, shard_top] = after.since(before, shards, wall);
+  state.counters["client_cores"] = client_cores;
+  state.counters["client_top"] = client_top;
+  state.counters["shard_cores"] = shard_cores;
+  state.counters["shard_top"] = shard_top;
+}
+
 // S shards serving one variable of n floats, and a worker's store connected to them. The
 // shards are threads of this process, or (processes) `towers ps` processes.
 struct Cluster {
@@ -191,9 +254,11 @@ struct Cluster {
   std::unique_ptr<remote::RemoteParameterStore> store;
   remote::RemoteConfig cfg;
 
-  Cluster(int64_t n, int shards, bool in_processes = false, int stripes = 0) {
+  Cluster(int64_t n, int shards, bool in_processes = false, int stripes = 0,
+          int64_t piece_floats = 0) {
     try {
       if (stripes > 0) cfg.stripes = stripes;
+      cfg.piece_floats = piece_floats;
       start(n, shards, in_processes);
     } catch (...) {
       stop();
@@ -280,18 +345,18 @@ std::unique_ptr<T> make_or_skip(benchmark::State& state, Args&&... args) {
   }
 }
 
-// The cluster of a case (BYTES, SHARDS, and for a push to processes STRIPES), or null with the
-// case skipped.
-std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes,
-                                       int stripes = 0) {
+// The cluster of a case (BYTES, SHARDS, and for shard processes STRIPES and PIECE_KIB), or null
+// with the case skipped.
+std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes) {
+  const int stripes = in_processes ? static_cast<int>(state.range(2)) : 0;
+  const int64_t piece_floats = in_processes ? state.range(3) * 1024 / 4 : 0;
   return make_or_skip<Cluster>(state, state.range(0) / 4, static_cast<int>(state.range(1)),
-                               in_processes, stripes);
+                               in_processes, stripes, piece_floats);
 }
 
 void push_case(benchmark::State& state, bool in_processes) {
   const int64_t bytes = state.range(0);
-  const std::unique_ptr<Cluster> cluster =
-      start_cluster(state, in_processes, in_processes ? static_cast<int>(state.range(2)) : 0);
+  const std::unique_ptr<Cluster> cluster = start_cluster(state, in_processes);
   if (!cluster) return;
   Cluster& c = *cluster;
   CpuDevice host(1);
@@ -305,7 +370,7 @@ void push_case(benchmark::State& state, bool in_processes) {
     state.SkipWithError("push failed validation");
     return;
   }
-  for (auto _ : state) c.store->push(c.grads.data(), rec, on);
+  timed_loop(state, c.children.pids, [&] { c.store->push(c.grads.data(), rec, on); });
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 void BM_Push(benchmark::State& state) { push_case(state, false); }
@@ -313,8 +378,7 @@ void BM_PushToProcesses(benchmark::State& state) { push_case(state, true); }
 
 void pull_case(benchmark::State& state, bool in_processes) {
   const int64_t bytes = state.range(0);
-  const std::unique_ptr<Cluster> cluster =
-      start_cluster(state, in_processes, in_processes ? static_cast<int>(state.range(2)) : 0);
+  const std::unique_ptr<Cluster> cluster = start_cluster(state, in_processes);
   if (!cluster) return;
   Cluster& c = *cluster;
   std::vector<float> dst(bytes / 4, -1.0f);  // the pull must overwrite every element
@@ -324,7 +388,7 @@ void pull_case(benchmark::State& state, bool in_processes) {
       state.SkipWithError("pull failed validation");
       return;
     }
-  for (auto _ : state) c.store->pull_into(dst.data());
+  timed_loop(state, c.children.pids, [&] { c.store->pull_into(dst.data()); });
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 void BM_Pull(benchmark::State& state) { pull_case(state, false); }
@@ -711,10 +775,14 @@ BENCHMARK(BM_Pull)->Apply([](auto* b) { sizes(b, true); });
 // Shard processes: 4 MiB (the shares of raw TCP) in 1, 2 and 4 stripes a shard, and 64 MiB in
 // one stream a shard and in the default stripes.
 void in_processes(benchmark::internal::Benchmark* b) {
+  const int64_t piece = remote::kDefaultPieceFloats * 4 / 1024;
   for (int k : {1, 2, 4})
-    for (int stripes : {1, 2, 4}) b->Args({4 << 20, k, stripes});
+    for (int stripes : {1, 2, 4}) b->Args({4 << 20, k, stripes, piece});
+  // One shard's range in 16 pieces, 4 a stripe: each stripe's pieces are taken (copied and
+  // applied, or copied into the worker's array) while the stripe's next piece is on the wire.
+  b->Args({4 << 20, 1, 4, 256});
   for (int k : {1, 2, 4})
-    b->Args({64 << 20, k, 1})->Args({64 << 20, k, remote::RemoteConfig().stripes});
+    b->Args({64 << 20, k, 1, piece})->Args({64 << 20, k, remote::RemoteConfig().stripes, piece});
   b->UseRealTime()->MinTime(0.3);
 }
 BENCHMARK(BM_PushToProcesses)->Apply(in_processes);

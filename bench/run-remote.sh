@@ -49,9 +49,12 @@ done
 python3 - "$out" "$rounds" <<'PY' | tee "$out/summary.txt"
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-med = {b["run_name"].split("/min_time")[0]: b["bytes_per_second"] / 1e9
-       for b in json.load(open(f"{out}/remote_bench_4mib.json"))["benchmarks"]
-       if b.get("aggregate_name") == "median"}
+medians = [b for b in json.load(open(f"{out}/remote_bench_4mib.json"))["benchmarks"]
+           if b.get("aggregate_name") == "median"]
+med = {b["run_name"].split("/min_time")[0]: b["bytes_per_second"] / 1e9 for b in medians}
+# The shard-process cases' CPU counters (remote_bench.cpp, ThreadTimes): cores busy on average
+# and the busiest thread's share of the time, on the worker's side and the shards'.
+cpu = {b["run_name"].split("/min_time")[0]: b for b in medians if "client_cores" in b}
 # Raw TCP is the best of the socket's variants (write and read sizes; remote_bench.cpp).
 variants = {n: v for n, v in med.items() if n.startswith("BM_TcpLoopback/")}
 best = max(variants, key=variants.get)
@@ -59,7 +62,10 @@ tcp = variants[best]
 print(f"4 MiB messages, medians of interleaved repetitions (GB/s, share of raw TCP {tcp:.2f}, "
       f"the best variant: {best}):")
 for name in sorted(med):
-    print(f"  {name:40s} {med[name]:6.2f}  {med[name] / tcp:6.1%}")
+    c = cpu.get(name)
+    busy = (f"   worker {c['client_cores']:.2f} cores (top thread {c['client_top']:.0%}), "
+            f"shards {c['shard_cores']:.2f} (top {c['shard_top']:.0%})" if c else "")
+    print(f"  {name:40s} {med[name]:6.2f}  {med[name] / tcp:6.1%}{busy}")
 def summary(path):
     for line in open(path):
         j = json.loads(line)
