@@ -173,15 +173,16 @@ run_profile() {  # at most $1 s
   pack_results
 }
 run_remote() {  # at most $1 s
-  # What the transport's bar reads (issue 11). With at least 85 s: push and pull to 1, 2 and 4
+  # What the transport's bar reads (issue 11). With at least 90 s: push and pull to 1, 2 and 4
   # shard processes in 1, 2 and 4 stripes (and to 1 in 256 KiB pieces), gRPC's floors against a
-  # process (one stream, and in stripes), raw TCP's two best variants (about 60 s on 2 cores).
-  # With less: the bar's cases alone, push and pull to 1, 2 and 4 shard processes in the
-  # default stripes (4), to 1 also in 256 KiB pieces, and raw TCP's two best variants (21 s on
-  # 2 cores). No training job. The shard-process cases also say how busy each side's threads
+  # process (one stream, in stripes, and on sessions: streams opened once), raw TCP's two best
+  # variants (63 s on 2 cores). With less: the bar's cases alone, push and pull to 1, 2
+  # and 4 shard processes in the default stripes (4), to 1 also in 256 KiB pieces, the push
+  # floor in 4 stripes and on 4 sessions, and raw TCP's two best variants (25 s on 2 cores).
+  # No training job. The shard-process cases also say how busy each side's threads
   # were (remote_bench.cpp, timed_loop).
-  local cases='BM_(PushToProcesses|PullFromProcesses)/4194304/|BM_Grpc(StreamToProcess|StripesToProcess|PullStreamFromProcess)/4194304|BM_TcpLoopback/4194304/(262144|1048576)/'
-  [ "$1" -ge 85 ] || cases='BM_(PushToProcesses|PullFromProcesses)/4194304/[124]/4/|BM_TcpLoopback/4194304/(262144|1048576)/'
+  local cases='BM_(PushToProcesses|PullFromProcesses)/4194304/|BM_Grpc(StreamToProcess|StripesToProcess|SessionsToProcess|PullStreamFromProcess)/4194304|BM_TcpLoopback/4194304/(262144|1048576)/'
+  [ "$1" -ge 90 ] || cases='BM_(PushToProcesses|PullFromProcesses)/4194304/[124]/4/|BM_Grpc(StripesToProcess|SessionsToProcess)/4194304/4|BM_TcpLoopback/4194304/(262144|1048576)/'
   CASES=$cases SWEEP=0 ROUNDS=0 REPS=3 REMOTE_S=$(($1 - 10)) PHASES=remote \
     within "$1" bench/run-gpu.sh "$pack" "$work/remote" > "$work/remote.log" 2>&1
   stamp "remote done"
@@ -193,9 +194,10 @@ run_remote() {  # at most $1 s
 # of LEASE_BUDGET seconds from the script's start (default 570, inside the lease's 10 minutes
 # a command, with room for the packing after it), cut to what is left less `within`'s grace.
 # remote's result is all or nothing (its repetitions interleave, and its summary reads the
-# JSON written at its end): 3 repetitions of all its cases took about 60 s on 2 cores here
-# (2026-11-28, with the stripes' and the pieces' cases), of the bar's cases alone 21 s; so it
-# runs the bar's cases from 30 s left, and all of them from 85 s (run_remote).
+# JSON written at its end): 3 repetitions of all its cases took 63 s on 2 cores here
+# (2026-11-28, with the stripes', the pieces' and the sessions' cases), of the bar's cases
+# alone 25 s; so it runs the bar's cases from 40 s left, and all of them from 90 s
+# (run_remote).
 budget=${LEASE_BUDGET:-570}
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu-lease: LEASE_BUDGET '$budget' is not a number of seconds; using 570" >&2; budget=570; }
 spare_default="remote profile"
@@ -204,7 +206,7 @@ asked=""
 for extra in remote profile; do [[ " $phases " == *" $extra "* ]] && asked="$asked $extra"; done
 for extra in $asked ${LEASE_SPARE-$spare_default}; do
   case $extra in
-    remote) min=30 cap=120 ;;
+    remote) min=40 cap=120 ;;
     profile) min=30 cap=130 ;;
     *) echo "gpu-lease: LEASE_SPARE: no phase '$extra' (remote, profile)" >&2; continue ;;
   esac

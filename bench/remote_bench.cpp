@@ -31,6 +31,10 @@
 //   BM_GrpcStripesToProcess/BYTES/STRIPES
 //                          the push stream's floor in stripes: STRIPES streams at once, each on
 //                          a TCP connection of its own, each carrying its share of the pieces
+//   BM_GrpcSessionsToProcess/BYTES/STRIPES
+//                          the same on sessions: streams opened once, before the timing, every
+//                          piece acknowledged on them; the difference is what a call per push
+//                          and stripe costs
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
 //   BM_PushToProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB,
 //   BM_PullFromProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB
@@ -59,12 +63,13 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
-#include <string_view>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -72,6 +77,7 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <grpcpp/generic/async_generic_service.h>
 
 #include "core/check.h"
 #include "core/device.h"
@@ -519,6 +525,66 @@ class AckService final
   }
 };
 
+// The method of a session (BM_GrpcSessionsToProcess): a bidi stream, not part of towers.proto,
+// that stays open across pushes. The server acknowledges every message as it reads it, with a
+// PushReply whose version is the message's length.
+inline constexpr const char* kSessionMethod = "/towers.bench/Session";
+class SessionService final : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    if (ctx->method() != kSessionMethod) {
+      class Refuse final : public grpc::ServerGenericBidiReactor {
+       public:
+        Refuse() { Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "")); }
+        void OnDone() override { delete this; }
+      };
+      return new Refuse;
+    }
+    return new Acks;
+  }
+
+ private:
+  class Acks final : public grpc::ServerGenericBidiReactor {
+   public:
+    Acks() { StartRead(&in_); }
+    void OnReadDone(bool ok) override {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!ok) {
+        reads_done_ = true;
+        if (!writing_) Finish(grpc::Status::OK);
+        return;
+      }
+      due_.push_back(static_cast<int64_t>(in_.Length()));
+      in_.Clear();
+      if (!writing_) write_locked();
+      StartRead(&in_);
+    }
+    void OnWriteDone(bool ok) override {
+      std::lock_guard<std::mutex> l(mu_);
+      writing_ = false;
+      if (ok && !due_.empty())
+        write_locked();
+      else if (reads_done_ || !ok)
+        Finish(grpc::Status::OK);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    void write_locked() {
+      remote::PushReply rep;
+      rep.set_version(due_.front());
+      due_.pop_front();
+      out_ = remote::encode(rep);
+      writing_ = true;
+      StartWrite(&out_);
+    }
+    std::mutex mu_;
+    grpc::ByteBuffer in_, out_;
+    std::deque<int64_t> due_;  // lengths read, not yet acknowledged
+    bool writing_ = false, reads_done_ = false;
+  };
+};
+
 // Validates one call, then times calls of BYTES each.
 template <class Call>
 void time_calls(benchmark::State& state, Call call, const char* failed) {
@@ -532,6 +598,7 @@ void time_calls(benchmark::State& state, Call call, const char* failed) {
 // shard is; returns its port.
 int serve_acks(AckService& service, std::unique_ptr<grpc::Server>& server, int port,
                int64_t pull_bytes) {
+  static SessionService sessions;
   remote::keep_message_buffers();  // as every shard and worker process does
   service.source.assign(static_cast<size_t>(pull_bytes), 7);
   grpc::ServerBuilder builder;
@@ -541,6 +608,7 @@ int serve_acks(AckService& service, std::unique_ptr<grpc::Server>& server, int p
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // as a shard: one server a port
   remote::tune(builder);
   builder.RegisterService(&service);
+  builder.RegisterCallbackGenericService(&sessions);
   server = builder.BuildAndStart();
   return server ? port : -1;
 }
@@ -702,6 +770,119 @@ void grpc_stream_case(benchmark::State& state, bool in_process, int stripes = 1)
   time_calls(state, call, stripes == 1 ? "gRPC stream failed validation"
                                        : "gRPC stripes failed validation");
 }
+// The floor of a push on sessions: BYTES in pieces (kDefaultPieceFloats floats) on STRIPES
+// bidi streams to a server process, each on a connection of its own and carrying its run of
+// the pieces, as grpc_stream_case; but the streams are opened once, before the timing, and a
+// push ends when every piece has been acknowledged. What a call per push costs (its set-up,
+// headers, trailers and reactors on both sides) is the difference to BM_GrpcStripesToProcess.
+void grpc_sessions_case(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  const int stripes = static_cast<int>(state.range(1));
+  std::unique_ptr<AckServer> ack_server = make_or_skip<AckServer>(state, 0, false);
+  if (!ack_server) return;
+  std::vector<char> data(bytes, 7);
+  const int64_t piece = remote::kDefaultPieceFloats * 4;
+  const int64_t pieces = (bytes + piece - 1) / piece;
+  struct Session final : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+    grpc::ClientContext ctx;
+    std::shared_ptr<grpc::Channel> channel;  // (stripe k's, kept while the session is)
+    std::unique_ptr<grpc::GenericStub> stub;
+    std::vector<grpc::ByteBuffer> out;
+    size_t next = 0;
+    grpc::ByteBuffer in;
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t acks_due = 0, writes_due = 0, acked_bytes = 0;
+    bool done = false;
+    grpc::Status status;
+    void open() {
+      stub->PrepareBidiStreamingCall(&ctx, kSessionMethod, grpc::StubOptions(), this);
+      StartRead(&in);
+      StartCall();
+    }
+    // One push's messages; the caller then waits (wait_push) before the next.
+    void push(std::vector<grpc::ByteBuffer> messages) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        out = std::move(messages);
+        next = 1;
+        acks_due = writes_due = static_cast<int64_t>(out.size());
+        acked_bytes = 0;
+      }
+      StartWrite(&out[0]);
+    }
+    void OnWriteDone(bool ok) override {
+      std::lock_guard<std::mutex> l(mu);
+      --writes_due;
+      if (ok && next < out.size()) StartWrite(&out[next++]);
+      cv.notify_all();
+    }
+    void OnReadDone(bool ok) override {
+      if (!ok) return;  // the stream is over: OnDone says how
+      remote::PushReply rep;
+      std::string error;
+      const bool parsed = remote::decode(in, rep, &error);
+      {
+        std::lock_guard<std::mutex> l(mu);
+        --acks_due;
+        acked_bytes += parsed ? rep.version() : -1;
+        cv.notify_all();
+      }
+      StartRead(&in);
+    }
+    void OnDone(const grpc::Status& s) override {
+      std::lock_guard<std::mutex> l(mu);
+      status = s;
+      done = true;
+      cv.notify_all();
+    }
+    // The push's acknowledged bytes, or -1 if the stream ended first.
+    int64_t wait_push() {
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return done || (acks_due == 0 && writes_due == 0); });
+      return done ? -1 : acked_bytes;
+    }
+    // Half-closes the session and waits for its end (a server that does not end it within
+    // 10 s has it cancelled).
+    void close() {
+      StartWritesDone();
+      std::unique_lock<std::mutex> l(mu);
+      if (cv.wait_for(l, std::chrono::seconds(10), [&] { return done; })) return;
+      l.unlock();
+      ctx.TryCancel();
+      l.lock();
+      cv.wait(l, [&] { return done; });
+    }
+  };
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (int k = 0; k < stripes; ++k) {
+    auto s = std::make_unique<Session>();
+    s->channel = remote::open_channel(fmt::format("127.0.0.1:{}", ack_server->port), {}, k);
+    s->stub = std::make_unique<grpc::GenericStub>(s->channel);
+    s->open();
+    sessions.push_back(std::move(s));
+  }
+  auto call = [&] {
+    std::vector<int64_t> want(stripes, 0);
+    for (int k = 0; k < stripes; ++k) {
+      std::vector<grpc::ByteBuffer> messages;
+      for (int64_t p = pieces * k / stripes; p < pieces * (k + 1) / stripes; ++p) {
+        const int64_t at = p * piece, n = std::min(piece, bytes - at);
+        grpc::Slice slice(data.data() + at, n, grpc::Slice::STATIC_SLICE);  // data outlives it
+        messages.emplace_back(&slice, 1);
+        want[k] += n;
+      }
+      sessions[k]->push(std::move(messages));
+    }
+    bool ok = true;
+    for (int k = 0; k < stripes; ++k) ok = sessions[k]->wait_push() == want[k] && ok;
+    return ok;
+  };
+  time_calls(state, call, "gRPC sessions failed validation");
+  for (auto& s : sessions) s->close();
+}
+void BM_GrpcSessionsToProcess(benchmark::State& state) { grpc_sessions_case(state); }
+
 void BM_GrpcStream(benchmark::State& state) { grpc_stream_case(state, true); }
 void BM_GrpcStreamToProcess(benchmark::State& state) { grpc_stream_case(state, false); }
 void BM_GrpcStripesToProcess(benchmark::State& state) {
@@ -797,6 +978,12 @@ void process_floors(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_GrpcStreamToProcess)->Apply(process_floors);
 BENCHMARK(BM_GrpcStripesToProcess)
+    ->Args({4 << 20, 2})
+    ->Args({4 << 20, 4})
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK(BM_GrpcSessionsToProcess)
+    ->Args({4 << 20, 1})
     ->Args({4 << 20, 2})
     ->Args({4 << 20, 4})
     ->UseRealTime()
