@@ -256,6 +256,15 @@ const std::vector<PoolCase> kPoolCases = {
     {2, 6, 9, 4, 3, Padding::Same, 2, 1, Padding::Valid},   // rows and cols differ
     {2, 2, 3, 5, 2, Padding::Same, 5, 2, Padding::Same},    // window wider than the plane
     {2, 1, 1, 1, 1, Padding::Valid, 1, 1, Padding::Valid},  // 1x1
+    // Rows of 4 or more windows inside the plane (the CPU twin's vector paths, where it has
+    // them: 8 or 4 outputs at a time, the last block overlapping): cifar10's pool1 and pool2,
+    // fashion's pool2, resnet-small's pool1, odd and VALID widths.
+    {3, 24, 24, 3, 2, Padding::Same, 3, 2, Padding::Same},
+    {3, 12, 12, 3, 2, Padding::Same, 3, 2, Padding::Same},
+    {2, 14, 14, 3, 2, Padding::Same, 3, 2, Padding::Same},
+    {2, 28, 28, 2, 2, Padding::Same, 2, 2, Padding::Same},
+    {2, 11, 41, 3, 2, Padding::Valid, 3, 2, Padding::Valid},
+    {2, 9, 39, 3, 1, Padding::Same, 5, 2, Padding::Same},
 };
 
 struct PoolRun {
