@@ -8,10 +8,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,20 @@ inline std::string test_path(const std::string& name) {
 }
 
 // The records of one kind ("step", "eval", "summary", ...) of a JSON-lines metrics file.
+// The same, read while the run still writes the file: a last line without its newline is
+// being written, and is left out (metrics_events would fail to parse it).
+inline std::vector<nlohmann::json> live_metrics_events(const std::string& path,
+                                                       const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) {
+    nlohmann::json j = nlohmann::json::parse(text.substr(at, nl - at));
+    if (j["event"] == kind) out.push_back(j);
+  }
+  return out;
+}
+
 inline std::vector<nlohmann::json> metrics_events(const std::string& path, const std::string& kind) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path);

@@ -39,6 +39,7 @@
 namespace towers {
 namespace {
 
+using testutil::live_metrics_events;
 using testutil::metrics_events;
 using testutil::run_towers;
 using testutil::test_path;
@@ -1062,7 +1063,7 @@ Proc launch_and_kill_worker_1(const std::string& dir, int ps, std::vector<std::s
   args.insert(args.end(), flags.begin(), flags.end());
   Proc l = spawn(args, test_path("launch.log"));
   const bool stepping = eventually(60, [&] {
-    return metrics_events(dir + "/worker-1.jsonl", "step").size() >= 5 &&
+    return live_metrics_events(dir + "/worker-1.jsonl", "step").size() >= 5 &&
            launched(dir).count("worker:1");
   });
   EXPECT_TRUE(stepping) << read_all(l.log);
@@ -1292,7 +1293,7 @@ TEST(RemoteCli, SyncRunRollsBackToARestartedShardsCheckpointAndEndsBitwise) {
   Proc l = spawn(args, test_path("launch.log"));
   // Killed well after the shard's first checkpoint, so that the others are rounds ahead of it.
   ASSERT_TRUE(eventually(90, [&] {
-    const auto steps = metrics_events(dir + "/worker-0.jsonl", "step");
+    const auto steps = live_metrics_events(dir + "/worker-0.jsonl", "step");
     if (steps.empty() || !shard_saved(dir, 1)) return false;
     const int64_t at = steps.back()["step"].get<int64_t>();
     return at >= 40 && at < 200;
