@@ -63,12 +63,14 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -187,48 +189,60 @@ void wait_listening(pid_t pid, int port, const std::string& what) {
   }
 }
 
-// CPU time of every thread of some processes (/proc/PID/task/TID/schedstat: nanoseconds on a
-// CPU), read before and after a case's timed loop. What it gives, as counters of the case:
-// the cores each side kept busy on average over the loop's wall time, and the share of that
-// time its busiest thread ran. A side whose busiest thread runs close to 100% is bound by that
-// thread, whatever the machine's core count; one whose threads all idle part of the time waits
-// for the other side, or for the wire.
+// CPU time of some processes, read before and after a case's timed loop: each process's
+// total (clock_getcpuclockid, which counts its threads that have ended too) and each of its
+// threads' (/proc/PID/task/TID/schedstat: nanoseconds on a CPU). What it gives, as counters of
+// the case: the cores each side kept busy on average over the loop's wall time, and the share
+// of that time its busiest thread ran. A side whose busiest thread runs close to 100% is bound
+// by that thread, whatever the machine's core count; one whose threads all idle part of the
+// time waits for the other side, or for the wire.
 struct ThreadTimes {
-  std::map<std::pair<pid_t, pid_t>, int64_t> ns;  // (process, thread) -> time on a CPU
+  std::map<pid_t, int64_t> process;                   // process -> CPU time, ns
+  std::map<std::pair<pid_t, pid_t>, int64_t> thread;  // (process, thread) -> time on a CPU, ns
 
   static ThreadTimes read(const std::vector<pid_t>& pids) {
     ThreadTimes t;
     for (pid_t pid : pids) {
+      clockid_t clock;
+      timespec ts{};
+      if (clock_getcpuclockid(pid, &clock) == 0 && clock_gettime(clock, &ts) == 0)
+        t.process[pid] = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
       std::error_code ec;
       for (const auto& e :
            std::filesystem::directory_iterator(fmt::format("/proc/{}/task", pid), ec)) {
         std::ifstream f(e.path() / "schedstat");
         int64_t on_cpu = 0;
-        if (f >> on_cpu) t.ns[{pid, static_cast<pid_t>(std::stol(e.path().filename()))}] = on_cpu;
+        if (f >> on_cpu)
+          t.thread[{pid, static_cast<pid_t>(std::stol(e.path().filename()))}] = on_cpu;
       }
     }
     return t;
   }
-  // (cores busy on average, the busiest thread's share) of `pids`' threads from `before` to
-  // this reading, over `wall` seconds.
-  std::pair<double, double> since(const ThreadTimes& before, const std::vector<pid_t>& pids,
-                                  double wall) const {
+  // (cores busy on average, the busiest thread's share) of `pids` from `before` to this
+  // reading, over `wall` seconds; nullopt where a process could not be read both times.
+  std::optional<std::pair<double, double>> since(const ThreadTimes& before,
+                                                 const std::vector<pid_t>& pids,
+                                                 double wall) const {
     double sum = 0, top = 0;
-    for (const auto& [key, now] : ns) {
-      if (std::find(pids.begin(), pids.end(), key.first) == pids.end()) continue;
-      const auto was = before.ns.find(key);
-      const double d = 1e-9 * static_cast<double>(now - (was == before.ns.end() ? 0 : was->second));
-      sum += d;
-      top = std::max(top, d);
+    for (pid_t pid : pids) {
+      const auto a = before.process.find(pid), b = process.find(pid);
+      if (a == before.process.end() || b == process.end()) return std::nullopt;
+      sum += 1e-9 * static_cast<double>(b->second - a->second);
     }
-    return {sum / wall, top / wall};
+    for (const auto& [key, now] : thread) {
+      if (std::find(pids.begin(), pids.end(), key.first) == pids.end()) continue;
+      const auto was = before.thread.find(key);
+      const int64_t d = now - (was == before.thread.end() ? 0 : was->second);
+      top = std::max(top, 1e-9 * static_cast<double>(std::max<int64_t>(d, 0)));
+    }
+    return std::make_pair(sum / wall, top / wall);
   }
 };
 
 // Runs a case's timed loop (`one` per iteration) and, for a cluster of shard processes, sets
 // the counters of ThreadTimes: client_cores and client_top for this process (the worker),
 // shard_cores and shard_top for the shard processes together (shard_top: the busiest thread
-// of any of them).
+// of any of them). A side that could not be read gets no counters.
 template <class One>
 void timed_loop(benchmark::State& state, const std::vector<pid_t>& shards, One one) {
   const pid_t self = getpid();
@@ -240,12 +254,14 @@ void timed_loop(benchmark::State& state, const std::vector<pid_t>& shards, One o
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (shards.empty() || wall <= 0) return;
   const ThreadTimes after = ThreadTimes::read(all);
-  const auto [client_cores, client_top] = after.since(before, {self}, wall);
-  const auto [shard_cores, shard_top] = after.since(before, shards, wall);
-  state.counters["client_cores"] = client_cores;
-  state.counters["client_top"] = client_top;
-  state.counters["shard_cores"] = shard_cores;
-  state.counters["shard_top"] = shard_top;
+  if (const auto c = after.since(before, {self}, wall)) {
+    state.counters["client_cores"] = c->first;
+    state.counters["client_top"] = c->second;
+  }
+  if (const auto c = after.since(before, shards, wall)) {
+    state.counters["shard_cores"] = c->first;
+    state.counters["shard_top"] = c->second;
+  }
 }
 
 // S shards serving one variable of n floats, and a worker's store connected to them. The
@@ -549,9 +565,10 @@ class SessionService final : public grpc::CallbackGenericService {
     Acks() { StartRead(&in_); }
     void OnReadDone(bool ok) override {
       std::lock_guard<std::mutex> l(mu_);
+      if (finished_) return;
       if (!ok) {
         reads_done_ = true;
-        if (!writing_) Finish(grpc::Status::OK);
+        if (!writing_) finish_locked();
         return;
       }
       due_.push_back(static_cast<int64_t>(in_.Length()));
@@ -562,14 +579,20 @@ class SessionService final : public grpc::CallbackGenericService {
     void OnWriteDone(bool ok) override {
       std::lock_guard<std::mutex> l(mu_);
       writing_ = false;
+      if (finished_) return;
       if (ok && !due_.empty())
         write_locked();
       else if (reads_done_ || !ok)
-        Finish(grpc::Status::OK);
+        finish_locked();
     }
     void OnDone() override { delete this; }
 
    private:
+    // Once: a failed write (the client has gone) or the end of the client's messages.
+    void finish_locked() {
+      finished_ = true;
+      Finish(grpc::Status::OK);
+    }
     void write_locked() {
       remote::PushReply rep;
       rep.set_version(due_.front());
@@ -581,7 +604,7 @@ class SessionService final : public grpc::CallbackGenericService {
     std::mutex mu_;
     grpc::ByteBuffer in_, out_;
     std::deque<int64_t> due_;  // lengths read, not yet acknowledged
-    bool writing_ = false, reads_done_ = false;
+    bool writing_ = false, reads_done_ = false, finished_ = false;
   };
 };
 
@@ -597,8 +620,7 @@ void time_calls(benchmark::State& state, Call call, const char* failed) {
 // An AckService (pull streams of `pull_bytes`) on 127.0.0.1:port (0: a free one), tuned as a
 // shard is; returns its port.
 int serve_acks(AckService& service, std::unique_ptr<grpc::Server>& server, int port,
-               int64_t pull_bytes) {
-  static SessionService sessions;
+               int64_t pull_bytes, SessionService* sessions = nullptr) {
   remote::keep_message_buffers();  // as every shard and worker process does
   service.source.assign(static_cast<size_t>(pull_bytes), 7);
   grpc::ServerBuilder builder;
@@ -608,7 +630,8 @@ int serve_acks(AckService& service, std::unique_ptr<grpc::Server>& server, int p
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // as a shard: one server a port
   remote::tune(builder);
   builder.RegisterService(&service);
-  builder.RegisterCallbackGenericService(&sessions);
+  // (a generic service serves one server: only the ack server's own process has sessions)
+  if (sessions != nullptr) builder.RegisterCallbackGenericService(sessions);
   server = builder.BuildAndStart();
   return server ? port : -1;
 }
@@ -617,8 +640,9 @@ int serve_acks(AckService& service, std::unique_ptr<grpc::Server>& server, int p
 // it is killed (or the bench that started it ends).
 int run_ack_server(int port, int64_t pull_bytes) {
   AckService service;
+  SessionService sessions;
   std::unique_ptr<grpc::Server> server;
-  if (serve_acks(service, server, port, pull_bytes) != port) return 1;
+  if (serve_acks(service, server, port, pull_bytes, &sessions) != port) return 1;
   server->Wait();
   return 0;
 }
@@ -783,6 +807,10 @@ void grpc_sessions_case(benchmark::State& state) {
   std::vector<char> data(bytes, 7);
   const int64_t piece = remote::kDefaultPieceFloats * 4;
   const int64_t pieces = (bytes + piece - 1) / piece;
+  // A session holds its stream open (a hold, from open() to close()): writes start from this
+  // thread, outside the reactions, and gRPC frees a stream once it is over and no hold is
+  // left, before OnDone; with the hold, a stream that fails stays allocated (its reads and
+  // writes fail) until close().
   struct Session final : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
     grpc::ClientContext ctx;
     std::shared_ptr<grpc::Channel> channel;  // (stripe k's, kept while the session is)
@@ -793,23 +821,27 @@ void grpc_sessions_case(benchmark::State& state) {
     std::mutex mu;
     std::condition_variable cv;
     int64_t acks_due = 0, writes_due = 0, acked_bytes = 0;
-    bool done = false;
-    grpc::Status status;
+    bool broken = false;  // a read failed: the stream is over
+    bool done = false;    // OnDone has run
     void open() {
       stub->PrepareBidiStreamingCall(&ctx, kSessionMethod, grpc::StubOptions(), this);
       StartRead(&in);
+      AddHold();
       StartCall();
     }
-    // One push's messages; the caller then waits (wait_push) before the next.
-    void push(std::vector<grpc::ByteBuffer> messages) {
+    // One push's messages (at least one); the caller then waits (wait_push) before the next.
+    // False, with nothing started, once the stream is broken.
+    bool push(std::vector<grpc::ByteBuffer> messages) {
       {
         std::lock_guard<std::mutex> l(mu);
+        if (broken || messages.empty()) return false;
         out = std::move(messages);
         next = 1;
         acks_due = writes_due = static_cast<int64_t>(out.size());
         acked_bytes = 0;
       }
       StartWrite(&out[0]);
+      return true;
     }
     void OnWriteDone(bool ok) override {
       std::lock_guard<std::mutex> l(mu);
@@ -818,7 +850,12 @@ void grpc_sessions_case(benchmark::State& state) {
       cv.notify_all();
     }
     void OnReadDone(bool ok) override {
-      if (!ok) return;  // the stream is over: OnDone says how
+      if (!ok) {
+        std::lock_guard<std::mutex> l(mu);
+        broken = true;
+        cv.notify_all();
+        return;
+      }
       remote::PushReply rep;
       std::string error;
       const bool parsed = remote::decode(in, rep, &error);
@@ -830,22 +867,30 @@ void grpc_sessions_case(benchmark::State& state) {
       }
       StartRead(&in);
     }
-    void OnDone(const grpc::Status& s) override {
+    void OnDone(const grpc::Status&) override {
       std::lock_guard<std::mutex> l(mu);
-      status = s;
       done = true;
       cv.notify_all();
     }
-    // The push's acknowledged bytes, or -1 if the stream ended first.
+    // The push's acknowledged bytes, or -1 if the stream broke first.
     int64_t wait_push() {
       std::unique_lock<std::mutex> l(mu);
-      cv.wait(l, [&] { return done || (acks_due == 0 && writes_due == 0); });
-      return done ? -1 : acked_bytes;
+      cv.wait(l, [&] { return broken || (acks_due == 0 && writes_due == 0); });
+      return broken ? -1 : acked_bytes;
     }
-    // Half-closes the session and waits for its end (a server that does not end it within
-    // 10 s has it cancelled).
+    // Half-closes the session (a broken one is cancelled), lets go of the hold and waits for
+    // the end (a server that does not end it within 10 s has it cancelled).
     void close() {
-      StartWritesDone();
+      bool was_broken;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        was_broken = broken;
+      }
+      if (was_broken)
+        ctx.TryCancel();
+      else
+        StartWritesDone();
+      RemoveHold();
       std::unique_lock<std::mutex> l(mu);
       if (cv.wait_for(l, std::chrono::seconds(10), [&] { return done; })) return;
       l.unlock();
@@ -872,7 +917,7 @@ void grpc_sessions_case(benchmark::State& state) {
         messages.emplace_back(&slice, 1);
         want[k] += n;
       }
-      sessions[k]->push(std::move(messages));
+      if (!sessions[k]->push(std::move(messages))) want[k] = -2;  // (never equals wait_push)
     }
     bool ok = true;
     for (int k = 0; k < stripes; ++k) ok = sessions[k]->wait_push() == want[k] && ok;

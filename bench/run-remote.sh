@@ -54,7 +54,8 @@ medians = [b for b in json.load(open(f"{out}/remote_bench_4mib.json"))["benchmar
 med = {b["run_name"].split("/min_time")[0]: b["bytes_per_second"] / 1e9 for b in medians}
 # The shard-process cases' CPU counters (remote_bench.cpp, ThreadTimes): cores busy on average
 # and the busiest thread's share of the time, on the worker's side and the shards'.
-cpu = {b["run_name"].split("/min_time")[0]: b for b in medians if "client_cores" in b}
+cpu = {b["run_name"].split("/min_time")[0]: b for b in medians
+       if "client_cores" in b and "shard_cores" in b}
 # Raw TCP is the best of the socket's variants (write and read sizes; remote_bench.cpp).
 variants = {n: v for n, v in med.items() if n.startswith("BM_TcpLoopback/")}
 best = max(variants, key=variants.get)
