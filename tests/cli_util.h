@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -118,30 +119,33 @@ inline std::string test_path(const std::string& name) {
   return (dir / name).string();
 }
 
-// The records of one kind ("step", "eval", "summary", ...) of a JSON-lines metrics file.
-// The same, read while the run still writes the file: a last line without its newline is
-// being written, and is left out (metrics_events would fail to parse it).
-inline std::vector<nlohmann::json> live_metrics_events(const std::string& path,
-                                                       const std::string& kind) {
+// The records of one kind ("step", "eval", "summary", ...) of JSON lines.
+inline std::vector<nlohmann::json> events_in(std::istream& in, const std::string& kind) {
   std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) {
-    nlohmann::json j = nlohmann::json::parse(text.substr(at, nl - at));
-    if (j["event"] == kind) out.push_back(j);
-  }
-  return out;
-}
-
-inline std::vector<nlohmann::json> metrics_events(const std::string& path, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
     nlohmann::json j = nlohmann::json::parse(line);
     if (j["event"] == kind) out.push_back(j);
   }
   return out;
+}
+
+// The records of one kind of a JSON-lines metrics file.
+inline std::vector<nlohmann::json> metrics_events(const std::string& path,
+                                                  const std::string& kind) {
+  std::ifstream in(path);
+  return events_in(in, kind);
+}
+
+// The same, read while the run still writes the file: a last line without its newline is
+// being written, and is left out (metrics_events would fail to parse it).
+inline std::vector<nlohmann::json> live_metrics_events(const std::string& path,
+                                                       const std::string& kind) {
+  std::ifstream file(path);
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  text.resize(text.rfind('\n') + 1);  // (npos + 1 is 0: no complete line yet)
+  std::istringstream in(text);
+  return events_in(in, kind);
 }
 
 // Replays the towers that applied each update, in order, and returns the largest lead
