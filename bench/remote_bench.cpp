@@ -36,10 +36,11 @@
 //                          piece acknowledged on them; the difference is what a call per push
 //                          and stripe costs
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
-//   BM_PushToProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB,
+//   BM_PushToProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB/SESSIONS,
 //   BM_PullFromProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB
 //                          the same push and pull (in STRIPES streams a shard, each on a
-//                          connection of its own, in pieces of PIECE_KIB) to shards that are
+//                          connection of its own, in pieces of PIECE_KIB; a push on sessions
+//                          kept open, SESSIONS 1, or on a call each, 0) to shards that are
 //                          `towers ps` processes
 //                          (the towers binary beside this one's bench/ directory), as in a
 //                          real cluster: each process has gRPC threads of its own, and every
@@ -277,9 +278,10 @@ struct Cluster {
   remote::RemoteConfig cfg;
 
   Cluster(int64_t n, int shards, bool in_processes = false, int stripes = 0,
-          int64_t piece_floats = 0) {
+          int64_t piece_floats = 0, bool sessions = true) {
     try {
       if (stripes > 0) cfg.stripes = stripes;
+      cfg.sessions = sessions;
       cfg.piece_floats = piece_floats;
       start(n, shards, in_processes);
     } catch (...) {
@@ -367,18 +369,21 @@ std::unique_ptr<T> make_or_skip(benchmark::State& state, Args&&... args) {
   }
 }
 
-// The cluster of a case (BYTES, SHARDS, and for shard processes STRIPES and PIECE_KIB), or null
+// The cluster of a case (BYTES, SHARDS, and for shard processes STRIPES, PIECE_KIB and, for
+// pushes, SESSIONS), or null
 // with the case skipped.
-std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes) {
+std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes,
+                                       bool pushes = false) {
   const int stripes = in_processes ? static_cast<int>(state.range(2)) : 0;
   const int64_t piece_floats = in_processes ? state.range(3) * 1024 / 4 : 0;
+  const bool sessions = !in_processes || !pushes || state.range(4) != 0;
   return make_or_skip<Cluster>(state, state.range(0) / 4, static_cast<int>(state.range(1)),
-                               in_processes, stripes, piece_floats);
+                               in_processes, stripes, piece_floats, sessions);
 }
 
 void push_case(benchmark::State& state, bool in_processes) {
   const int64_t bytes = state.range(0);
-  const std::unique_ptr<Cluster> cluster = start_cluster(state, in_processes);
+  const std::unique_ptr<Cluster> cluster = start_cluster(state, in_processes, true);
   if (!cluster) return;
   Cluster& c = *cluster;
   CpuDevice host(1);
@@ -1000,18 +1005,37 @@ BENCHMARK(BM_Push)->Apply([](auto* b) { sizes(b, true); });
 BENCHMARK(BM_Pull)->Apply([](auto* b) { sizes(b, true); });
 // Shard processes: 4 MiB (the shares of raw TCP) in 1, 2 and 4 stripes a shard, and 64 MiB in
 // one stream a shard and in the default stripes.
-void in_processes(benchmark::internal::Benchmark* b) {
+std::vector<std::vector<int64_t>> process_cases() {
   const int64_t piece = remote::kDefaultPieceFloats * 4 / 1024;
-  for (int k : {1, 2, 4})
-    for (int stripes : {1, 2, 4}) b->Args({4 << 20, k, stripes, piece});
+  std::vector<std::vector<int64_t>> cases;
+  for (int64_t k : {1, 2, 4})
+    for (int64_t stripes : {1, 2, 4}) cases.push_back({4 << 20, k, stripes, piece});
   // One shard's range in 16 pieces, 4 a stripe: each stripe's pieces are taken (copied and
   // applied, or copied into the worker's array) while the stripe's next piece is on the wire.
-  b->Args({4 << 20, 1, 4, 256});
-  for (int k : {1, 2, 4})
-    b->Args({64 << 20, k, 1, piece})->Args({64 << 20, k, remote::RemoteConfig().stripes, piece});
+  cases.push_back({4 << 20, 1, 4, 256});
+  for (int64_t k : {1, 2, 4}) {
+    cases.push_back({64 << 20, k, 1, piece});
+    cases.push_back({64 << 20, k, remote::RemoteConfig().stripes, piece});
+  }
+  return cases;
+}
+void in_processes(benchmark::internal::Benchmark* b) {
+  for (const auto& a : process_cases()) b->Args(a);
   b->UseRealTime()->MinTime(0.3);
 }
-BENCHMARK(BM_PushToProcesses)->Apply(in_processes);
+// Pushes the same, on sessions (the default) and, at 4 MiB, also on a call each.
+void push_in_processes(benchmark::internal::Benchmark* b) {
+  for (std::vector<int64_t> a : process_cases()) {
+    a.push_back(1);
+    b->Args(a);
+    if (a[0] == 4 << 20) {
+      a.back() = 0;
+      b->Args(a);
+    }
+  }
+  b->UseRealTime()->MinTime(0.3);
+}
+BENCHMARK(BM_PushToProcesses)->Apply(push_in_processes);
 BENCHMARK(BM_PullFromProcesses)->Apply(in_processes);
 BENCHMARK(BM_TcpLoopback)->Apply(tcp_variants);
 BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });

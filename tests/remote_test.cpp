@@ -241,13 +241,15 @@ struct OneShard {
   std::unique_ptr<remote::RemoteParameterStore> store;
   remote::RemoteConfig cfg;
 
+  // workers: the run's (this store is worker 0; the others never call).
   OneShard(int64_t n, int64_t piece, const std::string& checkpoint_dir = "",
-           const std::string& mode = "sync", int stripes = 1)
+           const std::string& mode = "sync", int stripes = 1, bool sessions = true, int workers = 1,
+           double rpc_timeout = 30)
       : layout({{"v/w", {n}, Init::constant(0.5f)}}),
         params(layout.total(), 0.5f),
         opt(layout, OptimizerConfig{"sgd"}) {
     remote::Cluster c;
-    c.worker = {"127.0.0.1:1"};
+    for (int w = 0; w < workers; ++w) c.worker.push_back(fmt::format("127.0.0.1:{}", w + 1));
     c.ps = {fmt::format("127.0.0.1:{}", remote::free_loopback_ports(1)[0])};
     opts.cluster = c;
     opts.token = "t";
@@ -256,11 +258,12 @@ struct OneShard {
     server = std::thread([this] { remote::run_shard(opts); });
     cfg.cluster = c;
     cfg.token = "t";
-    cfg.rpc_timeout = 30;
+    cfg.rpc_timeout = rpc_timeout;
     cfg.run_id = "test";
     cfg.piece_floats = piece;
     cfg.mode = mode;
     cfg.stripes = stripes;
+    cfg.sessions = sessions;
     store = std::make_unique<remote::RemoteParameterStore>(
         cfg, layout, params.data(), opt,
         mode == "sync" ? UpdateAccess::Exclusive : UpdateAccess::Concurrent);
@@ -493,37 +496,184 @@ TEST(RemoteShard, StripesOfAPushAreCheckedAndEndTogether) {
   for (int i = 0; i < 1024; ++i) ASSERT_EQ(p[i], -1.5f) << i;
 }
 
+// A PushSession carries a worker's pushes one after another, each ended by its message with
+// `ends` and answered on the session; in stripes too, each stripe on a session of its own. A
+// push that is refused ends its session with the refusal, and a session that ends inside a
+// push fails it (its pieces stay in the round, as a broken PushStream's do).
+TEST(RemoteShard, SessionsCarryPushAfterPushAndEndOnARefusal) {
+  OneShard s(1024, 300);  // pieces [0, 300) [300, 600) [600, 900) [900, 1024)
+  const std::vector<float> g(1024, 1.0f);
+  remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+  struct Session {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<remote::PushRequest, remote::PushReply>> rw;
+  };
+  auto open = [&](const std::string& stripe_metadata = "") {
+    Session o{remote::call_context("t", 30), nullptr};
+    if (!stripe_metadata.empty()) o.ctx->AddMetadata(remote::kStripeKey, stripe_metadata);
+    o.rw = shards.stub(0).PushSession(o.ctx.get());
+    return o;
+  };
+  using Pieces = std::vector<std::pair<int64_t, int64_t>>;
+  // Push `id` of round `round`, stripe k of n: its pieces, the last one with `ends`.
+  auto send = [&](Session& o, int64_t round, uint64_t id, int k, int n, const Pieces& pieces,
+                  int64_t timeout_ms = 10000, bool ends = true) {
+    for (size_t j = 0; j < pieces.size(); ++j) {
+      remote::PushRequest m = s.head();
+      m.set_round(round);
+      m.set_push(id);
+      m.set_stripe(k);
+      m.set_stripes(n);
+      m.set_timeout_ms(timeout_ms);
+      m.set_offset(pieces[j].first);
+      m.set_grads(
+          std::string(reinterpret_cast<const char*>(g.data() + pieces[j].first),
+                      sizeof(float) * static_cast<size_t>(pieces[j].second - pieces[j].first)));
+      m.set_ends(ends && j + 1 == pieces.size());
+      if (!o.rw->Write(m)) return;
+    }
+  };
+  auto reply = [](Session& o) {
+    remote::PushReply r;
+    return o.rw->Read(&r) ? std::optional<remote::PushReply>(r) : std::nullopt;
+  };
+  // The session's status, once every reply on it is read.
+  auto ended = [](Session& o) {
+    remote::PushReply r;
+    while (o.rw->Read(&r)) {
+    }
+    return o.rw->Finish();
+  };
+  auto refused = [](const grpc::Status& st, const std::string& says) {
+    return st.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
+           st.error_message().find(says) != std::string::npos;
+  };
+  const std::pair<int64_t, int64_t> p0{0, 300}, p1{300, 600}, p2{600, 900}, p3{900, 1024};
+  // Rounds 0 and 1 on one session.
+  Session a = open();
+  send(a, 0, 1, 0, 1, {p0, p1, p2, p3});
+  auto r = reply(a);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->version(), 1);
+  EXPECT_TRUE(r->applied());
+  EXPECT_FALSE(r->partial());
+  send(a, 1, 2, 0, 1, {p0, p1, p2, p3});
+  r = reply(a);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->version(), 2);
+  // Rounds 2 and 3 in two stripes on two sessions: the stripe that ends first replies partial,
+  // the other ends the push.
+  Session b = open();
+  for (int64_t round : {2, 3}) {
+    const uint64_t id = 10 + round;
+    send(a, round, id, 0, 2, {p0, p1});
+    r = reply(a);
+    ASSERT_TRUE(r);
+    EXPECT_TRUE(r->partial());
+    send(b, round, id, 1, 2, {p2, p3});
+    r = reply(b);
+    ASSERT_TRUE(r);
+    EXPECT_FALSE(r->partial());
+    EXPECT_EQ(r->version(), round + 1);
+  }
+  std::vector<float> got(1024);
+  EXPECT_EQ(s.store->pull_into(got.data()), 4);
+  for (int i = 0; i < 1024; ++i) ASSERT_EQ(got[i], -3.5f) << i;  // 0.5 - 4 pushes of 1
+  // Closed between pushes, a session ends OK.
+  a.rw->WritesDone();
+  EXPECT_TRUE(ended(a).ok());
+  b.rw->WritesDone();
+  EXPECT_TRUE(ended(b).ok());
+  // Refused, each ending its session: a push that gives its answer no time, a stripe beyond
+  // the push's stripes, and a session that says a stripe in its metadata.
+  Session c = open();
+  send(c, 4, 20, 0, 1, {p0, p1, p2, p3}, 0);
+  grpc::Status st = ended(c);
+  EXPECT_TRUE(refused(st, "gives no time for its answer (timeout_ms 0)")) << st.error_message();
+  Session d = open();
+  send(d, 4, 21, 2, 2, {p0, p1});
+  st = ended(d);
+  EXPECT_TRUE(refused(st, "stripe 2 of 2 (a range of 4 piece(s), at most 16 stripes)"))
+      << st.error_message();
+  Session e = open("22 0 1");
+  send(e, 4, 22, 0, 1, {p0, p1, p2, p3});
+  st = ended(e);
+  EXPECT_TRUE(refused(st, "a session's pushes say their stripes in their messages"))
+      << st.error_message();
+  EXPECT_EQ(s.store->pull_into(got.data()), 4);  // nothing of them applied
+  for (int i = 0; i < 1024; ++i) ASSERT_EQ(got[i], -3.5f) << i;
+  // A session closed inside a push fails it; the piece it carried stays in the round, and the
+  // push sent again whole is applied once.
+  Session f = open();
+  send(f, 4, 23, 0, 1, {p0}, 10000, false);
+  f.rw->WritesDone();
+  st = ended(f);
+  EXPECT_TRUE(refused(st, "PushSession ended inside its push of round 4")) << st.error_message();
+  Session h = open();
+  send(h, 4, 24, 0, 1, {p0, p1, p2, p3});
+  r = reply(h);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->version(), 5);
+  h.rw->WritesDone();
+  EXPECT_TRUE(ended(h).ok());
+  EXPECT_EQ(s.store->pull_into(got.data()), 5);
+  for (int i = 0; i < 1024; ++i) ASSERT_EQ(got[i], -4.5f) << i;
+}
+
+// A push on a session keeps its own deadline: at a sync barrier that never completes (the
+// other worker never pushes), the shard answers before the deadline (2 s; the heartbeat
+// timeout that would count the other worker lost is 10 s), saying what it waited for, and the
+// worker's error says so.
+TEST(RemoteShard, APushOnASessionEndsAtItsDeadlineSayingWhatItWaitedFor) {
+  OneShard s(1024, 300, "", "sync", 2, true, 2, 2.0);
+  try {
+    s.push_ones();
+    ADD_FAILURE() << "the push did not fail";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("DEADLINE_EXCEEDED"), std::string::npos) << what;
+    EXPECT_NE(what.find("the call's deadline passed while waiting for the other workers' "
+                        "gradients of round 0"),
+              std::string::npos)
+        << what;
+  }
+}
+
 // Pushes of a worker's store in stripes land every float where it belongs, once, and its pulls
 // in stripes read every float: sync and async shards, a range split unevenly (5 pieces in 3
-// stripes) and evenly.
+// stripes) and evenly, pushes on sessions kept open and on a call each.
 TEST(RemoteShard, StripedPushesAndPullsLandEveryFloatOnce) {
   for (const std::string mode : {"sync", "async"})
-    for (int stripes : {3, 5}) {
-      SCOPED_TRACE(mode + ", stripes " + std::to_string(stripes));
-      OneShard s(1400, 300, "", mode, stripes);
-      const int64_t n = s.layout.total();  // 1400, or a little more: the layout's alignment
-      ASSERT_EQ((n + 299) / 300, 5);       // 5 pieces
-      std::vector<float> g(n);
-      for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 64) / 8.0f;
-      CpuDevice host(1);
-      HostUpdate on(host);
-      s.store->attach({nullptr});  // one tower's pushes (async: the rounds it read)
-      for (int push = 1; push <= 2; ++push) {
-        UpdateRecord rec;
-        rec.lr = 1.0f;
-        rec.examples = 1;
-        rec.contributors = 1;
-        EXPECT_EQ(s.store->push(g.data(), rec, on), push);
+    for (int stripes : {3, 5})
+      for (bool sessions : {true, false}) {
+        SCOPED_TRACE(fmt::format("{}, stripes {}, sessions {}", mode, stripes, sessions));
+        OneShard s(1400, 300, "", mode, stripes, sessions);
+        const int64_t n = s.layout.total();  // 1400, or a little more: the layout's alignment
+        ASSERT_EQ((n + 299) / 300, 5);       // 5 pieces
+        std::vector<float> g(n);
+        for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 64) / 8.0f;
+        CpuDevice host(1);
+        HostUpdate on(host);
+        s.store->attach({nullptr});  // one tower's pushes (async: the rounds it read)
+        for (int push = 1; push <= 2; ++push) {
+          UpdateRecord rec;
+          rec.lr = 1.0f;
+          rec.examples = 1;
+          rec.contributors = 1;
+          EXPECT_EQ(s.store->push(g.data(), rec, on), push);
+        }
+        const float* p = s.store->host_params();
+        for (int64_t i = 0; i < 1400; ++i)
+          ASSERT_EQ(p[i], 0.5f - 2.0f * g[i]) << i;  // (not the padding)
+        std::vector<float> pulled(n, -7.0f);
+        EXPECT_EQ(s.store->pull_into(pulled.data()), 2);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(pulled[i], p[i]) << i;
+        // The two pushes and the pull each went as min(stripes, 5 pieces) streams; on sessions,
+        // the pushes' streams were opened once.
+        EXPECT_EQ(s.store->timing()["streams"].get<int64_t>(), 3 * std::min(stripes, 5));
+        EXPECT_EQ(s.store->timing()["sessions"].get<int64_t>(),
+                  sessions ? std::min(stripes, 5) : 0);
       }
-      const float* p = s.store->host_params();
-      for (int64_t i = 0; i < 1400; ++i)
-        ASSERT_EQ(p[i], 0.5f - 2.0f * g[i]) << i;  // (not the padding)
-      std::vector<float> pulled(n, -7.0f);
-      EXPECT_EQ(s.store->pull_into(pulled.data()), 2);
-      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(pulled[i], p[i]) << i;
-      // The two pushes and the pull each went as min(stripes, 5 pieces) streams.
-      EXPECT_EQ(s.store->timing()["streams"].get<int64_t>(), 3 * std::min(stripes, 5));
-    }
   // A pull's stripe metadata is checked as a push's.
   OneShard s(1024, 300);
   remote::ShardSet shards(s.cfg.cluster.ps, "t", {});

@@ -648,6 +648,7 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
     rc.heartbeat_timeout = c_.heartbeat_timeout;
     rc.piece_floats = c_.rpc_piece_kib * 1024 / static_cast<int64_t>(sizeof(float));
     rc.stripes = c_.rpc_stripes;
+    rc.sessions = c_.rpc_sessions;
     rc.mode = c_.mode;
     rc.replicas_to_aggregate = c_.replicas_to_aggregate;
     rc.staleness = std::max<int64_t>(c_.staleness, 0);

@@ -269,6 +269,10 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                  "connections at once, each carrying a run of its pieces (one gRPC stream is "
                  "held well below what a connection carries by the threads that drive it)")
       ->capture_default_str();
+  app.add_option("--rpc-sessions", c.rpc_sessions,
+                 "with --cluster: pushes go on streams to each shard (one a stripe) that stay "
+                 "open from push to push, rather than on a call each (true or false)")
+      ->capture_default_str();
 }
 
 // `towers launch ... -- <training flags>`: the flags after -- go to every worker.

@@ -43,7 +43,8 @@ RemoteParameterStore::RemoteParameterStore(RemoteConfig cfg, const ParameterLayo
       access_(access),
       hash_(layout_hash(layout)),
       ranges_(shard_ranges(layout.total(), static_cast<int>(cfg_.cluster.ps.size()))),
-      shards_(std::make_unique<ShardSet>(cfg_.cluster.ps, cfg_.token, cfg_.tls, cfg_.stripes)) {
+      shards_(std::make_unique<ShardSet>(cfg_.cluster.ps, cfg_.token, cfg_.tls, cfg_.stripes,
+                                         cfg_.sessions)) {
   keep_message_buffers();
   // Heartbeats from the start, so that a worker still loading its data is not counted lost.
   heartbeat_ = std::thread([this] {
@@ -205,10 +206,13 @@ int64_t ns_since(Clock::time_point t0) {
 }  // namespace
 
 nlohmann::json RemoteParameterStore::timing() const {
-  return {
-      {"streams", shards_->streams()},          {"pulls", pulls_.load()},
-      {"pull_seconds", pull_ns_.load() * 1e-9}, {"pushes", pushes_.load()},
-      {"push_seconds", push_ns_.load() * 1e-9}, {"push_wait_seconds", push_wait_ns_.load() * 1e-9}};
+  return {{"streams", shards_->streams()},
+          {"sessions", shards_->sessions_opened()},
+          {"pulls", pulls_.load()},
+          {"pull_seconds", pull_ns_.load() * 1e-9},
+          {"pushes", pushes_.load()},
+          {"push_seconds", push_ns_.load() * 1e-9},
+          {"push_wait_seconds", push_wait_ns_.load() * 1e-9}};
 }
 
 int64_t RemoteParameterStore::pull(Tower& tower) {
@@ -273,28 +277,24 @@ int64_t RemoteParameterStore::push_ranges(const float* grads, bool skip, UpdateR
     int64_t c = n_clocks_ == 0 ? 0 : std::numeric_limits<int64_t>::max();
     for (int t = 0; t < n_clocks_; ++t) c = std::min(c, clocks_[t].load() + (t == ti ? 1 : 0));
     r.set_clock(c);
-    // Each shard's range in pieces (one message with no floats for a skip).
+    // Each shard's range in pieces (none for a skip).
     Lender lender;
-    std::vector<std::vector<grpc::ByteBuffer>> out(n);
+    std::vector<ShardSet::PushOut> out(n);
     for (int i = 0; i < n; ++i) {
       const Range& g = ranges_[i];
       // async, ssp: the version this tower read from shard i, from which the shard counts
       // the updates applied since (the shards' versions move apart while pushes are applied)
       if (cfg_.mode != "sync") r.set_round(shard_read_.at(ti).at(i));
-      if (skip) {
-        out[i].push_back(encode(r));
-        continue;
-      }
+      out[i].head = r;
+      if (skip) continue;
       for_each_piece(g.size(), piece_, [&](int64_t lo, int64_t hi) {
-        r.set_offset(lo);
-        const grpc::Slice lent =
-            lender.lend(grads + g.begin + lo, sizeof(float) * static_cast<size_t>(hi - lo));
-        out[i].push_back(encode(r, PushRequest::kGradsFieldNumber, &lent));
+        out[i].pieces.emplace_back(
+            lo, lender.lend(grads + g.begin + lo, sizeof(float) * static_cast<size_t>(hi - lo)));
         return true;
       });
     }
     adopting_rollbacks([&] {
-      shards_->push_streams(out, reps, cfg_.rpc_timeout);
+      shards_->push(out, reps, cfg_.rpc_timeout);
       return 0;
     });
   }

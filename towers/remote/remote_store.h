@@ -52,6 +52,9 @@ struct RemoteConfig {
   // A push to a shard, and a pull from it, travel on this many TCP connections at once, each
   // carrying a run of its pieces (wire.h, kStripeKey).
   int stripes = 4;
+  // Pushes go on PushSessions that stay open from push to push (a stream a shard and stripe),
+  // rather than on a PushStream call each (decision 77).
+  bool sessions = true;
 };
 
 class ShardSet;  // the channels and stubs (shard_set.h)

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -117,7 +118,17 @@ class CallThreads {
 // Push, Pull and their streams are raw (wire.h): their floats are not copied through protobuf
 // messages.
 using ShardBase = Shard::WithRawCallbackMethod_Push<Shard::WithRawCallbackMethod_Pull<
-    Shard::WithRawCallbackMethod_PushStream<Shard::WithRawCallbackMethod_PullStream<Shard::Service>>>>;
+    Shard::WithRawCallbackMethod_PushStream<Shard::WithRawCallbackMethod_PullStream<
+        Shard::WithRawCallbackMethod_PushSession<Shard::Service>>>>>;
+
+// Who asks, and by when the answer is due: a call's context (its metadata, its cancellation)
+// and its deadline, or for a push on a session (PushSession), the push's own deadline.
+struct Asker {
+  Asker(ServerContextBase* c) : ctx(c), deadline(c->deadline()) {}  // NOLINT: a call asks
+  Asker(ServerContextBase* c, std::chrono::system_clock::time_point d) : ctx(c), deadline(d) {}
+  ServerContextBase* ctx;
+  std::chrono::system_clock::time_point deadline;
+};
 
 class ShardService final : public ShardBase {
  public:
@@ -323,7 +334,7 @@ class ShardService final : public ShardBase {
 
   // Sync, a worker's call at rollback generation `gen`: refused with the rollback to adopt
   // when the shard is at a later one; held while a rollback is being loaded.
-  Status admit(ServerContextBase* ctx, int64_t gen, bool* would_wait = nullptr) {
+  Status admit(Asker ctx, int64_t gen, bool* would_wait = nullptr) {
     if (run_.mode() != "sync") return Status::OK;
     std::unique_lock<std::mutex> l(mu_);
     // A restarted shard's rollback comes after every generation the workers are at.
@@ -535,10 +546,13 @@ class ShardService final : public ShardBase {
     int64_t next = 0;      // where the next message's floats must start
     int64_t end = 0;       // where the call's floats end (the range's size, or its stripe's end)
     HostBuffer grads;      // async and ssp: the gradient, as its pieces arrive
-    bool stream = false;   // a PushStream's (only a stream may be a stripe)
+    bool stream = false;   // a PushStream's or a session's (only those may be a stripe)
+    bool session = false;  // a push on a PushSession: its stripe and deadline are its messages'
+    std::chrono::system_clock::time_point deadline;  // the answer's (set by the first message)
     std::shared_ptr<PushGroup> group;  // a stripe's push
     Stripe stripe;
     float* buffer() { return group ? group->grads.data() : grads.data(); }
+    Asker asker() const { return {ctx, deadline}; }
   };
 
   // ---- Push and Pull: the floats travel as raw slices (wire.h), whole or in pieces ----
@@ -583,6 +597,53 @@ class ShardService final : public ShardBase {
     return r;
   }
 
+  // The messages of a push's stream (PushStream, PushSession) received and not yet taken, in
+  // order. gRPC's thread parses a message's small fields, queues it here and asks for the
+  // next one while less than kAhead bytes wait to be taken (decision 66). A message that does
+  // not parse is refused in its turn, after the ones before it; nothing after it is read.
+  // Guarded by its reader's mutex.
+  struct Received {
+    static constexpr size_t kAhead = 8 << 20;  // bytes received and not yet taken, at most
+    struct Message {
+      PushRequest head;
+      Bulk grads;
+      Status refusal;  // not OK: a message that did not parse
+    };
+    std::deque<Message> queue;
+    size_t bytes = 0;     // their floats'
+    bool paused = false;  // no read is asked for until the taking has caught up
+    // Queues the message read into `in` (cleared: its floats live on in its Bulk's slices);
+    // whether to read the next one now.
+    bool add(ShardService* shard, grpc::ByteBuffer& in, const char* method) {
+      Message m;
+      m.refusal = shard->guarded([&] {
+        std::string error;
+        return decode(in, PushRequest::kGradsFieldNumber, m.head, m.grads, &error)
+                   ? Status::OK
+                   : Status(StatusCode::INVALID_ARGUMENT,
+                            fmt::format("{}: {}: {}", shard->name_, method, error));
+      });
+      bool read_on = m.refusal.ok();
+      bytes += m.grads.size();
+      queue.push_back(std::move(m));
+      if (read_on && bytes >= kAhead) {
+        read_on = false;
+        paused = true;
+      }
+      in.Clear();
+      return read_on;
+    }
+    // The first message; *resume: the reads stopped for the queue, and go on now.
+    Message pop(bool* resume) {
+      Message m = std::move(queue.front());
+      queue.pop_front();
+      bytes -= m.grads.size();
+      *resume = paused && bytes < kAhead;
+      if (*resume) paused = false;
+      return m;
+    }
+  };
+
   // PushStream: every message is taken as it arrives (push_message: in sync mode each piece is
   // copied into the worker's round buffer, and applied at once when it completes the piece
   // across the workers), so the shard's work overlaps the wire; the end of the stream is the
@@ -607,24 +668,7 @@ class ShardService final : public ShardBase {
         if (!ok) {
           ended_ = true;  // the client has sent everything, or has gone
         } else {
-          Taken m;
-          m.refusal = shard_->guarded([&] {
-            std::string error;
-            return decode(in_, PushRequest::kGradsFieldNumber, m.head, m.grads, &error)
-                       ? Status::OK
-                       : Status(StatusCode::INVALID_ARGUMENT,
-                                fmt::format("{}: PushStream: {}", shard_->name_, error));
-          });
-          // A message that does not parse is refused in its turn, after the ones before it;
-          // nothing after it is read.
-          read_on = m.refusal.ok();
-          queued_ += m.grads.size();
-          queue_.push_back(std::move(m));
-          if (read_on && queued_ >= kAhead) {
-            read_on = false;
-            paused_ = true;  // take() reads on
-          }
-          in_.Clear();  // the message's floats live on in its Bulk's slices
+          read_on = received_.add(shard_, in_, "PushStream");
         }
         start = !busy_;
         busy_ = true;
@@ -635,12 +679,6 @@ class ShardService final : public ShardBase {
     void OnDone() override { delete this; }
 
    private:
-    static constexpr size_t kAhead = 8 << 20;  // bytes received and not yet taken, at most
-    struct Taken {
-      PushRequest head;
-      Bulk grads;
-      Status refusal;  // not OK: a message that did not parse
-    };
     void start_taking() {
       try {
         shard_->threads_.run([this] { take(); });
@@ -657,12 +695,9 @@ class ShardService final : public ShardBase {
     void take() {
       std::unique_lock<std::mutex> l(mu_);
       for (;;) {
-        if (error_.ok() && !queue_.empty()) {
-          Taken m = std::move(queue_.front());
-          queue_.pop_front();
-          queued_ -= m.grads.size();
-          const bool resume = paused_ && queued_ < kAhead;
-          if (resume) paused_ = false;
+        if (error_.ok() && !received_.queue.empty()) {
+          bool resume = false;
+          Received::Message m = received_.pop(&resume);
           l.unlock();
           if (resume) StartRead(&in_);
           const Status s =
@@ -677,7 +712,7 @@ class ShardService final : public ShardBase {
           busy_ = false;  // the next message starts the next task
           return;
         }
-        queue_.clear();  // after a refusal: not taken
+        received_.queue.clear();  // after a refusal: not taken
         finishing_ = true;
         break;
       }
@@ -702,11 +737,9 @@ class ShardService final : public ShardBase {
     grpc::ByteBuffer in_;  // read into by one read at a time; cleared under mu_
     PushCall call_;        // take()'s task only
     std::mutex mu_;
-    std::deque<Taken> queue_;  // received, not yet taken
-    size_t queued_ = 0;        // their floats' bytes
+    Received received_;        // under mu_
     Status error_;             // the first refusal, in the stream's order: the push ends with it
     bool busy_ = false;        // a take() task is queued or running
-    bool paused_ = false;      // no read is asked for until take() has caught up
     bool ended_ = false;       // no message will follow
     bool finishing_ = false;   // Finish is called, or about to be
   };
@@ -714,6 +747,182 @@ class ShardService final : public ShardBase {
   grpc::ServerReadReactor<grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext* ctx,
                                                         grpc::ByteBuffer* reply) override {
     return new PushReader(this, ctx, reply);
+  }
+
+  // PushSession: a worker's pushes one after another on one stream (decision 77). Each push's
+  // messages are taken as a PushStream's are (in order, by one task at a time on a thread of
+  // threads_, while gRPC's thread reads on), its message with `ends` ends it (push_end: it may
+  // wait at the barrier), and its reply is written on the stream. The first refusal or failure
+  // ends the session with its status, as it would end the push's PushStream; the worker opens
+  // another for its next push. The session ends with OK when the worker closes it between
+  // pushes, and the shard ends its sessions when it exits (end_sessions).
+  class SessionReader final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+   public:
+    SessionReader(ShardService* shard, grpc::CallbackServerContext* ctx)
+        : shard_(shard), ctx_(ctx) {
+      new_push();
+      {
+        std::lock_guard<std::mutex> l(shard_->sessions_mu_);
+        shard_->sessions_.insert(this);
+      }
+      StartRead(&in_);
+    }
+    void OnReadDone(bool ok) override {
+      bool read_on = false, start = false;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (finishing_) return;
+        if (!ok) {
+          ended_ = true;  // the worker closed the session, or has gone
+        } else {
+          read_on = received_.add(shard_, in_, "PushSession");
+        }
+        start = !busy_;
+        busy_ = true;
+      }
+      if (start) start_taking();
+      if (read_on) StartRead(&in_);
+    }
+    void OnWriteDone(bool) override {
+      // (A write that fails: the worker has gone, and the next read fails too.)
+      bool finish = false;
+      grpc::ByteBuffer* next = nullptr;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        replies_.pop_front();
+        if (!replies_.empty())
+          next = &replies_.front();
+        else
+          finish = finish_due_;
+      }
+      if (next != nullptr) StartWrite(next);
+      if (finish) Finish(status_);
+    }
+    void OnDone() override {
+      {
+        std::lock_guard<std::mutex> l(shard_->sessions_mu_);
+        shard_->sessions_.erase(this);
+      }
+      delete this;
+    }
+    // The shard exits: the session ends (its read under way fails). Under sessions_mu_.
+    void end() { ctx_->TryCancel(); }
+
+   private:
+    void new_push() {
+      call_ = PushCall();
+      call_.ctx = ctx_;
+      call_.stream = true;
+      call_.session = true;
+    }
+    void start_taking() {
+      try {
+        shard_->threads_.run([this] { take(); });
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          finishing_ = true;
+        }
+        finish(Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what())));
+      }
+    }
+    // The queued messages in order: each push's end and reply after its last message; then
+    // (the session closed, or a push failed) the session's end, here, once.
+    void take() {
+      std::unique_lock<std::mutex> l(mu_);
+      for (;;) {
+        if (error_.ok() && !received_.queue.empty()) {
+          bool resume = false;
+          Received::Message m = received_.pop(&resume);
+          l.unlock();
+          if (resume) StartRead(&in_);
+          Status s =
+              m.refusal.ok()
+                  ? shard_->guarded([&] { return shard_->push_message(call_, m.head, m.grads); })
+                  : m.refusal;
+          grpc::ByteBuffer reply;
+          if (s.ok() && m.head.ends())
+            s = shard_->guarded([&] {
+              if (ctx_->IsCancelled())
+                return Status(StatusCode::CANCELLED,
+                              fmt::format("{}: PushSession cancelled", shard_->name_));
+              PushReply rep;
+              const Status end = shard_->push_end(call_, rep);
+              if (end.ok()) reply = encode(rep);
+              return end;
+            });
+          if (!s.ok()) shard_->stripe_failed(call_, s);  // a stripe's failure fails its push
+          l.lock();
+          if (!s.ok()) {
+            if (error_.ok()) error_ = s;
+          } else if (m.head.ends()) {
+            new_push();
+            replies_.push_back(std::move(reply));
+            if (replies_.size() == 1) {                   // no write under way: this one starts now
+              grpc::ByteBuffer* out = &replies_.front();  // (stays put until written)
+              l.unlock();
+              StartWrite(out);
+              l.lock();
+            }
+          }
+          continue;
+        }
+        if (error_.ok() && !ended_) {
+          busy_ = false;
+          return;
+        }
+        received_.queue.clear();
+        finishing_ = true;
+        break;
+      }
+      Status s = error_;
+      const bool inside = call_.started;
+      l.unlock();
+      if (s.ok() && inside)  // closed (or gone) in the middle of a push
+        s = shard_->stripe_failed(
+            call_, {ctx_->IsCancelled() ? StatusCode::CANCELLED : StatusCode::INVALID_ARGUMENT,
+                    fmt::format("{}: worker {}'s PushSession ended inside its push of round {}",
+                                shard_->name_, call_.head.worker(), call_.head.round())});
+      finish(s);
+    }
+    // Finishes the session once its replies are written.
+    void finish(Status s) {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        status_ = std::move(s);
+        if (!replies_.empty()) {
+          finish_due_ = true;
+          return;
+        }
+      }
+      Finish(status_);
+    }
+
+    ShardService* shard_;
+    grpc::CallbackServerContext* ctx_;
+    grpc::ByteBuffer in_;
+    PushCall call_;  // the push in progress: take()'s task only
+    std::mutex mu_;
+    Received received_;                     // under mu_
+    std::deque<grpc::ByteBuffer> replies_;  // the front one is being written
+    Status error_;
+    Status status_;  // the session's, once it is finishing
+    bool busy_ = false;
+    bool ended_ = false;
+    bool finishing_ = false;
+    bool finish_due_ = false;  // Finish once the replies are written
+  };
+
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushSession(
+      grpc::CallbackServerContext* ctx) override {
+    return new SessionReader(this, ctx);
+  }
+
+  // The shard exits: every session ends (a push under way in one fails as the shard's waits
+  // do: UNAVAILABLE), rather than holding the server's shutdown until its grace runs out.
+  void end_sessions() {
+    std::lock_guard<std::mutex> l(sessions_mu_);
+    for (SessionReader* s : sessions_) s->end();
   }
 
   // The messages of a PullStream, written one at a time as gRPC takes them, while the thread
@@ -874,6 +1083,20 @@ class ShardService final : public ShardBase {
     return Status::OK;
   }
 
+  // The stripe a push on a session says it is (PushRequest.stripe of .stripes; 0 of 0 means
+  // one stripe of one), or its refusal, naming the push as `what` says.
+  template <class What>
+  Status session_stripe(const PushRequest& m, What what, Stripe* st) {
+    const int64_t pieces = messages_of(range_.size(), piece_);
+    *st = Stripe{m.push(), m.stripe(), std::max(1, m.stripes())};
+    if (m.stripe() < 0 || m.stripe() >= st->s || st->s > kMaxStripes || st->s > pieces)
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: {}: stripe {} of {} (a range of {} piece(s), at most {} "
+                          "stripes): refused",
+                          name_, what(), m.stripe(), m.stripes(), pieces, kMaxStripes)};
+    return Status::OK;
+  }
+
   // Floats [*a, *b) of the range, which a PullStream sends: a stripe's, or the whole range.
   Status pull_stripe(ServerContextBase* ctx, const PullRequest& req, int64_t* a, int64_t* b) {
     Stripe st;
@@ -943,9 +1166,19 @@ class ShardService final : public ShardBase {
   // before any of it is taken.
   Status push_message(PushCall& c, const PushRequest& m, const Bulk& grads) {
     if (!c.started) {
+      c.deadline = c.ctx->deadline();
+      if (c.session) {
+        if (m.timeout_ms() <= 0)
+          return {StatusCode::INVALID_ARGUMENT,
+                  fmt::format("{}: worker {}'s push of round {} on a session gives no time for "
+                              "its answer (timeout_ms {}): refused",
+                              name_, m.worker(), m.round(), m.timeout_ms())};
+        c.deadline = std::min(c.deadline, std::chrono::system_clock::now() +
+                                              std::chrono::milliseconds(m.timeout_ms()));
+      }
       if (Status s = authorize(c.ctx); !s.ok()) return s;
       if (Status s = check_worker(m.layout_hash(), m.worker()); !s.ok()) return s;
-      if (Status s = admit(c.ctx, m.generation()); !s.ok()) return s;
+      if (Status s = admit(c.asker(), m.generation()); !s.ok()) return s;
       c.head = m;
       c.head.clear_offset();
       c.started = true;
@@ -954,7 +1187,8 @@ class ShardService final : public ShardBase {
       if (run_.mode() != "sync" && !m.skip() && !c.group) c.grads = HostBuffer(range_.size());
     } else if (m.worker() != c.head.worker() || m.round() != c.head.round() ||
                m.skip() != c.head.skip() || m.layout_hash() != c.head.layout_hash() ||
-               m.generation() != c.head.generation()) {
+               m.generation() != c.head.generation() || m.push() != c.head.push() ||
+               m.stripe() != c.head.stripe() || m.stripes() != c.head.stripes()) {
       return {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: a PushStream message of worker {}, round {} inside a push of worker "
                           "{}, round {}: refused", name_, m.worker(), m.round(), c.head.worker(),
@@ -1097,6 +1331,11 @@ class ShardService final : public ShardBase {
   // joins the push's group, and is to carry its stripe's floats only.
   Status join_stripes(PushCall& c) {
     const PushRequest& m = c.head;
+    if (c.session && c.ctx->client_metadata().count(kStripeKey) != 0)
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: a PushSession with metadata '{}': a session's pushes say their "
+                          "stripes in their messages: refused",
+                          name_, kStripeKey)};
     if (!c.stream) {
       if (c.ctx->client_metadata().count(kStripeKey) == 0) return Status::OK;
       return {StatusCode::INVALID_ARGUMENT,
@@ -1106,7 +1345,8 @@ class ShardService final : public ShardBase {
     }
     Stripe st;
     auto what = [&] { return fmt::format("worker {}'s push of round {}", m.worker(), m.round()); };
-    if (Status s = stripe_of(c.ctx, what, &st); !s.ok()) return s;
+    if (Status s = c.session ? session_stripe(m, what, &st) : stripe_of(c.ctx, what, &st); !s.ok())
+      return s;
     if (m.skip() && st.s > 1)
       return {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: {}: metadata '{}': a push that skips its round is one stream: "
@@ -1129,7 +1369,7 @@ class ShardService final : public ShardBase {
         g = std::make_shared<PushGroup>();
         g->head = m;
         g->joined.assign(st.s, 0);
-        g->deadline = std::min(c.ctx->deadline(), now + std::chrono::hours(1));
+        g->deadline = std::min(c.deadline, now + std::chrono::hours(1));
       } else if (static_cast<int>(g->joined.size()) != st.s || g->joined[st.k] ||
                  m.round() != g->head.round() || m.lr() != g->head.lr() ||
                  m.generation() != g->head.generation() ||
@@ -1187,6 +1427,8 @@ class ShardService final : public ShardBase {
     }
     PushCall whole;
     whole.ctx = c.ctx;
+    whole.deadline = c.deadline;
+    whole.session = c.session;
     whole.head = g->head;
     whole.head.clear_offset();
     whole.started = true;
@@ -1527,8 +1769,8 @@ class ShardService final : public ShardBase {
   // The time a waiting call gives up: its deadline, less what its answer needs to reach the
   // caller, so that the caller reads why (the shard's status) rather than its own bare
   // "Deadline Exceeded".
-  static std::chrono::system_clock::time_point answer_by(const ServerContextBase* ctx) {
-    return ctx->deadline() - kAnswerMargin;
+  static std::chrono::system_clock::time_point answer_by(const Asker& a) {
+    return a.deadline - kAnswerMargin;
   }
   static constexpr std::chrono::milliseconds kAnswerMargin{250};
 
@@ -1539,12 +1781,12 @@ class ShardService final : public ShardBase {
   // of waiting, *would_wait is set and OK returned, and the caller serves the call again on a
   // thread of threads_ (what it did before the wait must be safe to do twice).
   template <class Ready, class What>
-  Status wait(std::unique_lock<std::mutex>& l, ServerContextBase* ctx, Ready ready, What what,
+  Status wait(std::unique_lock<std::mutex>& l, const Asker& ctx, Ready ready, What what,
               int64_t gen = -1, bool* would_wait = nullptr) {
     while (!ready()) {
       if (gen >= 0 && gen < generation_) return stale(gen);
       if (exit_) return {StatusCode::UNAVAILABLE, fmt::format("{} is shutting down", name_)};
-      if (ctx->IsCancelled())
+      if (ctx.ctx->IsCancelled())
         return {StatusCode::CANCELLED, fmt::format("{}: the call was cancelled", name_)};
       if (Status s = lost_blocks_round(); !s.ok()) return s;
       if (std::chrono::system_clock::now() >= answer_by(ctx))
@@ -1618,11 +1860,10 @@ class ShardService final : public ShardBase {
     }
     ++waiting_[w];
     const Clock::time_point waited_from = Clock::now();
-    const Status s = wait(l, c.ctx, [&] { return version_.load() > round; },
-                          [&] {
-                            return fmt::format("the other workers' gradients of round {}", round);
-                          },
-                          req.generation());
+    const Status s = wait(
+        l, c.asker(), [&] { return version_.load() > round; },
+        [&] { return fmt::format("the other workers' gradients of round {}", round); },
+        req.generation());
     --waiting_[w];
     if (rollback_of(s)) return s;  // the round is gone with its generation: nothing to withdraw
     if (!s.ok()) {
@@ -1858,6 +2099,8 @@ class ShardService final : public ShardBase {
   std::map<int, Clock::time_point> early_seen_;
   std::chrono::milliseconds timeout_{10000};
   std::thread watchdog_;
+  std::mutex sessions_mu_;
+  std::set<SessionReader*> sessions_;  // open PushSessions (end_sessions)
   CallThreads threads_;  // last: joined first, while everything its calls use is still there
 };
 
@@ -1893,6 +2136,7 @@ int run_shard(const ShardOptions& o) {
                  "is not an address of this machine)", o.index, address);
   service.say(fmt::format("listening on {}{}", address, o.tls.enabled() ? " (TLS)" : ""));
   service.wait_for_exit();
+  service.end_sessions();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (o.exit_process_when_done) {
     std::fflush(nullptr);

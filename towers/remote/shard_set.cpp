@@ -14,13 +14,22 @@
 
 namespace towers::remote {
 
+namespace {
+// Calls that keep their own deadline (pushes on sessions) are given up this long after it, so
+// that a shard's own answer at its deadline (which says what it waited for) comes first.
+constexpr std::chrono::seconds kOwnDeadlineMargin{1};
+}  // namespace
+
 ShardSet::ShardSet(std::vector<std::string> addresses, std::string token, const TlsFiles& tls,
-                   int stripes)
+                   int stripes, bool sessions)
     : addresses_(std::move(addresses)),
       token_(std::move(token)),
       unreachable_(addresses_.size()),
       stripes_(stripes),
-      next_push_(uint64_t{std::random_device()()} << 32) {
+      next_push_(uint64_t{std::random_device()()} << 32),
+      sessions_(sessions),
+      idle_(addresses_.size(), std::vector<std::vector<std::shared_ptr<PushSession>>>(stripes)),
+      live_(std::make_shared<SessionCount>()) {
   TOWERS_REQUIRE(stripes >= 1 && stripes <= kMaxStripes, "stripes: {} is not in [1, {}]", stripes,
                  kMaxStripes);
   for (const std::string& a : addresses_) {
@@ -52,7 +61,7 @@ void ShardSet::fail(int i, const char* what, const grpc::Status& s) const {
 }
 
 void ShardSet::all(const char* what, double timeout, const Start& start,
-                   const std::vector<int>& calls) {
+                   const std::vector<int>& calls, const std::function<void()>& cancel) {
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(timeout));
   std::vector<int> todo(size());
@@ -80,19 +89,30 @@ void ShardSet::all(const char* what, double timeout, const Start& start,
         --pending;
         cv.notify_all();
       });
+    bool overdue = false;  // (cancel: the deadline and its margin passed)
     {
       std::unique_lock<std::mutex> l(mu);
       bool cancelled = false;
       for (;;) {
-        cv.wait(l, [&] { return pending == 0 || (rolled_back && !cancelled); });
+        auto woken = [&] { return pending == 0 || (rolled_back && !cancelled); };
+        if (!cancel || cancelled)
+          cv.wait(l, woken);
+        else if (!cv.wait_until(l, until + kOwnDeadlineMargin, woken))
+          overdue = true;  // no answer from the shards: their calls are given up
         if (pending == 0) break;
         // The others' calls (a push waiting at a round's barrier) are of the round given up.
         cancelled = true;
         l.unlock();
         for (auto& c : ctx) c->TryCancel();
+        if (cancel) cancel();
         l.lock();
       }
     }
+    if (overdue)
+      for (grpc::Status& st : status)
+        if (st.error_code() == grpc::StatusCode::CANCELLED)
+          st = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                            fmt::format("no answer within the deadline ({:.1f} s)", timeout));
     // The latest rollback any shard asks for.
     std::optional<Rollback> rollback;
     int by = -1;
@@ -178,11 +198,20 @@ class PushWriter final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 // such cancels; 0 in 44 runs without them).
 class StripedCall {
  public:
-  // Adds each stripe's metadata to its context.
+  // stripes: how many; cancel: cancels every stripe's call.
+  StripedCall(int stripes, std::function<void()> cancel, std::function<void(grpc::Status)> done)
+      : stripes_(stripes), cancel_(std::move(cancel)), done_(std::move(done)) {}
+  // The same for stripes on contexts of their own: adds each stripe's metadata to its context
+  // (id: the push's).
   StripedCall(ShardSet::Contexts ctx, uint64_t id, std::function<void(grpc::Status)> done)
-      : ctx_(ctx), done_(std::move(done)) {
-    const int s = static_cast<int>(ctx_.size());
-    for (int k = 0; k < s; ++k) ctx_[k]->AddMetadata(kStripeKey, stripe_metadata({id, k, s}));
+      : StripedCall(
+            static_cast<int>(ctx.size()),
+            [ctx] {
+              for (grpc::ClientContext* c : ctx) c->TryCancel();
+            },
+            std::move(done)) {
+    const int s = static_cast<int>(ctx.size());
+    for (int k = 0; k < s; ++k) ctx[k]->AddMetadata(kStripeKey, stripe_metadata({id, k, s}));
   }
   // A stripe's call is over.
   void finished(const grpc::Status& s) {
@@ -220,9 +249,9 @@ class StripedCall {
   }
 
  private:
-  int parties() const { return static_cast<int>(ctx_.size()) + 1; }
+  int parties() const { return stripes_ + 1; }
   void cancel_all() {
-    for (grpc::ClientContext* c : ctx_) c->TryCancel();  // (may end a stripe on this thread)
+    cancel_();  // (may end a stripe on this thread)
     {
       std::lock_guard<std::mutex> l(mu_);
       if (++ended_ < parties()) return;
@@ -241,7 +270,8 @@ class StripedCall {
     if (rollback_of(s)) return 3;
     return s.error_code() == grpc::StatusCode::CANCELLED ? 1 : 2;
   }
-  ShardSet::Contexts ctx_;
+  int stripes_;
+  std::function<void()> cancel_;
   std::mutex mu_;
   int ended_ = 0;
   bool started_ = false;
@@ -325,6 +355,360 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 
 }  // namespace
 
+// A PushSession (towers.proto): a stream to one connection of a shard on which a worker's
+// pushes go one after another. push() writes a push's messages and reads its reply; the session
+// then waits for the next push. It is over once its call is: a push that failed (its status is
+// the push's), a cancel (a deadline or a rollback), the shard's end, or retire() between
+// pushes. A hold (gRPC's AddHold) keeps the call from ending while the session waits between
+// pushes, and one more while a push's writes are under way, so that no write starts on a call
+// that is over; the session keeps itself alive until its call is over.
+struct SessionCount {
+  std::mutex mu;
+  std::condition_variable cv;
+  int alive = 0;
+};
+
+class PushSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit PushSession(std::shared_ptr<SessionCount> count) : counted_(std::move(count)) {}
+  static std::shared_ptr<PushSession> open(grpc::GenericStub& stub, const std::string& token,
+                                           std::shared_ptr<SessionCount> count) {
+    auto s = std::make_shared<PushSession>(std::move(count));
+    s->self_ = s;
+    s->ctx_.AddMetadata(kTokenKey, token);  // (no deadline: each push keeps its own)
+    stub.PrepareBidiStreamingCall(&s->ctx_, kPushSessionMethod, grpc::StubOptions(), s.get());
+    s->AddHold();  // until retired, or broken
+    s->StartRead(&s->in_);
+    s->StartCall();
+    return s;
+  }
+  // Writes a push's messages (the last with `ends`); done(OK) once its reply is in *reply and
+  // its writes are done, or done(status) when the session ends first. False, and nothing
+  // sent, when the session cannot take a push any more.
+  bool push(std::vector<grpc::ByteBuffer> messages, grpc::ByteBuffer* reply,
+            std::function<void(grpc::Status)> done) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!reusable_locked() || done_) return false;
+      messages_ = std::move(messages);
+      next_ = 0;
+      reply_ = reply;
+      done_ = std::move(done);
+      replied_ = written_ = false;
+      AddHold();  // the writes' (until the last one is done)
+    }
+    write_next();
+    return true;
+  }
+  // Ends the session's call (a push under way fails CANCELLED); it is not used again.
+  void cancel() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      cancelled_ = true;
+    }
+    ctx_.TryCancel();
+  }
+  // Between pushes: the session is closed (the shard then ends it), or, if it cannot take a
+  // push any more, left to end.
+  void retire() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (retired_) return;
+      const bool close = reusable_locked();
+      retired_ = true;
+      if (close) StartWritesDone();
+    }
+    release();
+  }
+  // Whether it can take the next push (not broken, cancelled or retired).
+  bool reusable() {
+    std::lock_guard<std::mutex> l(mu_);
+    return reusable_locked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (ok) {
+      std::unique_lock<std::mutex> l(mu_);
+      if (next_ < messages_.size()) {
+        l.unlock();
+        write_next();
+        return;
+      }
+    }
+    // The last write, or a failed one (the call is broken: the reply's read fails too, and
+    // OnDone says why).
+    std::function<void(grpc::Status)> done;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      written_ = true;
+      messages_.clear();  // lets go of the floats' slices (a lender waits for them)
+      if (replied_) done = std::move(done_);
+    }
+    if (done) done(grpc::Status::OK);
+    RemoveHold();
+  }
+  void OnReadDone(bool ok) override {
+    std::function<void(grpc::Status)> done;
+    bool stray = false, over = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (ok && done_ && !replied_) {
+        *reply_ = in_;
+        in_.Clear();
+        replied_ = true;
+        if (written_) done = std::move(done_);
+      } else {
+        stray = ok;  // a reply that no push asked for
+        over = broken_ = true;
+      }
+    }
+    if (over) {
+      // The call ends once no write is under way, and OnDone gives its status to the push
+      // under way, if any.
+      if (stray) cancel();
+      release();
+      return;
+    }
+    StartRead(&in_);  // the next push's reply (first: the read keeps the call from ending)
+    if (done) done(grpc::Status::OK);
+  }
+  void OnDone(const grpc::Status& s) override {
+    std::function<void(grpc::Status)> done;
+    std::shared_ptr<PushSession> self;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      broken_ = true;
+      done = std::move(done_);
+      self = std::move(self_);
+    }
+    if (done)
+      done(s.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
+                                 "the shard ended the push's session without its reply")
+                  : s);
+    // (self goes here: this may be the last reference)
+  }
+
+ private:
+  bool reusable_locked() const { return !broken_ && !cancelled_ && !retired_; }
+  void write_next() {
+    grpc::ByteBuffer* m;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      m = &messages_[next_++];
+    }
+    StartWrite(m);
+  }
+  // Lets go of the hold kept between pushes (once).
+  void release() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (released_) return;
+      released_ = true;
+    }
+    RemoveHold();
+  }
+  // First: counted out last, once the context (and its reference to the channel) is gone.
+  struct Counted {
+    explicit Counted(std::shared_ptr<SessionCount> c) : count(std::move(c)) {
+      std::lock_guard<std::mutex> l(count->mu);
+      ++count->alive;
+    }
+    ~Counted() {
+      std::lock_guard<std::mutex> l(count->mu);
+      --count->alive;
+      count->cv.notify_all();
+    }
+    std::shared_ptr<SessionCount> count;
+  } counted_;
+  grpc::ClientContext ctx_;
+  std::mutex mu_;
+  grpc::ByteBuffer in_;
+  std::vector<grpc::ByteBuffer> messages_;  // the push under way's
+  size_t next_ = 0;
+  grpc::ByteBuffer* reply_ = nullptr;
+  std::function<void(grpc::Status)> done_;  // the push under way's
+  bool replied_ = false, written_ = false;
+  bool broken_ = false;  // its call is ending
+  bool cancelled_ = false;
+  bool retired_ = false;
+  bool released_ = false;              // the hold between pushes
+  std::shared_ptr<PushSession> self_;  // until OnDone
+};
+
+ShardSet::~ShardSet() {
+  std::vector<std::shared_ptr<PushSession>> idle;
+  {
+    std::lock_guard<std::mutex> l(idle_mu_);
+    for (auto& shard : idle_)
+      for (auto& conn : shard)
+        for (auto& s : conn) idle.push_back(std::move(s));
+  }
+  for (auto& s : idle) s->retire();
+  idle.clear();
+  // Each shard ends a closed session at once; one that does not answer is cancelled.
+  std::unique_lock<std::mutex> l(live_->mu);
+  if (!live_->cv.wait_for(l, std::chrono::seconds(1), [&] { return live_->alive == 0; })) {
+    l.unlock();
+    {
+      std::lock_guard<std::mutex> o(idle_mu_);
+      for (const auto& w : opened_)
+        if (auto s = w.lock()) s->cancel();
+    }
+    l.lock();
+    live_->cv.wait(l, [&] { return live_->alive == 0; });
+  }
+}
+
+std::shared_ptr<PushSession> ShardSet::take_session(int i, int k) {
+  {
+    std::lock_guard<std::mutex> l(idle_mu_);
+    auto& pool = idle_[i][k];
+    while (!pool.empty()) {
+      std::shared_ptr<PushSession> s = std::move(pool.back());
+      pool.pop_back();
+      if (s->reusable()) return s;
+      s->retire();
+    }
+  }
+  ++sessions_opened_;
+  std::shared_ptr<PushSession> s = PushSession::open(generic(i, k), token_, live_);
+  std::lock_guard<std::mutex> l(idle_mu_);
+  std::erase_if(opened_, [](const auto& w) { return w.expired(); });
+  opened_.push_back(s);
+  return s;
+}
+
+void ShardSet::keep_session(int i, int k, std::shared_ptr<PushSession> s) {
+  std::lock_guard<std::mutex> l(idle_mu_);
+  idle_[i][k].push_back(std::move(s));
+}
+
+void ShardSet::push(const std::vector<PushOut>& out, std::vector<PushReply>& replies,
+                    double timeout) {
+  const int n = size();
+  auto messages_of_push = [](const PushOut& o) {
+    return o.pieces.empty() ? 1 : static_cast<int>(o.pieces.size());
+  };
+  // Shard i's messages [a, b), with the small fields in `head`.
+  auto encode_pieces = [](const PushOut& o, PushRequest head, int a, int b) {
+    std::vector<grpc::ByteBuffer> m;
+    if (o.pieces.empty()) {
+      head.set_ends(head.stripes() > 0);
+      m.push_back(encode(head));
+      return m;
+    }
+    for (int j = a; j < b; ++j) {
+      head.set_offset(o.pieces[j].first);
+      head.set_ends(head.stripes() > 0 && j + 1 == b);
+      m.push_back(encode(head, PushRequest::kGradsFieldNumber, &o.pieces[j].second));
+    }
+    return m;
+  };
+  if (!sessions_) {
+    std::vector<std::vector<grpc::ByteBuffer>> messages(n);
+    for (int i = 0; i < n; ++i)
+      messages[i] = encode_pieces(out[i], out[i].head, 0, messages_of_push(out[i]));
+    push_streams(messages, replies, timeout);
+    return;
+  }
+  std::vector<int> stripes(n);
+  for (int i = 0; i < n; ++i) stripes[i] = std::min(stripes_, messages_of_push(out[i]));
+  std::vector<std::vector<grpc::ByteBuffer>> in(n);
+  // The sessions of the attempt under way, and whether each one's push is over.
+  struct Taken {
+    int i, k;
+    std::shared_ptr<PushSession> session;
+    bool ok = false;
+  };
+  std::mutex mu;
+  std::vector<Taken> taken;
+  // Sessions whose push succeeded go back for the next push; the rest are retired (a broken
+  // one is over already, or about to be).
+  struct Return {
+    ShardSet* set;
+    std::vector<Taken>& taken;
+    ~Return() {
+      for (Taken& t : taken)
+        if (t.ok && t.session->reusable())
+          set->keep_session(t.i, t.k, std::move(t.session));
+        else
+          t.session->retire();
+    }
+  } give_back{this, taken};
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(timeout));
+  all(
+      "Push", timeout,
+      [&](int i, Contexts, std::function<void(grpc::Status)> done) {
+        const int p = messages_of_push(out[i]), s = stripes[i];
+        const uint64_t id = next_push_++;  // new for every attempt
+        PushRequest head = out[i].head;
+        head.set_push(id);
+        head.set_stripes(s);
+        head.set_timeout_ms(std::max<int64_t>(
+            1,
+            std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count()));
+        in[i].assign(s, grpc::ByteBuffer());
+        streams_ += s;
+        std::vector<std::shared_ptr<PushSession>> mine;
+        for (int k = 0; k < s; ++k) mine.push_back(take_session(i, k));
+        std::vector<size_t> at;  // each stripe's place in taken
+        {
+          std::lock_guard<std::mutex> l(mu);
+          for (int k = 0; k < s; ++k) {
+            at.push_back(taken.size());
+            taken.push_back({i, k, mine[k]});
+          }
+        }
+        auto* striped = new StripedCall(
+            s,
+            [mine] {
+              for (const auto& m : mine) m->cancel();
+            },
+            std::move(done));
+        for (int k = 0; k < s; ++k) {
+          head.set_stripe(k);
+          auto finished = [&, striped, slot = at[k]](grpc::Status st) {
+            if (st.ok()) {
+              std::lock_guard<std::mutex> l(mu);
+              taken[slot].ok = true;
+            }
+            striped->finished(st);
+          };
+          if (!mine[k]->push(encode_pieces(out[i], head, p * k / s, p * (k + 1) / s), &in[i][k],
+                             finished))
+            finished(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                  "the push's session to the shard was over before it began"));
+        }
+        striped->started();
+      },
+      stripes,
+      [&] {
+        std::lock_guard<std::mutex> l(mu);
+        for (const Taken& t : taken)
+          if (!t.ok) t.session->cancel();
+      });
+  decode_replies(in, replies);
+}
+
+void ShardSet::decode_replies(const std::vector<std::vector<grpc::ByteBuffer>>& in,
+                              std::vector<PushReply>& replies) const {
+  replies.assign(size(), PushReply());
+  for (int i = 0; i < size(); ++i) {
+    // A striped push's result is on the stripe that ended it; the others are partial.
+    int whole = 0;
+    for (const grpc::ByteBuffer& b : in[i]) {
+      PushReply rep;
+      std::string error;
+      TOWERS_REQUIRE(decode(b, rep, &error), "ps:{} ({}): a push's reply: {}", i, addresses_[i],
+                     error);
+      if (!rep.partial()) replies[i] = std::move(rep), ++whole;
+    }
+    TOWERS_REQUIRE(whole == 1, "ps:{} ({}): a push in {} stripes was ended by {} of them", i,
+                   addresses_[i], in[i].size(), whole);
+  }
+}
+
 void ShardSet::push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& messages,
                             std::vector<PushReply>& replies, double timeout) {
   // Stripe k of shard i's s: its pieces [p k / s, p (k + 1) / s), as the shard expects
@@ -351,20 +735,7 @@ void ShardSet::push_streams(const std::vector<std::vector<grpc::ByteBuffer>>& me
         push->started();
       },
       stripes);
-  replies.assign(size(), PushReply());
-  for (int i = 0; i < size(); ++i) {
-    // A striped push's result is on the stripe that ended it; the others are partial.
-    int whole = 0;
-    for (const grpc::ByteBuffer& b : in[i]) {
-      PushReply rep;
-      std::string error;
-      TOWERS_REQUIRE(decode(b, rep, &error), "ps:{} ({}): a push's reply: {}", i, addresses_[i],
-                     error);
-      if (!rep.partial()) replies[i] = std::move(rep), ++whole;
-    }
-    TOWERS_REQUIRE(whole == 1, "ps:{} ({}): a push in {} stripes was ended by {} of them", i,
-                   addresses_[i], in[i].size(), whole);
-  }
+  decode_replies(in, replies);
 }
 
 std::vector<int64_t> ShardSet::pull_streams(const PullRequest& request,

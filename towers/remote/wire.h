@@ -33,6 +33,7 @@ inline constexpr const char* kPushMethod = "/towers.remote.Shard/Push";
 inline constexpr const char* kPullMethod = "/towers.remote.Shard/Pull";
 inline constexpr const char* kPushStreamMethod = "/towers.remote.Shard/PushStream";
 inline constexpr const char* kPullStreamMethod = "/towers.remote.Shard/PullStream";
+inline constexpr const char* kPushSessionMethod = "/towers.remote.Shard/PushSession";
 // RunSpec.piece_floats when the chief gives none: 1 MiB pieces.
 inline constexpr int64_t kDefaultPieceFloats = 1 << 18;
 
