@@ -53,7 +53,7 @@ struct RemoteConfig {
   // carrying a run of its pieces (wire.h, kStripeKey).
   int stripes = 4;
   // Pushes go on PushSessions that stay open from push to push (a stream a shard and stripe),
-  // rather than on a PushStream call each (decision 77).
+  // rather than on a PushStream call each (decision 75).
   bool sessions = true;
 };
 

@@ -749,7 +749,7 @@ class ShardService final : public ShardBase {
     return new PushReader(this, ctx, reply);
   }
 
-  // PushSession: a worker's pushes one after another on one stream (decision 77). Each push's
+  // PushSession: a worker's pushes one after another on one stream (decision 75). Each push's
   // messages are taken as a PushStream's are (in order, by one task at a time on a thread of
   // threads_, while gRPC's thread reads on), its message with `ends` ends it (push_end: it may
   // wait at the barrier), and its reply is written on the stream. The first refusal or failure
