@@ -639,6 +639,30 @@ TEST(RemoteShard, APushOnASessionEndsAtItsDeadlineSayingWhatItWaitedFor) {
   }
 }
 
+// A shard that exits while a push waits at its barrier fails the push as unavailable (the
+// worker calls again until its deadline), not as a cancelled call, though the shard ends its
+// sessions as it exits. (The barrier's wait answers first, saying the shard is shutting down;
+// the worker also counts a session that the shard cancels under a push as unavailable, for a
+// cancel that comes while the push's pieces are still arriving. Should the shutdown come before
+// the push reaches the shard, the push finds no shard: unavailable too.)
+TEST(RemoteShard, AShardThatExitsUnderAPushOnASessionIsUnavailable) {
+  OneShard s(1024, 300, "", "sync", 2, true, 2, 3.0);
+  std::string error;
+  std::thread pusher([&] {
+    try {
+      s.push_ones();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // (at the barrier, likely)
+  s.shut_down();
+  pusher.join();
+  EXPECT_NE(error.find("Push failed: UNAVAILABLE"), std::string::npos) << error;
+  EXPECT_EQ(error.find("CANCELLED"), std::string::npos) << error;
+  s.server = std::thread([&] { remote::run_shard(s.opts); });  // (for ~OneShard's shutdown)
+}
+
 // Pushes of a worker's store in stripes land every float where it belongs, once, and its pulls
 // in stripes read every float: sync and async shards, a range split unevenly (5 pieces in 3
 // stripes) and evenly, pushes on sessions kept open and on a call each.

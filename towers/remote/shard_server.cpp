@@ -549,6 +549,7 @@ class ShardService final : public ShardBase {
     bool stream = false;   // a PushStream's or a session's (only those may be a stripe)
     bool session = false;  // a push on a PushSession: its stripe and deadline are its messages'
     std::chrono::system_clock::time_point deadline;  // the answer's (set by the first message)
+    std::chrono::system_clock::time_point arrived;   // a session's: its first message's arrival
     std::shared_ptr<PushGroup> group;  // a stripe's push
     Stripe stripe;
     float* buffer() { return group ? group->grads.data() : grads.data(); }
@@ -608,6 +609,7 @@ class ShardService final : public ShardBase {
       PushRequest head;
       Bulk grads;
       Status refusal;  // not OK: a message that did not parse
+      std::chrono::system_clock::time_point arrived = std::chrono::system_clock::now();
     };
     std::deque<Message> queue;
     size_t bytes = 0;     // their floats'
@@ -836,6 +838,7 @@ class ShardService final : public ShardBase {
           Received::Message m = received_.pop(&resume);
           l.unlock();
           if (resume) StartRead(&in_);
+          if (!call_.started) call_.arrived = m.arrived;  // (the push's time counts from it)
           Status s =
               m.refusal.ok()
                   ? shard_->guarded([&] { return shard_->push_message(call_, m.head, m.grads); })
@@ -918,8 +921,10 @@ class ShardService final : public ShardBase {
     return new SessionReader(this, ctx);
   }
 
-  // The shard exits: every session ends (a push under way in one fails as the shard's waits
-  // do: UNAVAILABLE), rather than holding the server's shutdown until its grace runs out.
+  // The shard exits: every session ends, rather than holding the server's shutdown until its
+  // grace runs out. (A push under way on one ends CANCELLED by the shard; the worker counts
+  // that as the shard being unavailable, as it counts a PushStream's end by a shard that
+  // exits, and calls again until its deadline.)
   void end_sessions() {
     std::lock_guard<std::mutex> l(sessions_mu_);
     for (SessionReader* s : sessions_) s->end();
@@ -1173,8 +1178,7 @@ class ShardService final : public ShardBase {
                   fmt::format("{}: worker {}'s push of round {} on a session gives no time for "
                               "its answer (timeout_ms {}): refused",
                               name_, m.worker(), m.round(), m.timeout_ms())};
-        c.deadline = std::min(c.deadline, std::chrono::system_clock::now() +
-                                              std::chrono::milliseconds(m.timeout_ms()));
+        c.deadline = std::min(c.deadline, c.arrived + std::chrono::milliseconds(m.timeout_ms()));
       }
       if (Status s = authorize(c.ctx); !s.ok()) return s;
       if (Status s = check_worker(m.layout_hash(), m.worker()); !s.ok()) return s;

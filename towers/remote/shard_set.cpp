@@ -81,14 +81,22 @@ void ShardSet::all(const char* what, double timeout, const Start& start,
         ctx.push_back(call_context(token_, left));
         of[k].push_back(ctx.back().get());
       }
-    for (int k = 0; k < n; ++k)
-      start(todo[k], of[k], [&, k](grpc::Status s) {
+    for (int k = 0; k < n; ++k) {
+      auto done = [&, k](grpc::Status s) {
         std::lock_guard<std::mutex> l(mu);
         if (rollback_of(s)) rolled_back = true;
         status[k] = std::move(s);
         --pending;
         cv.notify_all();
-      });
+      };
+      // A start throws only before it has started anything (an allocation, an encoding): the
+      // call fails with it, and the calls already started are still waited for below.
+      try {
+        start(todo[k], of[k], done);
+      } catch (const std::exception& e) {
+        done(grpc::Status(grpc::StatusCode::INTERNAL, e.what()));
+      }
+    }
     bool overdue = false;  // (cancel: the deadline and its margin passed)
     {
       std::unique_lock<std::mutex> l(mu);
@@ -395,7 +403,8 @@ class PushSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
       reply_ = reply;
       done_ = std::move(done);
       replied_ = written_ = false;
-      AddHold();  // the writes' (until the last one is done)
+      AddHold();  // the writes' (until the last one is done; added while the hold between
+                  // pushes is held, as gRPC allows after StartCall)
     }
     write_next();
     return true;
@@ -434,6 +443,9 @@ class PushSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
         write_next();
         return;
       }
+    } else {
+      std::lock_guard<std::mutex> l(mu_);
+      broken_ = true;  // (even if the reply came: no push goes on it any more)
     }
     // The last write, or a failed one (the call is broken: the reply's read fails too, and
     // OnDone says why).
@@ -475,16 +487,25 @@ class PushSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
   void OnDone(const grpc::Status& s) override {
     std::function<void(grpc::Status)> done;
     std::shared_ptr<PushSession> self;
+    bool cancelled = false;
     {
       std::lock_guard<std::mutex> l(mu_);
       broken_ = true;
+      cancelled = cancelled_;
       done = std::move(done_);
       self = std::move(self_);
     }
-    if (done)
-      done(s.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
-                                 "the shard ended the push's session without its reply")
-                  : s);
+    // The shard ends its sessions when it exits: a push under way then ends CANCELLED, which
+    // this worker did not ask for. That counts as the shard being unavailable (retried until
+    // the deadline), as a PushStream ended by a shard that exits does.
+    grpc::Status status = s;
+    if (s.ok())
+      status = grpc::Status(grpc::StatusCode::INTERNAL,
+                            "the shard ended the push's session without its reply");
+    else if (s.error_code() == grpc::StatusCode::CANCELLED && !cancelled)
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "the shard ended the push's session: " + s.error_message());
+    if (done) done(status);
     // (self goes here: this may be the last reference)
   }
 
@@ -650,6 +671,11 @@ void ShardSet::push(const std::vector<PushOut>& out, std::vector<PushReply>& rep
             std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count()));
         in[i].assign(s, grpc::ByteBuffer());
         streams_ += s;
+        std::vector<std::vector<grpc::ByteBuffer>> messages(s);  // (first: nothing started yet)
+        for (int k = 0; k < s; ++k) {
+          head.set_stripe(k);
+          messages[k] = encode_pieces(out[i], head, p * k / s, p * (k + 1) / s);
+        }
         std::vector<std::shared_ptr<PushSession>> mine;
         for (int k = 0; k < s; ++k) mine.push_back(take_session(i, k));
         std::vector<size_t> at;  // each stripe's place in taken
@@ -667,7 +693,6 @@ void ShardSet::push(const std::vector<PushOut>& out, std::vector<PushReply>& rep
             },
             std::move(done));
         for (int k = 0; k < s; ++k) {
-          head.set_stripe(k);
           auto finished = [&, striped, slot = at[k]](grpc::Status st) {
             if (st.ok()) {
               std::lock_guard<std::mutex> l(mu);
@@ -675,8 +700,7 @@ void ShardSet::push(const std::vector<PushOut>& out, std::vector<PushReply>& rep
             }
             striped->finished(st);
           };
-          if (!mine[k]->push(encode_pieces(out[i], head, p * k / s, p * (k + 1) / s), &in[i][k],
-                             finished))
+          if (!mine[k]->push(std::move(messages[k]), &in[i][k], finished))
             finished(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                   "the push's session to the shard was over before it began"));
         }
