@@ -1201,6 +1201,9 @@ TEST(RemoteCli, BadFlagsAreNamed) {
       {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " +
            token + " --rpc-stripes 17",
        "--rpc-stripes 17: 1 to 16 connections a shard"},
+      {"train --model mlp --steps 1 --cluster " + cluster + " --task worker:0 --token-file " +
+           token + " --rpc-sessions maybe",
+       "--rpc-sessions = maybe"},
       {"ps --cluster " + cluster + " --task worker:0 --token-file " + token,
        "the task must be ps:I"},
       {"launch --workers 2 -- train --model mlp --towers 2", "--towers is set by the launcher"},
