@@ -36,7 +36,7 @@
 # LEASE_PHASES="correctness speed training" (default) picks phases; "profile" (ncu, then the
 # dense layers' GEMMs one at a time; about a minute) and "remote" (the transport's 4 MiB shares
 # on this machine's cores, against shard processes only, 3 interleaved repetitions, at most
-# two minutes, the bar's cases alone when less than 105 s is left: every 4 MiB case with 5
+# two minutes, the bar's cases alone when less than 115 s is left: every 4 MiB case with 5
 # repetitions did not finish in 150 s on the 16-core H200 machine on 2026-11-27) run after them
 # as spare phases when the command's time allows (LEASE_SPARE, LEASE_BUDGET below), or as a
 # second command on the same warm machine, as the session's device time allows (15 minutes in
@@ -173,17 +173,17 @@ run_profile() {  # at most $1 s
   pack_results
 }
 run_remote() {  # at most $1 s
-  # What the transport's bar reads (issue 11). With at least 105 s: push and pull to 1, 2 and 4
-  # shard processes in 1, 2 and 4 stripes (and to 1 in 256 KiB pieces), the pushes on sessions
-  # and on a call each, gRPC's floors against a process (one stream, in stripes, and on
-  # sessions: streams opened once), raw TCP's two best variants (87 s on 2 cores). With less:
-  # the bar's cases alone, push (on sessions and on a call each) and pull to 1, 2 and 4 shard
-  # processes in the default stripes (4), to 1 also in 256 KiB pieces, the push floor in 4
-  # stripes and on 4 sessions, and raw TCP's two best variants (35 s on 2 cores).
+  # What the transport's bar reads (issue 11). With at least 115 s: push and pull to 1, 2 and 4
+  # shard processes in 1, 2 and 4 stripes (and to 1 in 256 KiB pieces) on sessions, and in 1
+  # and 4 stripes also on a call each, gRPC's floors against a process (one stream, in stripes,
+  # and on sessions: streams opened once), raw TCP's two best variants (94 s on 2 cores). With
+  # less: the bar's cases alone, push and pull to 1, 2 and 4 shard processes in the default
+  # stripes (4) on sessions and on a call each, to 1 also in 256 KiB pieces, the push floor in
+  # 4 stripes and on 4 sessions, and raw TCP's two best variants (39 s on 2 cores).
   # No training job. The shard-process cases also say how busy each side's threads
   # were (remote_bench.cpp, timed_loop).
   local cases='BM_(PushToProcesses|PullFromProcesses)/4194304/|BM_Grpc(StreamToProcess|StripesToProcess|SessionsToProcess|PullStreamFromProcess)/4194304|BM_TcpLoopback/4194304/(262144|1048576)/'
-  [ "$1" -ge 105 ] || cases='BM_(PushToProcesses|PullFromProcesses)/4194304/[124]/4/|BM_Grpc(StripesToProcess|SessionsToProcess)/4194304/4|BM_TcpLoopback/4194304/(262144|1048576)/'
+  [ "$1" -ge 115 ] || cases='BM_(PushToProcesses|PullFromProcesses)/4194304/[124]/4/|BM_Grpc(StripesToProcess|SessionsToProcess)/4194304/4|BM_TcpLoopback/4194304/(262144|1048576)/'
   CASES=$cases SWEEP=0 ROUNDS=0 REPS=3 REMOTE_S=$(($1 - 10)) PHASES=remote \
     within "$1" bench/run-gpu.sh "$pack" "$work/remote" > "$work/remote.log" 2>&1
   stamp "remote done"
@@ -195,10 +195,10 @@ run_remote() {  # at most $1 s
 # of LEASE_BUDGET seconds from the script's start (default 570, inside the lease's 10 minutes
 # a command, with room for the packing after it), cut to what is left less `within`'s grace.
 # remote's result is all or nothing (its repetitions interleave, and its summary reads the
-# JSON written at its end): 3 repetitions of all its cases took 87 s on 2 cores here
-# (2026-11-28, with the stripes', the pieces' and the sessions' cases, and every 4 MiB push
-# both on sessions and on a call each), of the bar's cases alone 35 s; so it runs the bar's
-# cases from 40 s left, and all of them from 105 s (run_remote).
+# JSON written at its end): 3 repetitions of all its cases took 94 s on 2 cores here
+# (2026-11-28, with the stripes', the pieces' and the sessions' cases, and the 4 MiB pushes and
+# pulls in 1 and 4 stripes both on sessions and on a call each), of the bar's cases alone 39 s;
+# so it runs the bar's cases from 55 s left, and all of them from 115 s (run_remote).
 budget=${LEASE_BUDGET:-570}
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu-lease: LEASE_BUDGET '$budget' is not a number of seconds; using 570" >&2; budget=570; }
 spare_default="remote profile"
@@ -207,7 +207,7 @@ asked=""
 for extra in remote profile; do [[ " $phases " == *" $extra "* ]] && asked="$asked $extra"; done
 for extra in $asked ${LEASE_SPARE-$spare_default}; do
   case $extra in
-    remote) min=40 cap=120 ;;
+    remote) min=55 cap=120 ;;
     profile) min=30 cap=130 ;;
     *) echo "gpu-lease: LEASE_SPARE: no phase '$extra' (remote, profile)" >&2; continue ;;
   esac

@@ -37,10 +37,10 @@
 //                          and stripe costs
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
 //   BM_PushToProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB/SESSIONS,
-//   BM_PullFromProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB
+//   BM_PullFromProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB/SESSIONS
 //                          the same push and pull (in STRIPES streams a shard, each on a
-//                          connection of its own, in pieces of PIECE_KIB; a push on sessions
-//                          kept open, SESSIONS 1, or on a call each, 0) to shards that are
+//                          connection of its own, in pieces of PIECE_KIB; on sessions kept
+//                          open, SESSIONS 1, or on a call each, 0) to shards that are
 //                          `towers ps` processes
 //                          (the towers binary beside this one's bench/ directory), as in a
 //                          real cluster: each process has gRPC threads of its own, and every
@@ -369,21 +369,20 @@ std::unique_ptr<T> make_or_skip(benchmark::State& state, Args&&... args) {
   }
 }
 
-// The cluster of a case (BYTES, SHARDS, and for shard processes STRIPES, PIECE_KIB and, for
-// pushes, SESSIONS), or null
+// The cluster of a case (BYTES, SHARDS, and for shard processes STRIPES, PIECE_KIB and
+// SESSIONS), or null
 // with the case skipped.
-std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes,
-                                       bool pushes = false) {
+std::unique_ptr<Cluster> start_cluster(benchmark::State& state, bool in_processes) {
   const int stripes = in_processes ? static_cast<int>(state.range(2)) : 0;
   const int64_t piece_floats = in_processes ? state.range(3) * 1024 / 4 : 0;
-  const bool sessions = !in_processes || !pushes || state.range(4) != 0;
+  const bool sessions = !in_processes || state.range(4) != 0;
   return make_or_skip<Cluster>(state, state.range(0) / 4, static_cast<int>(state.range(1)),
                                in_processes, stripes, piece_floats, sessions);
 }
 
 void push_case(benchmark::State& state, bool in_processes) {
   const int64_t bytes = state.range(0);
-  const std::unique_ptr<Cluster> cluster = start_cluster(state, in_processes, true);
+  const std::unique_ptr<Cluster> cluster = start_cluster(state, in_processes);
   if (!cluster) return;
   Cluster& c = *cluster;
   CpuDevice host(1);
@@ -1019,24 +1018,22 @@ std::vector<std::vector<int64_t>> process_cases() {
   }
   return cases;
 }
-void in_processes(benchmark::internal::Benchmark* b) {
-  for (const auto& a : process_cases()) b->Args(a);
-  b->UseRealTime()->MinTime(0.3);
-}
-// Pushes the same, on sessions (the default) and, at 4 MiB, also on a call each.
-void push_in_processes(benchmark::internal::Benchmark* b) {
+// The same on sessions (the default) and, at 4 MiB in 1 MiB pieces in 1 or 4 stripes, also on
+// a call each.
+void with_sessions(benchmark::internal::Benchmark* b) {
   for (std::vector<int64_t> a : process_cases()) {
     a.push_back(1);
     b->Args(a);
-    if (a[0] == 4 << 20) {
+    if (a[0] == 4 << 20 && a[3] == remote::kDefaultPieceFloats * 4 / 1024 &&
+        (a[2] == 1 || a[2] == 4)) {
       a.back() = 0;
       b->Args(a);
     }
   }
   b->UseRealTime()->MinTime(0.3);
 }
-BENCHMARK(BM_PushToProcesses)->Apply(push_in_processes);
-BENCHMARK(BM_PullFromProcesses)->Apply(in_processes);
+BENCHMARK(BM_PushToProcesses)->Apply(with_sessions);
+BENCHMARK(BM_PullFromProcesses)->Apply(with_sessions);
 BENCHMARK(BM_TcpLoopback)->Apply(tcp_variants);
 BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcStream)->Apply([](auto* b) { sizes(b, false); });

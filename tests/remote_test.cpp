@@ -620,6 +620,84 @@ TEST(RemoteShard, SessionsCarryPushAfterPushAndEndOnARefusal) {
   for (int i = 0; i < 1024; ++i) ASSERT_EQ(got[i], -4.5f) << i;
 }
 
+// A PullSession carries a worker's pulls one after another, each a request answered by its
+// pieces (the worker counts its floats); a refused pull ends the session with the refusal.
+TEST(RemoteShard, PullSessionsCarryPullAfterPullAndEndOnARefusal) {
+  OneShard s(1024, 300);  // 4 pieces
+  s.push_ones();          // version 1: every parameter -0.5
+  remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+  struct Session {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<remote::PullRequest, remote::PullReply>> rw;
+  };
+  auto open = [&](const std::string& stripe_metadata = "") {
+    Session o{remote::call_context("t", 30), nullptr};
+    if (!stripe_metadata.empty()) o.ctx->AddMetadata(remote::kStripeKey, stripe_metadata);
+    o.rw = shards.stub(0).PullSession(o.ctx.get());
+    return o;
+  };
+  auto request = [&](int k, int n, int64_t timeout_ms = 10000) {
+    remote::PullRequest r;
+    r.set_layout_hash(remote::layout_hash(s.layout));
+    r.set_worker(0);
+    r.set_min_version(1);
+    r.set_stripe(k);
+    r.set_stripes(n);
+    r.set_timeout_ms(timeout_ms);
+    return r;
+  };
+  // Reads a pull's pieces until floats [a, b) are in; the floats read.
+  auto pieces = [](Session& o, int64_t a, int64_t b) {
+    std::vector<float> got;
+    remote::PullReply rep;
+    while (a + static_cast<int64_t>(got.size()) < b && o.rw->Read(&rep)) {
+      EXPECT_EQ(rep.offset(), a + static_cast<int64_t>(got.size()));
+      EXPECT_EQ(rep.version(), 1);
+      const auto* f = reinterpret_cast<const float*>(rep.params().data());
+      got.insert(got.end(), f, f + rep.params().size() / sizeof(float));
+    }
+    return got;
+  };
+  auto ended = [](Session& o) {
+    remote::PullReply r;
+    while (o.rw->Read(&r)) {
+    }
+    return o.rw->Finish();
+  };
+  // Two whole pulls, then stripe 1 of 2 ([600, 1024)), on one session.
+  Session a = open();
+  for (int pull = 0; pull < 2; ++pull) {
+    ASSERT_TRUE(a.rw->Write(request(0, 1)));
+    const std::vector<float> got = pieces(a, 0, 1024);
+    ASSERT_EQ(got.size(), 1024u);
+    for (float v : got) ASSERT_EQ(v, -0.5f);
+  }
+  ASSERT_TRUE(a.rw->Write(request(1, 2)));
+  EXPECT_EQ(pieces(a, 600, 1024).size(), 424u);
+  a.rw->WritesDone();
+  grpc::Status st = ended(a);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  // Refused, each ending its session.
+  auto refused = [](const grpc::Status& st, const std::string& says) {
+    return st.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
+           st.error_message().find(says) != std::string::npos;
+  };
+  Session b = open();
+  b.rw->Write(request(0, 1, 0));
+  st = ended(b);
+  EXPECT_TRUE(refused(st, "pull on a session gives no time for its answer")) << st.error_message();
+  Session c = open();
+  c.rw->Write(request(2, 2));
+  st = ended(c);
+  EXPECT_TRUE(refused(st, "stripe 2 of 2 (a range of 4 piece(s), at most 16 stripes)"))
+      << st.error_message();
+  Session d = open("0 0 1");
+  d.rw->Write(request(0, 1));
+  st = ended(d);
+  EXPECT_TRUE(refused(st, "a session's pulls say their stripes in their requests"))
+      << st.error_message();
+}
+
 // A push on a session keeps its own deadline: at a sync barrier that never completes (the
 // other worker never pushes), the shard answers before the deadline (2 s; the heartbeat
 // timeout that would count the other worker lost is 10 s), saying what it waited for, and the
@@ -693,10 +771,10 @@ TEST(RemoteShard, StripedPushesAndPullsLandEveryFloatOnce) {
         EXPECT_EQ(s.store->pull_into(pulled.data()), 2);
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(pulled[i], p[i]) << i;
         // The two pushes and the pull each went as min(stripes, 5 pieces) streams; on sessions,
-        // the pushes' streams were opened once.
+        // the pushes' and the pull's streams were opened once.
         EXPECT_EQ(s.store->timing()["streams"].get<int64_t>(), 3 * std::min(stripes, 5));
         EXPECT_EQ(s.store->timing()["sessions"].get<int64_t>(),
-                  sessions ? std::min(stripes, 5) : 0);
+                  sessions ? 2 * std::min(stripes, 5) : 0);
       }
   // A pull's stripe metadata is checked as a push's.
   OneShard s(1024, 300);

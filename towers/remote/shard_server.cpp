@@ -117,14 +117,16 @@ class CallThreads {
 
 // Push, Pull and their streams are raw (wire.h): their floats are not copied through protobuf
 // messages.
-using ShardBase = Shard::WithRawCallbackMethod_Push<Shard::WithRawCallbackMethod_Pull<
-    Shard::WithRawCallbackMethod_PushStream<Shard::WithRawCallbackMethod_PullStream<
-        Shard::WithRawCallbackMethod_PushSession<Shard::Service>>>>>;
+using ShardBase = Shard::WithRawCallbackMethod_Push<
+    Shard::WithRawCallbackMethod_Pull<Shard::WithRawCallbackMethod_PushStream<
+        Shard::WithRawCallbackMethod_PullStream<Shard::WithRawCallbackMethod_PushSession<
+            Shard::WithRawCallbackMethod_PullSession<Shard::Service>>>>>>;
 
 // Who asks, and by when the answer is due: a call's context (its metadata, its cancellation)
 // and its deadline, or for a push on a session (PushSession), the push's own deadline.
 struct Asker {
-  Asker(ServerContextBase* c) : ctx(c), deadline(c->deadline()) {}  // NOLINT: a call asks
+  Asker(ServerContextBase* c)  // NOLINT: a call asks (null: nobody waits for the answer)
+      : ctx(c), deadline(c ? c->deadline() : std::chrono::system_clock::time_point::max()) {}
   Asker(ServerContextBase* c, std::chrono::system_clock::time_point d) : ctx(c), deadline(d) {}
   ServerContextBase* ctx;
   std::chrono::system_clock::time_point deadline;
@@ -763,10 +765,7 @@ class ShardService final : public ShardBase {
     SessionReader(ShardService* shard, grpc::CallbackServerContext* ctx)
         : shard_(shard), ctx_(ctx) {
       new_push();
-      {
-        std::lock_guard<std::mutex> l(shard_->sessions_mu_);
-        shard_->sessions_.insert(this);
-      }
+      shard_->add_session(ctx_);
       StartRead(&in_);
     }
     void OnReadDone(bool ok) override {
@@ -801,14 +800,9 @@ class ShardService final : public ShardBase {
       if (finish) Finish(status_);
     }
     void OnDone() override {
-      {
-        std::lock_guard<std::mutex> l(shard_->sessions_mu_);
-        shard_->sessions_.erase(this);
-      }
+      shard_->drop_session(ctx_);
       delete this;
     }
-    // The shard exits: the session ends (its read under way fails). Under sessions_mu_.
-    void end() { ctx_->TryCancel(); }
 
    private:
     void new_push() {
@@ -925,18 +919,35 @@ class ShardService final : public ShardBase {
   // grace runs out. (A push under way on one ends CANCELLED by the shard; the worker counts
   // that as the shard being unavailable, as it counts a PushStream's end by a shard that
   // exits, and calls again until its deadline.)
+  void add_session(grpc::CallbackServerContext* c) {
+    std::lock_guard<std::mutex> l(sessions_mu_);
+    sessions_.insert(c);
+  }
+  void drop_session(grpc::CallbackServerContext* c) {
+    std::lock_guard<std::mutex> l(sessions_mu_);
+    sessions_.erase(c);
+  }
   void end_sessions() {
     std::lock_guard<std::mutex> l(sessions_mu_);
-    for (SessionReader* s : sessions_) s->end();
+    for (grpc::CallbackServerContext* c : sessions_) c->TryCancel();  // (a read under way fails)
   }
 
   // The messages of a PullStream, written one at a time as gRPC takes them, while the thread
   // that serves the pull (gRPC's, or one of threads_ that may copy them) offers the next pieces
   // (offer) and then ends the stream (close).
-  class PieceWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
-   public:
+  // Where a pull's pieces go (serve_pull): a PullStream's writer, or a PullSession's.
+  struct PieceSink {
+    virtual ~PieceSink() = default;
     // Queues a message; false once the client has gone (stop offering).
-    bool offer(grpc::ByteBuffer b) {
+    virtual bool offer(grpc::ByteBuffer b) = 0;
+    // The pull is over (s: how), once the queued messages are written.
+    virtual void close(Status s) = 0;
+  };
+  // A reactor's writes of the pieces offered to it, one at a time, in order.
+  template <class Reactor>
+  class QueuedPieces : public Reactor, public PieceSink {
+   public:
+    bool offer(grpc::ByteBuffer b) override {
       std::unique_lock<std::mutex> l(mu_);
       if (broken_) return false;
       queue_.push_back(std::move(b));
@@ -945,17 +956,8 @@ class ShardService final : public ShardBase {
       current_ = std::move(queue_.front());
       queue_.pop_front();
       l.unlock();
-      StartWrite(&current_);
+      this->StartWrite(&current_);
       return true;
-    }
-    // No more messages: the stream ends with s once the queued ones are written.
-    void close(Status s) {
-      std::unique_lock<std::mutex> l(mu_);
-      closed_ = true;
-      status_ = broken_ ? Status(StatusCode::CANCELLED, "the client went away") : std::move(s);
-      if (writing_) return;
-      l.unlock();
-      Finish(status_);
     }
     void OnWriteDone(bool ok) override {
       std::unique_lock<std::mutex> l(mu_);
@@ -967,24 +969,95 @@ class ShardService final : public ShardBase {
         current_ = std::move(queue_.front());
         queue_.pop_front();
         l.unlock();
-        StartWrite(&current_);
+        this->StartWrite(&current_);
         return;
       }
       writing_ = false;
       current_.Clear();  // let go of the last piece (a lent one ends a hold)
       if (!closed_) return;
       l.unlock();
-      Finish(status_);
+      this->Finish(status_);
     }
-    void OnDone() override { delete this; }
 
-   private:
+   protected:
+    // Under mu_ (l): the call ends with s (CANCELLED if the client went away) once the queued
+    // pieces are written.
+    void finish_after_writes(std::unique_lock<std::mutex>& l, Status s) {
+      closed_ = true;
+      status_ = broken_ ? Status(StatusCode::CANCELLED, "the client went away") : std::move(s);
+      if (writing_) return;
+      l.unlock();
+      this->Finish(status_);
+    }
     std::mutex mu_;
     std::deque<grpc::ByteBuffer> queue_;
     grpc::ByteBuffer current_;
     bool writing_ = false, closed_ = false, broken_ = false;
     Status status_;
   };
+
+  // A PullStream's pieces: the stream ends with the pull.
+  class PieceWriter final : public QueuedPieces<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
+   public:
+    void close(Status s) override {
+      std::unique_lock<std::mutex> l(mu_);
+      finish_after_writes(l, std::move(s));
+    }
+    void OnDone() override { delete this; }
+  };
+
+  // PullSession: a worker's pulls one after another on one stream (decision 75). Each request
+  // is served as a PullStream's is (serve_pull, on a thread of threads_) and its pieces are
+  // written on the stream; the next request is read once the pull has offered its last piece
+  // (the worker knows a pull's end by its floats). A refused or failed pull ends the session
+  // with its status; the worker's closing it between pulls ends it with OK.
+  class PullSessionWriter final
+      : public QueuedPieces<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
+   public:
+    PullSessionWriter(ShardService* shard, grpc::CallbackServerContext* ctx)
+        : shard_(shard), ctx_(ctx) {
+      shard_->add_session(ctx_);
+      StartRead(&in_);
+    }
+    void OnReadDone(bool ok) override {
+      if (!ok) {  // closed between pulls, or gone (no read is asked for during a pull)
+        std::unique_lock<std::mutex> l(mu_);
+        finish_after_writes(l, Status::OK);
+        return;
+      }
+      const auto arrived = std::chrono::system_clock::now();
+      try {
+        shard_->threads_.run(
+            [this, arrived] { shard_->serve_pull(ctx_, &in_, this, false, true, arrived); });
+      } catch (const std::exception& e) {  // no thread to serve it: the session fails
+        close(Status(StatusCode::INTERNAL, fmt::format("{}: {}", shard_->name_, e.what())));
+      }
+    }
+    void close(Status s) override {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!s.ok() || broken_) {
+        finish_after_writes(l, std::move(s));
+        return;
+      }
+      l.unlock();
+      in_.Clear();
+      StartRead(&in_);  // the next pull's request
+    }
+    void OnDone() override {
+      shard_->drop_session(ctx_);
+      delete this;
+    }
+
+   private:
+    ShardService* shard_;
+    grpc::CallbackServerContext* ctx_;
+    grpc::ByteBuffer in_;  // the request being read or served
+  };
+
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PullSession(
+      grpc::CallbackServerContext* ctx) override {
+    return new PullSessionWriter(this, ctx);
+  }
 
   // PullStream: the range in pieces, at one version. A worker's pull in plain sync: the
   // parameters themselves, lent to gRPC without a copy, held between rounds until gRPC lets go
@@ -1002,26 +1075,38 @@ class ShardService final : public ShardBase {
 
   // Serves a PullStream on w. on_grpc_thread: only where nothing waits and nothing is copied;
   // otherwise returns false, having sent nothing.
-  bool serve_pull(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in, PieceWriter* w,
-                  bool on_grpc_thread) {
+  // session: a PullSession's pull (arrived: when its request did), whose stripe and deadline
+  // are in its request.
+  bool serve_pull(grpc::CallbackServerContext* call, const grpc::ByteBuffer* in, PieceSink* w,
+                  bool on_grpc_thread, bool session = false,
+                  std::chrono::system_clock::time_point arrived = {}) {
     bool would_wait = false;
     bool* const may_not_wait = on_grpc_thread ? &would_wait : nullptr;
+    const char* method = session ? "PullSession" : "PullStream";
+    Asker ctx(call);
     Status s;
     try {
       PullRequest req;
       std::string error;
       if (!decode(*in, req, &error))
-        s = Status(StatusCode::INVALID_ARGUMENT, fmt::format("{}: PullStream: {}", name_, error));
+        s = Status(StatusCode::INVALID_ARGUMENT, fmt::format("{}: {}: {}", name_, method, error));
       else if (req.with_slots())
         s = Status(StatusCode::INVALID_ARGUMENT,
-                   fmt::format("{}: PullStream carries no optimizer slots (Pull does)", name_));
+                   fmt::format("{}: {} carries no optimizer slots (Pull does)", name_, method));
+      else if (session && req.timeout_ms() <= 0)
+        s = Status(StatusCode::INVALID_ARGUMENT,
+                   fmt::format("{}: worker {}'s pull on a session gives no time for its answer "
+                               "(timeout_ms {}): refused",
+                               name_, req.worker(), req.timeout_ms()));
       else if (on_grpc_thread && !(lending_.load() && req.worker() >= 0))
         return false;  // a pull that copies: to a thread of threads_ before anything is done
-      else
-        s = pull_ready(ctx, req, may_not_wait);
+      if (s.ok() && session)
+        ctx.deadline =
+            std::min(ctx.deadline, arrived + std::chrono::milliseconds(req.timeout_ms()));
+      if (s.ok()) s = pull_ready(ctx, req, may_not_wait);
       // A stripe of a striped pull: floats [a, b) of the range only.
       int64_t a = 0, b = 0;
-      if (s.ok() && !would_wait) s = pull_stripe(ctx, req, &a, &b);
+      if (s.ok() && !would_wait) s = pull_stripe(call, req, session, &a, &b);
       // A worker's pull in plain sync: the parameters themselves, lent to gRPC, held (no round
       // applies) until it has let go of every piece. (Readers get copies, so that a reader
       // cannot hold up the run; so do backup-worker runs, whose rounds apply whole.)
@@ -1103,10 +1188,28 @@ class ShardService final : public ShardBase {
   }
 
   // Floats [*a, *b) of the range, which a PullStream sends: a stripe's, or the whole range.
-  Status pull_stripe(ServerContextBase* ctx, const PullRequest& req, int64_t* a, int64_t* b) {
+  // A pull on a session says its stripe in the request (a session with the metadata is refused).
+  Status pull_stripe(ServerContextBase* ctx, const PullRequest& req, bool session, int64_t* a,
+                     int64_t* b) {
     Stripe st;
-    const Status s =
-        stripe_of(ctx, [&] { return fmt::format("worker {}'s pull", req.worker()); }, &st);
+    auto what = [&] { return fmt::format("worker {}'s pull", req.worker()); };
+    Status s;
+    if (!session) {
+      s = stripe_of(ctx, what, &st);
+    } else if (ctx->client_metadata().count(kStripeKey) != 0) {
+      s = {StatusCode::INVALID_ARGUMENT,
+           fmt::format("{}: a PullSession with metadata '{}': a session's pulls say their "
+                       "stripes in their requests: refused",
+                       name_, kStripeKey)};
+    } else {
+      const int64_t pieces = messages_of(range_.size(), piece_);
+      st = Stripe{0, req.stripe(), std::max(1, req.stripes())};
+      if (req.stripe() < 0 || req.stripe() >= st.s || st.s > kMaxStripes || st.s > pieces)
+        s = {StatusCode::INVALID_ARGUMENT,
+             fmt::format("{}: {}: stripe {} of {} (a range of {} piece(s), at most {} stripes): "
+                         "refused",
+                         name_, what(), req.stripe(), req.stripes(), pieces, kMaxStripes)};
+    }
     if (s.ok()) std::tie(*a, *b) = stripe_floats(range_.size(), piece_, st.k, st.s);
     return s;
   }
@@ -1114,7 +1217,7 @@ class ShardService final : public ShardBase {
   // Floats [a, b) of the range in pieces on w, each the slice slice_of(lo, hi) of floats
   // [lo, hi), at version v; stops early once the client has gone.
   template <class SliceOf>
-  void send_pieces(PieceWriter* w, int64_t v, int64_t a, int64_t b, SliceOf slice_of) {
+  void send_pieces(PieceSink* w, int64_t v, int64_t a, int64_t b, SliceOf slice_of) {
     for_each_piece(a, b, piece_, [&](int64_t lo, int64_t hi) {
       const grpc::Slice piece = slice_of(lo, hi);
       PullReply head;
@@ -1496,8 +1599,8 @@ class ShardService final : public ShardBase {
 
   // Token, layout and worker of a pull, and its wait: sync, for the version it asks for; ssp,
   // while the puller is too far ahead of the slowest live worker.
-  Status pull_ready(ServerContextBase* ctx, const PullRequest& req, bool* would_wait = nullptr) {
-    if (Status s = authorize(ctx, req.worker() >= 0); !s.ok()) return s;
+  Status pull_ready(const Asker& ctx, const PullRequest& req, bool* would_wait = nullptr) {
+    if (Status s = authorize(ctx.ctx, req.worker() >= 0); !s.ok()) return s;
     if (req.worker() >= 0) {
       if (Status s = check_worker(req.layout_hash(), req.worker()); !s.ok()) return s;
     } else if (Status s = check_reader(req.layout_hash()); !s.ok()) {
@@ -1555,7 +1658,7 @@ class ShardService final : public ShardBase {
   // applied in part, and holds off the next round's first piece until it returns. async and
   // ssp: at once.
   template <class Read>
-  Status read_params(ServerContextBase* ctx, Read read) {
+  Status read_params(const Asker& ctx, Read read) {
     if (run_.mode() != "sync") {
       read();
       return Status::OK;
@@ -1577,9 +1680,9 @@ class ShardService final : public ShardBase {
   // sync: waits (ctx: up to the call's deadline; null: as long as it takes) until no round is
   // applied in part, then holds the parameters: no round begins until release_params(). *v:
   // the version held.
-  Status hold_params(ServerContextBase* ctx, int64_t* v, bool* would_wait = nullptr) {
+  Status hold_params(const Asker& ctx, int64_t* v, bool* would_wait = nullptr) {
     std::unique_lock<std::mutex> l(mu_);
-    if (ctx != nullptr) {
+    if (ctx.ctx != nullptr) {
       if (Status s = wait(l, ctx, [&] { return started_ == 0; },
                           [] { return std::string("the round being applied"); }, -1, would_wait);
           !s.ok() || (would_wait && *would_wait))
@@ -2104,7 +2207,7 @@ class ShardService final : public ShardBase {
   std::chrono::milliseconds timeout_{10000};
   std::thread watchdog_;
   std::mutex sessions_mu_;
-  std::set<SessionReader*> sessions_;  // open PushSessions (end_sessions)
+  std::set<grpc::CallbackServerContext*> sessions_;  // open sessions' calls (end_sessions)
   CallThreads threads_;  // last: joined first, while everything its calls use is still there
 };
 

@@ -28,7 +28,8 @@ ShardSet::ShardSet(std::vector<std::string> addresses, std::string token, const 
       stripes_(stripes),
       next_push_(uint64_t{std::random_device()()} << 32),
       sessions_(sessions),
-      idle_(addresses_.size(), std::vector<std::vector<std::shared_ptr<PushSession>>>(stripes)),
+      idle_(2 * addresses_.size(),
+            std::vector<std::vector<std::shared_ptr<ShardSession>>>(stripes)),
       live_(std::make_shared<SessionCount>()) {
   TOWERS_REQUIRE(stripes >= 1 && stripes <= kMaxStripes, "stripes: {} is not in [1, {}]", stripes,
                  kMaxStripes);
@@ -287,21 +288,48 @@ class StripedCall {
   std::function<void(grpc::Status)> done_;
 };
 
+// The pieces of a pull (or of its stripe), copied into dst as they arrive: a PullStream's,
+// or a pull's on a session.
+struct PieceReader {
+  // dst: the range's floats; [begin, end): the ones this stream carries (a stripe's, or all).
+  PieceReader(float* dst, int64_t begin, int64_t end, int64_t* version)
+      : dst(dst), begin(begin), next(begin), end(end), version(version) {}
+  // Takes a message: false, with *error saying why, for one that is not the piece due.
+  bool take(const grpc::ByteBuffer& in, std::string* error) {
+    PullReply head;
+    Bulk params;
+    if (!decode(in, PullReply::kParamsFieldNumber, head, params, error)) return false;
+    const int64_t floats = static_cast<int64_t>(params.size() / sizeof(float));
+    if (params.size() % sizeof(float) != 0 || head.offset() != next || floats > end - next ||
+        (next > begin && head.version() != *version) || complete()) {
+      *error = fmt::format(
+          "a piece of {} bytes at float {}, version {}, where float {} of {} at "
+          "version {} was due",
+          params.size(), head.offset(), head.version(), next, end, *version);
+      return false;
+    }
+    params.copy_to(dst + next);
+    next += floats;
+    *version = head.version();
+    ++pieces;
+    return true;
+  }
+  // Every float is in (an empty range: its one empty piece).
+  bool complete() const { return pieces > 0 && next == end; }
+  float* dst;
+  int64_t begin, next, end;
+  int pieces = 0;
+  int64_t* version;
+};
+
 // One PullStream: sends the request, copies each piece of the reply into dst (the range's
 // floats; the stream's are [begin, end)) as it arrives, and calls done with the call's status, or
 // with what was wrong with the pieces. It deletes itself when the call is over.
 class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  // dst: the range's floats; [begin, end): the ones this stream carries (a stripe's, or all).
   PullReader(grpc::ByteBuffer request, float* dst, int64_t begin, int64_t end, int64_t* version,
              std::function<void(grpc::Status)> done)
-      : request_(std::move(request)),
-        dst_(dst),
-        begin_(begin),
-        next_(begin),
-        n_(end),
-        version_(version),
-        done_(std::move(done)) {}
+      : request_(std::move(request)), pieces_(dst, begin, end, version), done_(std::move(done)) {}
   void start(grpc::GenericStub& stub, grpc::ClientContext* ctx) {
     ctx_ = ctx;
     stub.PrepareBidiStreamingCall(ctx, kPullStreamMethod, grpc::StubOptions(), this);
@@ -312,25 +340,10 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   void OnWriteDone(bool) override {}
   void OnReadDone(bool ok) override {
     if (!ok) return;
-    PullReply head;
-    Bulk params;
-    std::string error;
-    if (!decode(in_, PullReply::kParamsFieldNumber, head, params, &error)) {
-      refuse(error);
+    if (!pieces_.take(in_, &error_)) {
+      ctx_->TryCancel();
       return;
     }
-    const int64_t floats = static_cast<int64_t>(params.size() / sizeof(float));
-    if (params.size() % sizeof(float) != 0 || head.offset() != next_ || floats > n_ - next_ ||
-        (next_ > begin_ && head.version() != *version_)) {
-      refuse(fmt::format("a piece of {} bytes at float {}, version {}, where float {} of {} at "
-                         "version {} was due", params.size(), head.offset(), head.version(),
-                         next_, n_, *version_));
-      return;
-    }
-    params.copy_to(dst_ + next_);
-    next_ += floats;
-    *version_ = head.version();
-    ++pieces_;
     in_.Clear();
     StartRead(&in_);
   }
@@ -338,24 +351,18 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     grpc::Status status = s;
     if (!error_.empty())
       status = grpc::Status(grpc::StatusCode::DATA_LOSS, "the pull's reply: " + error_);
-    else if (s.ok() && (next_ != n_ || pieces_ == 0))
-      status = grpc::Status(grpc::StatusCode::DATA_LOSS,
-                            fmt::format("the pull's reply ended after {} of {} floats", next_, n_));
+    else if (s.ok() && !pieces_.complete())
+      status = grpc::Status(
+          grpc::StatusCode::DATA_LOSS,
+          fmt::format("the pull's reply ended after {} of {} floats", pieces_.next, pieces_.end));
     auto done = std::move(done_);
     delete this;
     done(status);
   }
 
  private:
-  void refuse(std::string why) {
-    error_ = std::move(why);
-    ctx_->TryCancel();
-  }
   grpc::ByteBuffer request_, in_;
-  float* dst_;
-  int64_t begin_, next_, n_;  // (n_: where the floats end)
-  int pieces_ = 0;
-  int64_t* version_;
+  PieceReader pieces_;
   grpc::ClientContext* ctx_ = nullptr;
   std::string error_;
   std::function<void(grpc::Status)> done_;
@@ -376,31 +383,39 @@ struct SessionCount {
   int alive = 0;
 };
 
-class PushSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit PushSession(std::shared_ptr<SessionCount> count) : counted_(std::move(count)) {}
-  static std::shared_ptr<PushSession> open(grpc::GenericStub& stub, const std::string& token,
-                                           std::shared_ptr<SessionCount> count) {
-    auto s = std::make_shared<PushSession>(std::move(count));
+  // What takes a job's replies, one at a time: true once the job has all of them; an error in
+  // *error refuses the reply (the session is then cancelled, and the job fails with it).
+  using Take = std::function<bool(grpc::ByteBuffer& reply, grpc::Status* error)>;
+  explicit ShardSession(std::shared_ptr<SessionCount> count) : counted_(std::move(count)) {}
+  // method: kPushSessionMethod (a push's messages, one reply) or kPullSessionMethod (a pull's
+  // request, its pieces as replies).
+  static std::shared_ptr<ShardSession> open(grpc::GenericStub& stub, const char* method,
+                                            const std::string& token,
+                                            std::shared_ptr<SessionCount> count) {
+    auto s = std::make_shared<ShardSession>(std::move(count));
     s->self_ = s;
     s->ctx_.AddMetadata(kTokenKey, token);  // (no deadline: each push keeps its own)
-    stub.PrepareBidiStreamingCall(&s->ctx_, kPushSessionMethod, grpc::StubOptions(), s.get());
+    stub.PrepareBidiStreamingCall(&s->ctx_, method, grpc::StubOptions(), s.get());
     s->AddHold();  // until retired, or broken
     s->StartRead(&s->in_);
     s->StartCall();
     return s;
   }
-  // Writes a push's messages (the last with `ends`); done(OK) once its reply is in *reply and
-  // its writes are done, or done(status) when the session ends first. False, and nothing
-  // sent, when the session cannot take a push any more.
-  bool push(std::vector<grpc::ByteBuffer> messages, grpc::ByteBuffer* reply,
+  // A job: writes its messages (a push's, the last with `ends`; a pull's request), and gives
+  // its replies to take; done(OK) once take has all of them and the writes are done, or
+  // done(status) when the session ends first. False, and nothing sent, when the session
+  // cannot take a job any more.
+  bool push(std::vector<grpc::ByteBuffer> messages, Take take,
             std::function<void(grpc::Status)> done) {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!reusable_locked() || done_) return false;
       messages_ = std::move(messages);
       next_ = 0;
-      reply_ = reply;
+      take_ = std::move(take);
+      error_ = grpc::Status::OK;
       done_ = std::move(done);
       replied_ = written_ = false;
       AddHold();  // the writes' (until the last one is done; added while the hold between
@@ -461,17 +476,26 @@ class PushSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
   }
   void OnReadDone(bool ok) override {
     std::function<void(grpc::Status)> done;
-    bool stray = false, over = false;
+    bool stray = false, over = false, taking = false;
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (ok && done_ && !replied_) {
-        *reply_ = in_;
-        in_.Clear();
+      taking = ok && done_ && !replied_;
+      if (!taking) {
+        stray = ok;  // a reply that no job asked for
+        over = broken_ = true;
+      }
+    }
+    if (taking) {  // (take_ is this job's until its done: no lock while it copies)
+      grpc::Status error;
+      const bool all = take_(in_, &error);
+      in_.Clear();
+      std::lock_guard<std::mutex> l(mu_);
+      if (!error.ok()) {
+        error_ = std::move(error);
+        stray = over = broken_ = true;  // (cancelled below; OnDone fails the job with error_)
+      } else if (all) {
         replied_ = true;
         if (written_) done = std::move(done_);
-      } else {
-        stray = ok;  // a reply that no push asked for
-        over = broken_ = true;
       }
     }
     if (over) {
@@ -486,12 +510,14 @@ class PushSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
   }
   void OnDone(const grpc::Status& s) override {
     std::function<void(grpc::Status)> done;
-    std::shared_ptr<PushSession> self;
+    std::shared_ptr<ShardSession> self;
     bool cancelled = false;
+    grpc::Status error;
     {
       std::lock_guard<std::mutex> l(mu_);
       broken_ = true;
-      cancelled = cancelled_;
+      cancelled = cancelled_ && error_.ok();
+      error = error_;
       done = std::move(done_);
       self = std::move(self_);
     }
@@ -499,9 +525,11 @@ class PushSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
     // this worker did not ask for. That counts as the shard being unavailable (retried until
     // the deadline), as a PushStream ended by a shard that exits does.
     grpc::Status status = s;
-    if (s.ok())
+    if (!error.ok())
+      status = error;  // a reply that take refused
+    else if (s.ok())
       status = grpc::Status(grpc::StatusCode::INTERNAL,
-                            "the shard ended the push's session without its reply");
+                            "the shard ended the session without the job's replies");
     else if (s.error_code() == grpc::StatusCode::CANCELLED && !cancelled)
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
                             "the shard ended the push's session: " + s.error_message());
@@ -546,18 +574,19 @@ class PushSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc:
   grpc::ByteBuffer in_;
   std::vector<grpc::ByteBuffer> messages_;  // the push under way's
   size_t next_ = 0;
-  grpc::ByteBuffer* reply_ = nullptr;
-  std::function<void(grpc::Status)> done_;  // the push under way's
+  Take take_;                               // the job under way's
+  grpc::Status error_;                      // a reply take refused
+  std::function<void(grpc::Status)> done_;  // the job under way's
   bool replied_ = false, written_ = false;
   bool broken_ = false;  // its call is ending
   bool cancelled_ = false;
   bool retired_ = false;
   bool released_ = false;              // the hold between pushes
-  std::shared_ptr<PushSession> self_;  // until OnDone
+  std::shared_ptr<ShardSession> self_;  // until OnDone
 };
 
 ShardSet::~ShardSet() {
-  std::vector<std::shared_ptr<PushSession>> idle;
+  std::vector<std::shared_ptr<ShardSession>> idle;
   {
     std::lock_guard<std::mutex> l(idle_mu_);
     for (auto& shard : idle_)
@@ -580,28 +609,103 @@ ShardSet::~ShardSet() {
   }
 }
 
-std::shared_ptr<PushSession> ShardSet::take_session(int i, int k) {
+std::shared_ptr<ShardSession> ShardSet::take_session(SessionKind kind, int i, int k) {
   {
     std::lock_guard<std::mutex> l(idle_mu_);
-    auto& pool = idle_[i][k];
+    auto& pool = idle_[kind * size() + i][k];
     while (!pool.empty()) {
-      std::shared_ptr<PushSession> s = std::move(pool.back());
+      std::shared_ptr<ShardSession> s = std::move(pool.back());
       pool.pop_back();
       if (s->reusable()) return s;
       s->retire();
     }
   }
   ++sessions_opened_;
-  std::shared_ptr<PushSession> s = PushSession::open(generic(i, k), token_, live_);
+  std::shared_ptr<ShardSession> s = ShardSession::open(
+      generic(i, k), kind == kPushes ? kPushSessionMethod : kPullSessionMethod, token_, live_);
   std::lock_guard<std::mutex> l(idle_mu_);
   std::erase_if(opened_, [](const auto& w) { return w.expired(); });
   opened_.push_back(s);
   return s;
 }
 
-void ShardSet::keep_session(int i, int k, std::shared_ptr<PushSession> s) {
+void ShardSet::keep_session(SessionKind kind, int i, int k, std::shared_ptr<ShardSession> s) {
   std::lock_guard<std::mutex> l(idle_mu_);
-  idle_[i][k].push_back(std::move(s));
+  idle_[kind * size() + i][k].push_back(std::move(s));
+}
+
+void ShardSet::on_sessions(SessionKind kind, const char* what, double timeout,
+                           const std::vector<int>& stripes, const MakeJob& make_job) {
+  // The sessions of the attempts, and whether each one's job is over.
+  struct Taken {
+    int i, k;
+    std::shared_ptr<ShardSession> session;
+    bool ok = false;
+  };
+  std::mutex mu;
+  std::vector<Taken> taken;
+  // Sessions whose job succeeded go back for the next call; the rest are retired (a broken
+  // one is over already, or about to be).
+  struct Return {
+    ShardSet* set;
+    SessionKind kind;
+    std::vector<Taken>& taken;
+    ~Return() {
+      for (Taken& t : taken)
+        if (t.ok && t.session->reusable())
+          set->keep_session(kind, t.i, t.k, std::move(t.session));
+        else
+          t.session->retire();
+    }
+  } give_back{this, kind, taken};
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(timeout));
+  all(
+      what, timeout,
+      [&](int i, Contexts, std::function<void(grpc::Status)> done) {
+        const int s = stripes[i];
+        const uint64_t id = next_push_++;  // new for every attempt
+        const int64_t timeout_ms = std::max<int64_t>(
+            1, std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count());
+        streams_ += s;
+        std::vector<Job> jobs;  // (first: nothing is started before they are all made)
+        for (int k = 0; k < s; ++k) jobs.push_back(make_job(i, k, s, id, timeout_ms));
+        std::vector<std::shared_ptr<ShardSession>> mine;
+        for (int k = 0; k < s; ++k) mine.push_back(take_session(kind, i, k));
+        std::vector<size_t> at;  // each stripe's place in taken
+        {
+          std::lock_guard<std::mutex> l(mu);
+          for (int k = 0; k < s; ++k) {
+            at.push_back(taken.size());
+            taken.push_back({i, k, mine[k]});
+          }
+        }
+        auto* striped = new StripedCall(
+            s,
+            [mine] {
+              for (const auto& m : mine) m->cancel();
+            },
+            std::move(done));
+        for (int k = 0; k < s; ++k) {
+          auto finished = [&, striped, slot = at[k]](grpc::Status st) {
+            if (st.ok()) {
+              std::lock_guard<std::mutex> l(mu);
+              taken[slot].ok = true;
+            }
+            striped->finished(st);
+          };
+          if (!mine[k]->push(std::move(jobs[k].messages), std::move(jobs[k].take), finished))
+            finished(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                  "the session to the shard was over before the call began"));
+        }
+        striped->started();
+      },
+      stripes,
+      [&] {
+        std::lock_guard<std::mutex> l(mu);
+        for (const Taken& t : taken)
+          if (!t.ok) t.session->cancel();
+      });
 }
 
 void ShardSet::push(const std::vector<PushOut>& out, std::vector<PushReply>& replies,
@@ -635,83 +739,22 @@ void ShardSet::push(const std::vector<PushOut>& out, std::vector<PushReply>& rep
   std::vector<int> stripes(n);
   for (int i = 0; i < n; ++i) stripes[i] = std::min(stripes_, messages_of_push(out[i]));
   std::vector<std::vector<grpc::ByteBuffer>> in(n);
-  // The sessions of the attempt under way, and whether each one's push is over.
-  struct Taken {
-    int i, k;
-    std::shared_ptr<PushSession> session;
-    bool ok = false;
-  };
-  std::mutex mu;
-  std::vector<Taken> taken;
-  // Sessions whose push succeeded go back for the next push; the rest are retired (a broken
-  // one is over already, or about to be).
-  struct Return {
-    ShardSet* set;
-    std::vector<Taken>& taken;
-    ~Return() {
-      for (Taken& t : taken)
-        if (t.ok && t.session->reusable())
-          set->keep_session(t.i, t.k, std::move(t.session));
-        else
-          t.session->retire();
-    }
-  } give_back{this, taken};
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(timeout));
-  all(
-      "Push", timeout,
-      [&](int i, Contexts, std::function<void(grpc::Status)> done) {
-        const int p = messages_of_push(out[i]), s = stripes[i];
-        const uint64_t id = next_push_++;  // new for every attempt
-        PushRequest head = out[i].head;
-        head.set_push(id);
-        head.set_stripes(s);
-        head.set_timeout_ms(std::max<int64_t>(
-            1,
-            std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count()));
-        in[i].assign(s, grpc::ByteBuffer());
-        streams_ += s;
-        std::vector<std::vector<grpc::ByteBuffer>> messages(s);  // (first: nothing started yet)
-        for (int k = 0; k < s; ++k) {
-          head.set_stripe(k);
-          messages[k] = encode_pieces(out[i], head, p * k / s, p * (k + 1) / s);
-        }
-        std::vector<std::shared_ptr<PushSession>> mine;
-        for (int k = 0; k < s; ++k) mine.push_back(take_session(i, k));
-        std::vector<size_t> at;  // each stripe's place in taken
-        {
-          std::lock_guard<std::mutex> l(mu);
-          for (int k = 0; k < s; ++k) {
-            at.push_back(taken.size());
-            taken.push_back({i, k, mine[k]});
-          }
-        }
-        auto* striped = new StripedCall(
-            s,
-            [mine] {
-              for (const auto& m : mine) m->cancel();
-            },
-            std::move(done));
-        for (int k = 0; k < s; ++k) {
-          auto finished = [&, striped, slot = at[k]](grpc::Status st) {
-            if (st.ok()) {
-              std::lock_guard<std::mutex> l(mu);
-              taken[slot].ok = true;
-            }
-            striped->finished(st);
-          };
-          if (!mine[k]->push(std::move(messages[k]), &in[i][k], finished))
-            finished(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                  "the push's session to the shard was over before it began"));
-        }
-        striped->started();
-      },
-      stripes,
-      [&] {
-        std::lock_guard<std::mutex> l(mu);
-        for (const Taken& t : taken)
-          if (!t.ok) t.session->cancel();
-      });
+  on_sessions(kPushes, "Push", timeout, stripes,
+              [&](int i, int k, int s, uint64_t id, int64_t timeout_ms) {
+                const int p = messages_of_push(out[i]);
+                PushRequest head = out[i].head;
+                head.set_push(id);
+                head.set_stripe(k);
+                head.set_stripes(s);
+                head.set_timeout_ms(timeout_ms);
+                if (k == 0) in[i].assign(s, grpc::ByteBuffer());
+                grpc::ByteBuffer* reply = &in[i][k];
+                return Job{encode_pieces(out[i], head, p * k / s, p * (k + 1) / s),
+                           [reply](grpc::ByteBuffer& b, grpc::Status*) {
+                             *reply = b;
+                             return true;
+                           }};
+              });
   decode_replies(in, replies);
 }
 
@@ -773,29 +816,50 @@ std::vector<int64_t> ShardSet::pull_streams(const PullRequest& request,
         static_cast<int>(std::min<int64_t>(stripes_, messages_of(n, piece)));
   }
   std::vector<std::vector<int64_t>> versions(size());
-  all(
-      "Pull", timeout,
-      [&](int i, Contexts ctx, std::function<void(grpc::Status)> done) {
-        const int64_t n = ranges[i].size();
-        const int s = stripes[i];
-        float* range = dst + ranges[i].begin;
-        versions[i].assign(s, 0);
-        streams_ += s;
-        if (s == 1) {
-          (new PullReader(out, range, 0, n, &versions[i][0], std::move(done)))
-              ->start(generic(i), ctx[0]);
-          return;
-        }
-        auto* pull = new StripedCall(ctx, 0, std::move(done));
-        for (int k = 0; k < s; ++k) {
-          const auto [a, b] = stripe_floats(n, piece, k, s);
-          (new PullReader(out, range, a, b, &versions[i][k], [pull](grpc::Status st) {
-            pull->finished(st);
-          }))->start(generic(i, k), ctx[k]);
-        }
-        pull->started();
-      },
-      stripes);
+  if (sessions_)
+    on_sessions(
+        kPulls, "Pull", timeout, stripes, [&](int i, int k, int s, uint64_t, int64_t timeout_ms) {
+          const auto [a, b] = stripe_floats(ranges[i].size(), piece, k, s);
+          if (k == 0) versions[i].assign(s, 0);
+          PullRequest r = request;
+          r.set_stripe(k);
+          r.set_stripes(s);
+          r.set_timeout_ms(timeout_ms);
+          auto pieces = std::make_shared<PieceReader>(dst + ranges[i].begin, a, b, &versions[i][k]);
+          return Job{{encode(r)}, [pieces](grpc::ByteBuffer& in, grpc::Status* error) {
+                       std::string why;
+                       if (!pieces->take(in, &why)) {
+                         *error =
+                             grpc::Status(grpc::StatusCode::DATA_LOSS, "the pull's reply: " + why);
+                         return false;
+                       }
+                       return pieces->complete();
+                     }};
+        });
+  else
+    all(
+        "Pull", timeout,
+        [&](int i, Contexts ctx, std::function<void(grpc::Status)> done) {
+          const int64_t n = ranges[i].size();
+          const int s = stripes[i];
+          float* range = dst + ranges[i].begin;
+          versions[i].assign(s, 0);
+          streams_ += s;
+          if (s == 1) {
+            (new PullReader(out, range, 0, n, &versions[i][0], std::move(done)))
+                ->start(generic(i), ctx[0]);
+            return;
+          }
+          auto* pull = new StripedCall(ctx, 0, std::move(done));
+          for (int k = 0; k < s; ++k) {
+            const auto [a, b] = stripe_floats(n, piece, k, s);
+            (new PullReader(out, range, a, b, &versions[i][k], [pull](grpc::Status st) {
+              pull->finished(st);
+            }))->start(generic(i, k), ctx[k]);
+          }
+          pull->started();
+        },
+        stripes);
   // A shard's version: the earliest its stripes were read at (sync with backup workers, or
   // async: a round may be applied between two stripes' reads, as between two shards').
   std::vector<int64_t> out_versions;

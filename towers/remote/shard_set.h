@@ -21,14 +21,14 @@
 
 namespace towers::remote {
 
-class PushSession;    // a worker's stream of pushes to one connection of a shard (shard_set.cpp)
+class ShardSession;   // a worker's stream of pushes to one connection of a shard (shard_set.cpp)
 struct SessionCount;  // the sessions of a ShardSet still alive
 
 class ShardSet {
  public:
   // addresses: the cluster's ps entries; token: what every call carries; stripes: how many
   // TCP connections to each shard a push or pull may use at once (wire.h, kStripeKey);
-  // sessions: pushes go on PushSessions that stay open (push()).
+  // sessions: pushes and pulls go on sessions that stay open (PushSession, PullSession).
   ShardSet(std::vector<std::string> addresses, std::string token, const TlsFiles& tls,
            int stripes = 1, bool sessions = false);
   // Closes the sessions (a shard ends them too when it exits).
@@ -40,7 +40,8 @@ class ShardSet {
   // Streams started by push and pull_streams (a striped call's count one each; a push on
   // sessions counts its stripes too, whether a session was opened for it or not).
   int64_t streams() const { return streams_.load(); }
-  // PushSessions opened so far (one a stripe at first; another after each that failed).
+  // Sessions opened so far, pushes' and pulls' (one a stripe and kind at first; another after
+  // each that failed).
   int64_t sessions_opened() const { return sessions_opened_.load(); }
   // For the raw calls (wire.h: Push and Pull without copies of their floats); connection k of
   // shard i (0: the one every other call uses).
@@ -55,8 +56,24 @@ class ShardSet {
   // that does not decode, or a push that no stripe (or more than one) ended.
   void decode_replies(const std::vector<std::vector<grpc::ByteBuffer>>& in,
                       std::vector<PushReply>& replies) const;
-  std::shared_ptr<PushSession> take_session(int i, int k);
-  void keep_session(int i, int k, std::shared_ptr<PushSession> s);
+  // Sessions carry pushes (PushSession) or pulls (PullSession), each kind in a pool of its own.
+  enum SessionKind { kPushes = 0, kPulls = 1 };
+  std::shared_ptr<ShardSession> take_session(SessionKind kind, int i, int k);
+  void keep_session(SessionKind kind, int i, int k, std::shared_ptr<ShardSession> s);
+  // One stripe's part of a call on a session: its messages, and what takes its replies (true
+  // once it has them all; an error refuses a reply, and fails the stripe with it).
+  struct Job {
+    std::vector<grpc::ByteBuffer> messages;
+    std::function<bool(grpc::ByteBuffer&, grpc::Status*)> take;
+  };
+  // Stripe k of shard i's s, in an attempt of id (new for every attempt) with timeout_ms
+  // left to its deadline.
+  using MakeJob = std::function<Job(int i, int k, int s, uint64_t id, int64_t timeout_ms)>;
+  // A call to every shard at once on sessions (all(), with its retries and rollbacks): shard
+  // i's in stripes[i] jobs, each on a session of its own, taken from the pool and given back
+  // once its job succeeded.
+  void on_sessions(SessionKind kind, const char* what, double timeout,
+                   const std::vector<int>& stripes, const MakeJob& make_job);
 
  public:
   // Starts call(i, contexts, done) on every shard at once (the stub's callback API) and waits
@@ -116,11 +133,12 @@ class ShardSet {
   std::atomic<int64_t> streams_{0};  // PushStreams and PullStreams started
   std::atomic<int64_t> sessions_opened_{0};
   bool sessions_ = false;
-  // Sessions between pushes: [shard][connection], any number (pushes of several towers at once
-  // each take their own). Held by shared pointers: a session lives until its call is over.
+  // Sessions between calls: [kind * shards + shard][connection], any number (pushes of several
+  // towers at once each take their own). Held by shared pointers: a session lives until its
+  // call is over.
   std::mutex idle_mu_;
-  std::vector<std::vector<std::vector<std::shared_ptr<PushSession>>>> idle_;
-  std::vector<std::weak_ptr<PushSession>> opened_;  // every session alive (under idle_mu_)
+  std::vector<std::vector<std::vector<std::shared_ptr<ShardSession>>>> idle_;
+  std::vector<std::weak_ptr<ShardSession>> opened_;  // every session alive (under idle_mu_)
   // The destructor waits until no session is alive: a session's call holds a reference to
   // its channel, and the channel must not be destroyed on one of gRPC's callback threads
   // (the last reference going there shuts down the callbacks' queue from its own thread).

@@ -34,6 +34,7 @@ inline constexpr const char* kPullMethod = "/towers.remote.Shard/Pull";
 inline constexpr const char* kPushStreamMethod = "/towers.remote.Shard/PushStream";
 inline constexpr const char* kPullStreamMethod = "/towers.remote.Shard/PullStream";
 inline constexpr const char* kPushSessionMethod = "/towers.remote.Shard/PushSession";
+inline constexpr const char* kPullSessionMethod = "/towers.remote.Shard/PullSession";
 // RunSpec.piece_floats when the chief gives none: 1 MiB pieces.
 inline constexpr int64_t kDefaultPieceFloats = 1 << 18;
 
