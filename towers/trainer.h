@@ -79,7 +79,7 @@ struct TrainConfig {
   int64_t rpc_piece_kib = 1024;     // pushes and pulls travel in pieces of this size (the chief's;
                                     // 1 KiB .. 256 MiB, a quarter of the message limit)
   int rpc_stripes = 4;              // TCP connections a push to (pull from) a shard uses at once
-  bool rpc_sessions = true;         // pushes on streams kept open from push to push
+  bool rpc_sessions = true;         // pushes and pulls on streams kept open from call to call
 };
 
 void validate(const TrainConfig& c);  // throws naming the bad flag

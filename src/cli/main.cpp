@@ -270,8 +270,8 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                  "held well below what a connection carries by the threads that drive it)")
       ->capture_default_str();
   app.add_option("--rpc-sessions", c.rpc_sessions,
-                 "with --cluster: pushes go on streams to each shard (one a stripe) that stay "
-                 "open from push to push, rather than on a call each (true or false)")
+                 "with --cluster: pushes and pulls go on streams to each shard (one a stripe) "
+                 "that stay open from call to call, rather than on a call each (true or false)")
       ->capture_default_str();
 }
 

@@ -52,8 +52,8 @@ struct RemoteConfig {
   // A push to a shard, and a pull from it, travel on this many TCP connections at once, each
   // carrying a run of its pieces (wire.h, kStripeKey).
   int stripes = 4;
-  // Pushes go on PushSessions that stay open from push to push (a stream a shard and stripe),
-  // rather than on a PushStream call each (decision 75).
+  // Pushes and pulls go on sessions (PushSession, PullSession) that stay open from call to
+  // call (a stream a shard, stripe and kind), rather than on a call each (decision 75).
   bool sessions = true;
 };
 

@@ -85,11 +85,21 @@ class CallThreads {
     cv_.notify_all();
     for (std::thread& t : threads_) t.join();
   }
+  // Runs f on a thread of the pool, or throws with nothing queued (no thread could be
+  // started: the caller fails what f was for, and f never runs).
   void run(std::function<void()> f) {
     std::lock_guard<std::mutex> l(mu_);
     queue_.push_back(std::move(f));
-    if (queue_.size() > static_cast<size_t>(idle_)) threads_.emplace_back([this] { serve(); });
-    else cv_.notify_one();
+    if (queue_.size() <= static_cast<size_t>(idle_)) {
+      cv_.notify_one();
+      return;
+    }
+    try {
+      threads_.emplace_back([this] { serve(); });
+    } catch (...) {
+      queue_.pop_back();
+      throw;
+    }
   }
 
  private:

@@ -370,13 +370,15 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 
 }  // namespace
 
-// A PushSession (towers.proto): a stream to one connection of a shard on which a worker's
-// pushes go one after another. push() writes a push's messages and reads its reply; the session
-// then waits for the next push. It is over once its call is: a push that failed (its status is
-// the push's), a cancel (a deadline or a rollback), the shard's end, or retire() between
-// pushes. A hold (gRPC's AddHold) keeps the call from ending while the session waits between
-// pushes, and one more while a push's writes are under way, so that no write starts on a call
-// that is over; the session keeps itself alive until its call is over.
+// A session (towers.proto: PushSession, PullSession): a stream to one connection of a shard
+// on which a worker's calls of one kind go one after another, each a job: push() writes its
+// messages (a push's, or a pull's request) and gives its replies to its take until it has them
+// all; the session then waits for the next job. It is over once its call is: a job that failed
+// (its status is the job's), a cancel (a deadline, a rollback, a reply take refused), the
+// shard's end, or retire() between jobs. A hold (gRPC's AddHold) keeps the call from ending
+// while the session waits between jobs, and one more while a job's writes are under way, so
+// that no write starts on a call that is over; the session keeps itself alive until its call
+// is over.
 struct SessionCount {
   std::mutex mu;
   std::condition_variable cv;
@@ -532,7 +534,7 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
                             "the shard ended the session without the job's replies");
     else if (s.error_code() == grpc::StatusCode::CANCELLED && !cancelled)
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            "the shard ended the push's session: " + s.error_message());
+                            "the shard ended the session: " + s.error_message());
     if (done) done(status);
     // (self goes here: this may be the last reference)
   }

@@ -21,7 +21,7 @@
 
 namespace towers::remote {
 
-class ShardSession;   // a worker's stream of pushes to one connection of a shard (shard_set.cpp)
+class ShardSession;   // a worker's stream of calls to one connection of a shard (shard_set.cpp)
 struct SessionCount;  // the sessions of a ShardSet still alive
 
 class ShardSet {
