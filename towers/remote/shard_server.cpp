@@ -1103,16 +1103,11 @@ class ShardService final : public ShardBase {
       else if (req.with_slots())
         s = Status(StatusCode::INVALID_ARGUMENT,
                    fmt::format("{}: {} carries no optimizer slots (Pull does)", name_, method));
-      else if (session && req.timeout_ms() <= 0)
-        s = Status(StatusCode::INVALID_ARGUMENT,
-                   fmt::format("{}: worker {}'s pull on a session gives no time for its answer "
-                               "(timeout_ms {}): refused",
-                               name_, req.worker(), req.timeout_ms()));
+      else if (session)
+        s = session_deadline(req.timeout_ms(), arrived,
+                             fmt::format("worker {}'s pull", req.worker()), &ctx.deadline);
       else if (on_grpc_thread && !(lending_.load() && req.worker() >= 0))
         return false;  // a pull that copies: to a thread of threads_ before anything is done
-      if (s.ok() && session)
-        ctx.deadline =
-            std::min(ctx.deadline, arrived + std::chrono::milliseconds(req.timeout_ms()));
       if (s.ok()) s = pull_ready(ctx, req, may_not_wait);
       // A stripe of a striped pull: floats [a, b) of the range only.
       int64_t a = 0, b = 0;
@@ -1183,43 +1178,52 @@ class ShardService final : public ShardBase {
     return Status::OK;
   }
 
-  // The stripe a push on a session says it is (PushRequest.stripe of .stripes; 0 of 0 means
-  // one stripe of one), or its refusal, naming the push as `what` says.
+  // The stripe a call on a session (PushSession, PullSession: pull) says it is in its messages:
+  // stripe k of s (s 0: one stripe of one) of push `id`; or the refusal of one that is not a
+  // stripe of the range, or of a session that also says a stripe in its metadata (kStripeKey),
+  // naming the call as `what` says.
   template <class What>
-  Status session_stripe(const PushRequest& m, What what, Stripe* st) {
+  Status session_stripe(ServerContextBase* ctx, bool pull, uint64_t id, int k, int s, What what,
+                        Stripe* st) {
+    if (ctx->client_metadata().count(kStripeKey) != 0)
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: a {} with metadata '{}': a session's {} say their stripes in "
+                          "their {}: refused",
+                          name_, pull ? "PullSession" : "PushSession", kStripeKey,
+                          pull ? "pulls" : "pushes", pull ? "requests" : "messages")};
     const int64_t pieces = messages_of(range_.size(), piece_);
-    *st = Stripe{m.push(), m.stripe(), std::max(1, m.stripes())};
-    if (m.stripe() < 0 || m.stripe() >= st->s || st->s > kMaxStripes || st->s > pieces)
+    *st = Stripe{id, k, std::max(1, s)};
+    if (k < 0 || k >= st->s || st->s > kMaxStripes || st->s > pieces)
       return {StatusCode::INVALID_ARGUMENT,
               fmt::format("{}: {}: stripe {} of {} (a range of {} piece(s), at most {} "
                           "stripes): refused",
-                          name_, what(), m.stripe(), m.stripes(), pieces, kMaxStripes)};
+                          name_, what(), k, s, pieces, kMaxStripes)};
+    return Status::OK;
+  }
+
+  // A call on a session gives the time its answer is due in (timeout_ms, counted from when it
+  // arrived): *deadline becomes the earlier of it and *deadline, or the call named `what` is
+  // refused for giving none.
+  Status session_deadline(int64_t timeout_ms, std::chrono::system_clock::time_point arrived,
+                          const std::string& what,
+                          std::chrono::system_clock::time_point* deadline) const {
+    if (timeout_ms <= 0)
+      return {StatusCode::INVALID_ARGUMENT,
+              fmt::format("{}: {} on a session gives no time for its answer (timeout_ms {}): "
+                          "refused",
+                          name_, what, timeout_ms)};
+    *deadline = std::min(*deadline, arrived + std::chrono::milliseconds(timeout_ms));
     return Status::OK;
   }
 
   // Floats [*a, *b) of the range, which a PullStream sends: a stripe's, or the whole range.
-  // A pull on a session says its stripe in the request (a session with the metadata is refused).
+  // A pull on a session says its stripe in the request.
   Status pull_stripe(ServerContextBase* ctx, const PullRequest& req, bool session, int64_t* a,
                      int64_t* b) {
     Stripe st;
     auto what = [&] { return fmt::format("worker {}'s pull", req.worker()); };
-    Status s;
-    if (!session) {
-      s = stripe_of(ctx, what, &st);
-    } else if (ctx->client_metadata().count(kStripeKey) != 0) {
-      s = {StatusCode::INVALID_ARGUMENT,
-           fmt::format("{}: a PullSession with metadata '{}': a session's pulls say their "
-                       "stripes in their requests: refused",
-                       name_, kStripeKey)};
-    } else {
-      const int64_t pieces = messages_of(range_.size(), piece_);
-      st = Stripe{0, req.stripe(), std::max(1, req.stripes())};
-      if (req.stripe() < 0 || req.stripe() >= st.s || st.s > kMaxStripes || st.s > pieces)
-        s = {StatusCode::INVALID_ARGUMENT,
-             fmt::format("{}: {}: stripe {} of {} (a range of {} piece(s), at most {} stripes): "
-                         "refused",
-                         name_, what(), req.stripe(), req.stripes(), pieces, kMaxStripes)};
-    }
+    const Status s = session ? session_stripe(ctx, true, 0, req.stripe(), req.stripes(), what, &st)
+                             : stripe_of(ctx, what, &st);
     if (s.ok()) std::tie(*a, *b) = stripe_floats(range_.size(), piece_, st.k, st.s);
     return s;
   }
@@ -1285,14 +1289,12 @@ class ShardService final : public ShardBase {
   Status push_message(PushCall& c, const PushRequest& m, const Bulk& grads) {
     if (!c.started) {
       c.deadline = c.ctx->deadline();
-      if (c.session) {
-        if (m.timeout_ms() <= 0)
-          return {StatusCode::INVALID_ARGUMENT,
-                  fmt::format("{}: worker {}'s push of round {} on a session gives no time for "
-                              "its answer (timeout_ms {}): refused",
-                              name_, m.worker(), m.round(), m.timeout_ms())};
-        c.deadline = std::min(c.deadline, c.arrived + std::chrono::milliseconds(m.timeout_ms()));
-      }
+      if (c.session)
+        if (Status s = session_deadline(
+                m.timeout_ms(), c.arrived,
+                fmt::format("worker {}'s push of round {}", m.worker(), m.round()), &c.deadline);
+            !s.ok())
+          return s;
       if (Status s = authorize(c.ctx); !s.ok()) return s;
       if (Status s = check_worker(m.layout_hash(), m.worker()); !s.ok()) return s;
       if (Status s = admit(c.asker(), m.generation()); !s.ok()) return s;
@@ -1448,11 +1450,6 @@ class ShardService final : public ShardBase {
   // joins the push's group, and is to carry its stripe's floats only.
   Status join_stripes(PushCall& c) {
     const PushRequest& m = c.head;
-    if (c.session && c.ctx->client_metadata().count(kStripeKey) != 0)
-      return {StatusCode::INVALID_ARGUMENT,
-              fmt::format("{}: a PushSession with metadata '{}': a session's pushes say their "
-                          "stripes in their messages: refused",
-                          name_, kStripeKey)};
     if (!c.stream) {
       if (c.ctx->client_metadata().count(kStripeKey) == 0) return Status::OK;
       return {StatusCode::INVALID_ARGUMENT,
@@ -1462,7 +1459,10 @@ class ShardService final : public ShardBase {
     }
     Stripe st;
     auto what = [&] { return fmt::format("worker {}'s push of round {}", m.worker(), m.round()); };
-    if (Status s = c.session ? session_stripe(m, what, &st) : stripe_of(c.ctx, what, &st); !s.ok())
+    if (Status s = c.session
+                       ? session_stripe(c.ctx, false, m.push(), m.stripe(), m.stripes(), what, &st)
+                       : stripe_of(c.ctx, what, &st);
+        !s.ok())
       return s;
     if (m.skip() && st.s > 1)
       return {StatusCode::INVALID_ARGUMENT,

@@ -15,7 +15,7 @@
 namespace towers::remote {
 
 namespace {
-// Calls that keep their own deadline (pushes on sessions) are given up this long after it, so
+// Calls that keep their own deadline (on sessions) are given up this long after it, so
 // that a shard's own answer at its deadline (which says what it waited for) comes first.
 constexpr std::chrono::seconds kOwnDeadlineMargin{1};
 }  // namespace
@@ -371,7 +371,7 @@ class PullReader final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 }  // namespace
 
 // A session (towers.proto: PushSession, PullSession): a stream to one connection of a shard
-// on which a worker's calls of one kind go one after another, each a job: push() writes its
+// on which a worker's calls of one kind go one after another, each a job: run() writes its
 // messages (a push's, or a pull's request) and gives its replies to its take until it has them
 // all; the session then waits for the next job. It is over once its call is: a job that failed
 // (its status is the job's), a cancel (a deadline, a rollback, a reply take refused), the
@@ -398,7 +398,7 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
                                             std::shared_ptr<SessionCount> count) {
     auto s = std::make_shared<ShardSession>(std::move(count));
     s->self_ = s;
-    s->ctx_.AddMetadata(kTokenKey, token);  // (no deadline: each push keeps its own)
+    s->ctx_.AddMetadata(kTokenKey, token);  // (no deadline: each job keeps its own)
     stub.PrepareBidiStreamingCall(&s->ctx_, method, grpc::StubOptions(), s.get());
     s->AddHold();  // until retired, or broken
     s->StartRead(&s->in_);
@@ -409,8 +409,8 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   // its replies to take; done(OK) once take has all of them and the writes are done, or
   // done(status) when the session ends first. False, and nothing sent, when the session
   // cannot take a job any more.
-  bool push(std::vector<grpc::ByteBuffer> messages, Take take,
-            std::function<void(grpc::Status)> done) {
+  bool run(std::vector<grpc::ByteBuffer> messages, Take take,
+           std::function<void(grpc::Status)> done) {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!reusable_locked() || done_) return false;
@@ -421,12 +421,12 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
       done_ = std::move(done);
       replied_ = written_ = false;
       AddHold();  // the writes' (until the last one is done; added while the hold between
-                  // pushes is held, as gRPC allows after StartCall)
+                  // jobs is held, as gRPC allows after StartCall)
     }
     write_next();
     return true;
   }
-  // Ends the session's call (a push under way fails CANCELLED); it is not used again.
+  // Ends the session's call (a job under way fails CANCELLED); it is not used again.
   void cancel() {
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -434,8 +434,8 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
     }
     ctx_.TryCancel();
   }
-  // Between pushes: the session is closed (the shard then ends it), or, if it cannot take a
-  // push any more, left to end.
+  // Between jobs: the session is closed (the shard then ends it), or, if it cannot take a job
+  // any more, left to end.
   void retire() {
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -446,29 +446,24 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
     }
     release();
   }
-  // Whether it can take the next push (not broken, cancelled or retired).
+  // Whether it can take the next job (not broken, cancelled or retired).
   bool reusable() {
     std::lock_guard<std::mutex> l(mu_);
     return reusable_locked();
   }
 
   void OnWriteDone(bool ok) override {
-    if (ok) {
+    std::function<void(grpc::Status)> done;
+    {
       std::unique_lock<std::mutex> l(mu_);
-      if (next_ < messages_.size()) {
+      if (ok && next_ < messages_.size()) {
         l.unlock();
         write_next();
         return;
       }
-    } else {
-      std::lock_guard<std::mutex> l(mu_);
-      broken_ = true;  // (even if the reply came: no push goes on it any more)
-    }
-    // The last write, or a failed one (the call is broken: the reply's read fails too, and
-    // OnDone says why).
-    std::function<void(grpc::Status)> done;
-    {
-      std::lock_guard<std::mutex> l(mu_);
+      // The last write, or a failed one (the call is broken: the reply's read fails too, and
+      // OnDone says why; even if the reply came, no job goes on it any more).
+      if (!ok) broken_ = true;
       written_ = true;
       messages_.clear();  // lets go of the floats' slices (a lender waits for them)
       if (replied_) done = std::move(done_);
@@ -501,13 +496,13 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
       }
     }
     if (over) {
-      // The call ends once no write is under way, and OnDone gives its status to the push
+      // The call ends once no write is under way, and OnDone gives its status to the job
       // under way, if any.
       if (stray) cancel();
       release();
       return;
     }
-    StartRead(&in_);  // the next push's reply (first: the read keeps the call from ending)
+    StartRead(&in_);  // the next reply (first: the read keeps the call from ending)
     if (done) done(grpc::Status::OK);
   }
   void OnDone(const grpc::Status& s) override {
@@ -523,9 +518,9 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
       done = std::move(done_);
       self = std::move(self_);
     }
-    // The shard ends its sessions when it exits: a push under way then ends CANCELLED, which
+    // The shard ends its sessions when it exits: a job under way then ends CANCELLED, which
     // this worker did not ask for. That counts as the shard being unavailable (retried until
-    // the deadline), as a PushStream ended by a shard that exits does.
+    // the deadline), as a call ended by a shard that exits does.
     grpc::Status status = s;
     if (!error.ok())
       status = error;  // a reply that take refused
@@ -549,7 +544,7 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
     }
     StartWrite(m);
   }
-  // Lets go of the hold kept between pushes (once).
+  // Lets go of the hold kept between jobs (once).
   void release() {
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -574,7 +569,7 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   grpc::ClientContext ctx_;
   std::mutex mu_;
   grpc::ByteBuffer in_;
-  std::vector<grpc::ByteBuffer> messages_;  // the push under way's
+  std::vector<grpc::ByteBuffer> messages_;  // the job under way's
   size_t next_ = 0;
   Take take_;                               // the job under way's
   grpc::Status error_;                      // a reply take refused
@@ -583,7 +578,7 @@ class ShardSession final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   bool broken_ = false;  // its call is ending
   bool cancelled_ = false;
   bool retired_ = false;
-  bool released_ = false;              // the hold between pushes
+  bool released_ = false;               // the hold between jobs
   std::shared_ptr<ShardSession> self_;  // until OnDone
 };
 
@@ -696,7 +691,7 @@ void ShardSet::on_sessions(SessionKind kind, const char* what, double timeout,
             }
             striped->finished(st);
           };
-          if (!mine[k]->push(std::move(jobs[k].messages), std::move(jobs[k].take), finished))
+          if (!mine[k]->run(std::move(jobs[k].messages), std::move(jobs[k].take), finished))
             finished(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                   "the session to the shard was over before the call began"));
         }
