@@ -20,13 +20,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "target/target.h"
+
 namespace towers::testutil {
 
 // The towers binary under test: the build's own, or $TOWERS_BINARY where the build tree was
 // moved (a build carried to a GPU machine).
 inline std::string towers_binary() {
   const char* env = std::getenv("TOWERS_BINARY");
-  return env != nullptr && *env != '\0' ? env : TOWERS_BINARY;
+  return env != nullptr && *env != '\0' ? env : built_towers_binary();
 }
 
 // A small net with two BatchNorm layers (after a convolution and after a dense layer), as a

@@ -10,18 +10,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
-#include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -739,6 +742,67 @@ TEST(RemoteShard, AShardThatExitsUnderAPushOnASessionIsUnavailable) {
   EXPECT_NE(error.find("Push failed: UNAVAILABLE"), std::string::npos) << error;
   EXPECT_EQ(error.find("CANCELLED"), std::string::npos) << error;
   s.server = std::thread([&] { remote::run_shard(s.opts); });  // (for ~OneShard's shutdown)
+}
+
+// A session that its shard ends with CANCELLED while a push's pieces are arriving (what a
+// shard's exit does to its sessions, end_sessions) fails the push as unavailable: the worker
+// calls again, each time on a new session (an ended one is never reused), until the push's
+// deadline, then names the shard and what ended the session. The shard here is a stand-in
+// that ends every PushSession so as soon as its first message arrives.
+TEST(RemoteShard, ASessionTheShardCancelsUnderAPushIsUnavailableAndNotReused) {
+  class CancellingShard final : public grpc::CallbackGenericService {
+   public:
+    std::atomic<int> sessions{0};
+    grpc::ServerGenericBidiReactor* CreateReactor(
+        grpc::GenericCallbackServerContext* ctx) override {
+      class Reactor final : public grpc::ServerGenericBidiReactor {
+       public:
+        explicit Reactor(bool session) {
+          if (session)
+            StartRead(&in_);
+          else
+            Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a PushSession"));
+        }
+        void OnReadDone(bool) override {
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the shard is exiting"));
+        }
+        void OnDone() override { delete this; }
+
+       private:
+        grpc::ByteBuffer in_;
+      };
+      const bool session = ctx->method() == remote::kPushSessionMethod;
+      if (session) ++sessions;
+      return new Reactor(session);
+    }
+  } service;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterCallbackGenericService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_TRUE(server != nullptr && port > 0);
+  std::string error;
+  {
+    remote::ShardSet shards({fmt::format("127.0.0.1:{}", port)}, "t", {}, 1, true);
+    std::vector<float> grads(8, 1.0f);
+    std::vector<remote::ShardSet::PushOut> out(1);
+    out[0].head.set_round(0);
+    out[0].pieces.push_back({0, grpc::Slice(grads.data(), sizeof(float) * grads.size())});
+    std::vector<remote::PushReply> replies(1);
+    try {
+      shards.push(out, replies, 1.5);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(shards.sessions_opened(), service.sessions.load());
+  }
+  server->Shutdown();
+  EXPECT_NE(error.find("Push failed: UNAVAILABLE: the shard ended the session: the shard is "
+                       "exiting"),
+            std::string::npos)
+      << error;
+  EXPECT_GE(service.sessions.load(), 2) << "the push was not called again on a new session";
 }
 
 // Pushes of a worker's store in stripes land every float where it belongs, once, and its pulls

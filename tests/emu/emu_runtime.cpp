@@ -376,6 +376,25 @@ cudaError_t cudaHostUnregister(void* p) {
   std::lock_guard<std::mutex> l(mu);
   return pinned_.erase(static_cast<const char*>(p)) ? cudaSuccess : fail(cudaErrorInvalidValue);
 }
+// What memory a pointer is in: a device allocation (on the current device: the emulated
+// devices share one table), a page-locked host range, or ordinary host memory.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+  std::lock_guard<std::mutex> l(mu);
+  *attr = cudaPointerAttributes{};
+  attr->device = current_device;
+  if (inside(device_, p, 1)) {
+    attr->type = cudaMemoryTypeDevice;
+    attr->devicePointer = const_cast<void*>(p);
+  } else if (inside(pinned_, p, 1)) {
+    attr->type = cudaMemoryTypeHost;
+    attr->hostPointer = const_cast<void*>(p);
+    attr->devicePointer = const_cast<void*>(p);
+  } else {
+    attr->type = cudaMemoryTypeUnregistered;
+    attr->device = -2;
+  }
+  return cudaSuccess;
+}
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (capture) return fail(cudaErrorStreamCaptureUnsupported);
   if (cudaError_t e = check_copy(dst, src, bytes, kind)) return fail(e);

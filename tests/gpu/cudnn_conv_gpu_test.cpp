@@ -291,47 +291,49 @@ TEST(CudnnConvGpu, ChoiceKeepsToWorkspaceAndDeterminism) {
     const std::vector<float> got = run(timed_tf32, d, scratch_d.get(), counts[d]);
     EXPECT_LT(norm_rel(got, want), 2e-3) << " against " << roomy_tf32.algorithms();
   }
-#if TOWERS_EMULATED_GPU
-  // The emulator's timed order passes over a failed FFT trial, then puts the algorithms without
-  // workspace first: the timed forward is IMPLICIT_GEMM where the ranking's is GEMM (TF32:
-  // the tensor-op IMPLICIT_PRECOMP_GEMM, as ranked), and without the determinism requirement
-  // the backward directions take ALGO_0. timed_tight runs its two backward directions (ALGO_1,
-  // one image's im2col buffer each) in workspaces of its own.
-  EXPECT_EQ(timed.algorithms().substr(0, 30), "timed: forward IMPLICIT_GEMM (") << timed.algorithms();
-  EXPECT_NE(timed.algorithms().find("backward-data ALGO_1"), std::string::npos);
-  EXPECT_NE(timed_any.algorithms().find("backward-data ALGO_0"), std::string::npos);
-  EXPECT_NE(timed_any.algorithms().find("backward-filter ALGO_0"), std::string::npos);
-  EXPECT_EQ(timed_tight.own_workspace_bytes(), 2 * big / s.n) << timed_tight.algorithms();
-  EXPECT_EQ(timed_tf32.algorithms().substr(0, 38), "timed: forward IMPLICIT_PRECOMP_GEMM (")
-      << timed_tf32.algorithms();
-  // The emulator ranks the non-deterministic backward algorithms first.
-  EXPECT_NE(any.algorithms().find("backward-data ALGO_0"), std::string::npos) << any.algorithms();
-  EXPECT_NE(any.algorithms().find("backward-filter ALGO_0"), std::string::npos) << any.algorithms();
-  EXPECT_EQ(roomy.algorithms().substr(0, 12), "forward GEMM");
-  EXPECT_NE(roomy.algorithms().find("backward-data ALGO_1"), std::string::npos);
-  EXPECT_NE(roomy.algorithms().find("backward-filter ALGO_1"), std::string::npos);
-  EXPECT_EQ(roomy_tf32.algorithms().substr(0, 29), "forward IMPLICIT_PRECOMP_GEMM");
-  EXPECT_EQ(roomy.own_workspace_bytes(), 0u);
-  // The emulator ranks only ALGO_1 (im2col's bytes) as deterministic for both backward
-  // directions and GEMM first for the forward, each needing one image's im2col buffer, so the
-  // tight plan runs all three in workspaces of its own of that size.
-  EXPECT_EQ(tight.own_workspace_bytes(), 3 * big / s.n) << tight.algorithms();
-  const std::string chosen = tight.algorithms();
-  EXPECT_EQ(chosen.substr(0, 12), "forward GEMM") << chosen;
-  EXPECT_NE(chosen.find("backward-data ALGO_1 ("), std::string::npos) << chosen;
-  EXPECT_NE(chosen.find("backward-filter ALGO_1 ("), std::string::npos) << chosen;
-  int owned = 0;
-  for (size_t at = chosen.find("its own"); at != std::string::npos; at = chosen.find("its own", at + 1))
-    ++owned;
-  EXPECT_EQ(owned, 3) << chosen;
-#endif
+  if (testutil::emulated_gpu()) {
+    // The emulator's timed order passes over a failed FFT trial, then puts the algorithms without
+    // workspace first: the timed forward is IMPLICIT_GEMM where the ranking's is GEMM (TF32:
+    // the tensor-op IMPLICIT_PRECOMP_GEMM, as ranked), and without the determinism requirement
+    // the backward directions take ALGO_0. timed_tight runs its two backward directions (ALGO_1,
+    // one image's im2col buffer each) in workspaces of its own.
+    EXPECT_EQ(timed.algorithms().substr(0, 30), "timed: forward IMPLICIT_GEMM (")
+        << timed.algorithms();
+    EXPECT_NE(timed.algorithms().find("backward-data ALGO_1"), std::string::npos);
+    EXPECT_NE(timed_any.algorithms().find("backward-data ALGO_0"), std::string::npos);
+    EXPECT_NE(timed_any.algorithms().find("backward-filter ALGO_0"), std::string::npos);
+    EXPECT_EQ(timed_tight.own_workspace_bytes(), 2 * big / s.n) << timed_tight.algorithms();
+    EXPECT_EQ(timed_tf32.algorithms().substr(0, 38), "timed: forward IMPLICIT_PRECOMP_GEMM (")
+        << timed_tf32.algorithms();
+    // The emulator ranks the non-deterministic backward algorithms first.
+    EXPECT_NE(any.algorithms().find("backward-data ALGO_0"), std::string::npos) << any.algorithms();
+    EXPECT_NE(any.algorithms().find("backward-filter ALGO_0"), std::string::npos)
+        << any.algorithms();
+    EXPECT_EQ(roomy.algorithms().substr(0, 12), "forward GEMM");
+    EXPECT_NE(roomy.algorithms().find("backward-data ALGO_1"), std::string::npos);
+    EXPECT_NE(roomy.algorithms().find("backward-filter ALGO_1"), std::string::npos);
+    EXPECT_EQ(roomy_tf32.algorithms().substr(0, 29), "forward IMPLICIT_PRECOMP_GEMM");
+    EXPECT_EQ(roomy.own_workspace_bytes(), 0u);
+    // The emulator ranks only ALGO_1 (im2col's bytes) as deterministic for both backward
+    // directions and GEMM first for the forward, each needing one image's im2col buffer, so the
+    // tight plan runs all three in workspaces of its own of that size.
+    EXPECT_EQ(tight.own_workspace_bytes(), 3 * big / s.n) << tight.algorithms();
+    const std::string chosen = tight.algorithms();
+    EXPECT_EQ(chosen.substr(0, 12), "forward GEMM") << chosen;
+    EXPECT_NE(chosen.find("backward-data ALGO_1 ("), std::string::npos) << chosen;
+    EXPECT_NE(chosen.find("backward-filter ALGO_1 ("), std::string::npos) << chosen;
+    int owned = 0;
+    for (size_t at = chosen.find("its own"); at != std::string::npos;
+         at = chosen.find("its own", at + 1))
+      ++owned;
+    EXPECT_EQ(owned, 3) << chosen;
+  }
 }
 
-#if TOWERS_EMULATED_GPU
 // A timed plan whose trials all fail (the emulator's TOWERS_EMU_CUDNN_FIND_FAILS) takes
 // cuDNN's heuristic ranking instead, direction by direction, and says so: the ranked plan's
 // algorithms, each marked "ranked".
-TEST(CudnnConvGpu, TimedPlanWithoutAUsableTrialTakesTheRanking) {
+TOWERS_EMULATOR_TEST(CudnnConvGpu, TimedPlanWithoutAUsableTrialTakesTheRanking) {
   TOWERS_SKIP_WITHOUT_GPU();
   Context ctx;
   const CudnnConv::Shape s = shape_of(2, 3, 9, 7, 3);
@@ -346,7 +348,6 @@ TEST(CudnnConvGpu, TimedPlanWithoutAUsableTrialTakesTheRanking) {
   }
   EXPECT_EQ(timed.algorithms(), expected);
 }
-#endif
 
 }  // namespace
 }  // namespace towers

@@ -245,9 +245,8 @@ TEST(EngineGpu, BadGpuFlagsAreClearErrorsAndWriteNothing) {
 
 TEST(EngineGpu, FashionMnistReaches90PercentOnAGpu) {
   TOWERS_SKIP_WITHOUT_GPU();
-#ifdef TOWERS_EMULATED_GPU
-  GTEST_SKIP() << "the CUDA emulator computes on the CPU: five epochs are a real-GPU test";
-#endif
+  if (testutil::emulated_gpu())
+    GTEST_SKIP() << "the CUDA emulator computes on the CPU: five epochs are a real-GPU test";
   // $TOWERS_FASHION_MNIST names the folder on a machine without Debian's dataset package.
   const char* env = std::getenv("TOWERS_FASHION_MNIST");
   const std::string fashion = env ? env : "/usr/share/datasets/fashion-mnist";

@@ -14,9 +14,10 @@
 
 #include "core/cuda_check.h"
 #include "core/gpu.h"
-#include "layers/layer.h"
 #include "core/rng.h"
 #include "kernels/debug.h"
+#include "layers/layer.h"
+#include "target/target.h"
 
 namespace towers::gputest {
 
@@ -64,6 +65,24 @@ inline bool gpu_required() {
     std::string towers_reason_ = ::towers::gputest::no_gpu_reason();     \
     if (!towers_reason_.empty()) TOWERS_GPU_SKIP(towers_reason_);        \
   } while (0)
+
+// A test of the CUDA emulator's own fault injection (an extra workspace its cuDNN asks for, a
+// timed search whose trials all fail), which a real GPU cannot be made to take: it is registered
+// in the emulated test executable only, so that a GPU run has no skip for it. (Its factory
+// returns a plain testing::Test, as TEST's does, so that it may share a suite with TESTs.) Use
+// as TEST:
+//   TOWERS_EMULATOR_TEST(Suite, Name) { ... }
+#define TOWERS_EMULATOR_TEST(suite, name)                                                      \
+  class suite##_##name##_OnTheEmulator : public ::testing::Test {                              \
+   public:                                                                                     \
+    void TestBody() override;                                                                  \
+  };                                                                                           \
+  [[maybe_unused]] const bool suite##_##name##_registered =                                    \
+      ::towers::testutil::emulated_gpu() &&                                                    \
+      ::testing::RegisterTest(                                                                 \
+          #suite, #name, nullptr, nullptr, __FILE__, __LINE__,                                 \
+          []() -> ::testing::Test* { return new suite##_##name##_OnTheEmulator; }) != nullptr; \
+  void suite##_##name##_OnTheEmulator::TestBody()
 
 // Empty when cuBLAS's TF32 mode takes effect on device 0, else why not: tensor cores with TF32
 // arrive with compute capability 8.0 (Ampere), and NVIDIA_TF32_OVERRIDE=0 turns TF32 off

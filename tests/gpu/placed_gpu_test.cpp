@@ -16,9 +16,6 @@
 #include "core/gpu.h"
 #include "core/rng.h"
 #include "gpu_test_util.h"
-#ifdef TOWERS_EMULATED_GPU
-#include "tests/emu/emu_runtime.h"
-#endif
 #include "models/model_file.h"
 #include "models/models.h"
 #include "towers/cuda_tower.h"
@@ -94,14 +91,8 @@ TEST_P(PlacedGpu, MatchesTheWholeTowerOnTheCpu) {
   for (size_t q = 0; q < placement.parts.size(); ++q) {
     if (placement.parts[q].kind != DeviceKind::Cuda) continue;
     cudaPointerAttributes attr{};
-#ifdef TOWERS_EMULATED_GPU
-    EXPECT_TRUE(emu::on_device(placed.part_params(static_cast<int>(q)), sizeof(float)))
-        << "part " << q;
-#else
     ASSERT_EQ(cudaPointerGetAttributes(&attr, placed.part_params(static_cast<int>(q))), cudaSuccess);
     EXPECT_EQ(attr.type, cudaMemoryTypeDevice) << "part " << q;
-#endif
-    (void)attr;
   }
   placed.load_params(params.data());
   std::vector<float> poison(total, NAN);

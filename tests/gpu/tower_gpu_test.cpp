@@ -196,11 +196,7 @@ void expect_cudnn_choice_matches_cpu(const TowerPlacement& p, const char* note,
   ASSERT_EQ(static_cast<int64_t>(cuda.gpu_plan_notes().size()), conv_layers(*gg));
   for (const std::string& plan : cuda.gpu_plan_notes()) {
     EXPECT_NE(plan.find(note), std::string::npos) << plan;
-#ifdef TOWERS_EMULATED_GPU
-    EXPECT_NE(plan.find(emulated), std::string::npos) << plan;
-#else
-    (void)emulated;
-#endif
+    if (testutil::emulated_gpu()) EXPECT_NE(plan.find(emulated), std::string::npos) << plan;
   }
 }
 
@@ -291,16 +287,16 @@ TEST(TowerGpu, DefaultCudnnPlansStayNearTheGemmFamily) {
                   timed ? "timed" : "default", e);
       EXPECT_LT(e, bound) << v.spec.name;
     }
-#ifdef TOWERS_EMULATED_GPU
-    EXPECT_EQ(sf.loss_sum, se.loss_sum);
-    EXPECT_EQ(std::memcmp(fast.grads(), exact.grads(), sizeof(float) * total), 0);
-    if (!timed)  // (the emulator's timed order puts the algorithms without workspace first)
-      for (const std::string& note : fast.gpu_plan_notes()) {
-        EXPECT_NE(note.find("forward FFT_TILING"), std::string::npos) << note;
-        EXPECT_NE(note.find("backward-data WINOGRAD_NONFUSED"), std::string::npos) << note;
-        EXPECT_NE(note.find("backward-filter FFT"), std::string::npos) << note;
-      }
-#endif
+    if (testutil::emulated_gpu()) {
+      EXPECT_EQ(sf.loss_sum, se.loss_sum);
+      EXPECT_EQ(std::memcmp(fast.grads(), exact.grads(), sizeof(float) * total), 0);
+      if (!timed)  // (the emulator's timed order puts the algorithms without workspace first)
+        for (const std::string& note : fast.gpu_plan_notes()) {
+          EXPECT_NE(note.find("forward FFT_TILING"), std::string::npos) << note;
+          EXPECT_NE(note.find("backward-data WINOGRAD_NONFUSED"), std::string::npos) << note;
+          EXPECT_NE(note.find("backward-filter FFT"), std::string::npos) << note;
+        }
+    }
   }
 }
 
@@ -377,13 +373,12 @@ TEST(TowerGpu, BackwardBranchesAreBitwiseOneStream) {
   }
 }
 
-#ifdef TOWERS_EMULATED_GPU
 // Plans whose algorithms need more workspace than the layers' scratch (the emulator asks for 16
 // MiB more, TOWERS_EMU_CUDNN_EXTRA_WORKSPACE) run every direction in a workspace of their own,
 // taken at its first call: with the weight gradients on the lane, eager, captured and replayed,
 // the tower computes bitwise what a tower whose plans use the scratch computes. (On a GPU,
 // conv1 of cifar10 at batch 128 with TF32 needs this: bench/results/2026-11-26-gpu.)
-TEST(TowerGpu, PlansWithWorkspacesOfTheirOwnAreBitwiseScratchPlans) {
+TOWERS_EMULATOR_TEST(TowerGpu, PlansWithWorkspacesOfTheirOwnAreBitwiseScratchPlans) {
   TOWERS_SKIP_WITHOUT_GPU();
   auto g = model_with("cifar10", ConvAlgorithm::Auto);
   const int64_t n = 16, total = g->layout().total();
@@ -424,7 +419,6 @@ TEST(TowerGpu, PlansWithWorkspacesOfTheirOwnAreBitwiseScratchPlans) {
   for (const std::string& note : plain.gpu_plan_notes())
     EXPECT_EQ(note.find("its own"), std::string::npos) << note;
 }
-#endif
 
 // The production batch (128, and 256), with stream-ordering bugs made visible: the landing
 // buffer of the gradients is poisoned with NaN before every step, and a test-only spin kernel
@@ -443,13 +437,10 @@ TEST(TowerGpu, ProductionBatchMatchesTheCpuTowerWithPoisonAndDelays) {
   TOWERS_SKIP_WITHOUT_GPU();
   auto g = twin_model("cifar10");
   const int64_t total = g->layout().total();
-#ifdef TOWERS_EMULATED_GPU
-  const std::vector<int64_t> sizes = {128};
-  const int steps = 1;
-#else
-  const std::vector<int64_t> sizes = {128, 256};
-  const int steps = 3;
-#endif
+  // (one step at batch 128 on the emulator, which computes on the CPU)
+  const std::vector<int64_t> sizes =
+      testutil::emulated_gpu() ? std::vector<int64_t>{128} : std::vector<int64_t>{128, 256};
+  const int steps = testutil::emulated_gpu() ? 1 : 3;
   for (int64_t n : sizes) {
     SCOPED_TRACE("batch " + std::to_string(n));
     std::vector<float> params(total);
