@@ -724,8 +724,8 @@ TEST(RemoteShard, APushOnASessionEndsAtItsDeadlineSayingWhatItWaitedFor) {
 // worker calls again until its deadline), not as a cancelled call, though the shard ends its
 // sessions as it exits. (The barrier's wait answers first, saying the shard is shutting down;
 // the worker also counts a session that the shard cancels under a push as unavailable, for a
-// cancel that comes while the push's pieces are still arriving. Should the shutdown come before
-// the push reaches the shard, the push finds no shard: unavailable too.)
+// cancel that comes while the push's pieces are still arriving: the next test. Should the shutdown
+// come before the push reaches the shard, the push finds no shard: unavailable too.)
 TEST(RemoteShard, AShardThatExitsUnderAPushOnASessionIsUnavailable) {
   OneShard s(1024, 300, "", "sync", 2, true, 2, 3.0);
   std::string error;
@@ -748,7 +748,7 @@ TEST(RemoteShard, AShardThatExitsUnderAPushOnASessionIsUnavailable) {
 // shard's exit does to its sessions, end_sessions) fails the push as unavailable: the worker
 // calls again, each time on a new session (an ended one is never reused), until the push's
 // deadline, then names the shard and what ended the session. The shard here is a stand-in
-// that ends every PushSession so as soon as its first message arrives.
+// that ends every PushSession as soon as its first message arrives.
 TEST(RemoteShard, ASessionTheShardCancelsUnderAPushIsUnavailableAndNotReused) {
   class CancellingShard final : public grpc::CallbackGenericService {
    public:
