@@ -267,6 +267,16 @@ TEST(Cli, EvalReportsTheAccuracyOfACheckpoint) {
   EXPECT_DOUBLE_EQ(read_jsonl(dir + "/e.json").back()["test_accuracy"].get<double>(), trained);
 }
 
+TEST(Cli, HelpListsEverySubcommand) {
+  std::string out;
+  ASSERT_EQ(testutil::run_towers("--help", &out), 0) << out;
+  // launch is parsed apart from the others (its flags end at --), and is listed all the same.
+  for (const char* cmd : {"train", "scale", "eval", "ps", "pull", "launch", "devices"})
+    EXPECT_NE(out.find(std::string("\n  ") + cmd + " "), std::string::npos) << cmd << "\n" << out;
+  ASSERT_EQ(testutil::run_towers("launch --help", &out), 0) << out;
+  EXPECT_NE(out.find("--workers"), std::string::npos) << out;
+}
+
 TEST(CliBadInput, NonsenseFlags) {
   const std::string dir = temp_dir();
   const std::string m = " --metrics " + dir + "/m.jsonl";

@@ -461,6 +461,11 @@ int main(int argc, char** argv) {
   pull->add_option("--out", pull_out, "the file to write (.safetensors; towers eval reads it)")
       ->required();
 
+  // `towers launch` is parsed before this app (its own flags end at --); listed for --help.
+  app.add_subcommand("launch",
+                     "start a remote tower group on this machine: towers launch --ps P --workers "
+                     "W -- train ... (towers launch --help)");
+
   bool devices_json = false;
   CLI::App* devices = app.add_subcommand("devices", "list the CPU and the GPUs towers can use");
   devices->add_flag("--json", devices_json, "one JSON line");
