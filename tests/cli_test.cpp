@@ -119,6 +119,31 @@ TEST(Cli, ResumeContinuesExactlyWhereItStopped) {
   EXPECT_EQ(ca.meta.optimizer_state, cb.meta.optimizer_state);
 }
 
+// --resume in a folder with no checkpoint yet (a job killed before its first one) starts from
+// the seed, and says so, so that a mistyped folder is not taken for a resumed run.
+TEST(Cli, ResumeWithoutACheckpointSaysItStartsFromTheSeed) {
+  const std::string dir = temp_dir() + "/none";
+  auto r = run_towers(
+      "train --model mlp --dataset synthetic --synthetic-size 2000 --batch 32 --seed 5 --steps 3 "
+      "--resume --checkpoint-dir " +
+      dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--resume: no checkpoint in '" + dir + "' yet, so from the seed"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/ckpt-000000003.safetensors")) << r.output;
+  // With a checkpoint there, the run says where it resumed from instead.
+  r = run_towers(
+      "train --model mlp --dataset synthetic --synthetic-size 2000 --batch 32 --seed 5 --steps 5 "
+      "--resume --checkpoint-dir " +
+      dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("no checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir + "/ckpt-000000003.safetensors at step 3"),
+            std::string::npos)
+      << r.output;
+}
+
 // The recipe flags: label smoothing, Nesterov momentum, the weights' moving average and
 // Lookahead. Their slots ("ema", "lookahead") are checkpointed, so a resumed run ends bitwise
 // where the uninterrupted one does; evaluations, and `towers eval` of the checkpoint, read the

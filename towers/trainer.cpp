@@ -780,12 +780,15 @@ void Run::open() {
                    {"device", group_->tower(0).device().name()},
                    {"gpus", cuda ? ec_.gpus : 0},
                    {"towers_per_gpu", cuda ? ceil_div(c_.towers, ec_.gpus) : 0}});
-  say(fmt::format("towers: model {} ({} parameters), {} on {} ({} train / {} test), {} steps, "
-                  "{} x {} tower(s) of batch {} {}{}",
-                  c_.model, layout.count(), c_.optimizer.name, c_.dataset, n_train_,
-                  data_.test.size(), total_steps_, c_.mode, c_.towers, c_.batch, placement_,
-                  resume_from_ ? fmt::format(", resumed from {} at step {}", *resume_from_, start_step_)
-                               : ""));
+  say(fmt::format(
+      "towers: model {} ({} parameters), {} on {} ({} train / {} test), {} steps, "
+      "{} x {} tower(s) of batch {} {}{}",
+      c_.model, layout.count(), c_.optimizer.name, c_.dataset, n_train_, data_.test.size(),
+      total_steps_, c_.mode, c_.towers, c_.batch, placement_,
+      resume_from_ ? fmt::format(", resumed from {} at step {}", *resume_from_, start_step_)
+      : c_.resume  ? fmt::format("; --resume: no checkpoint in '{}' yet, so from the seed",
+                                 c_.checkpoint_dir)
+                   : ""));
   sum_.start_step = start_step_;
 }
 
