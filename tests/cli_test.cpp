@@ -123,20 +123,18 @@ TEST(Cli, ResumeContinuesExactlyWhereItStopped) {
 // the seed, and says so, so that a mistyped folder is not taken for a resumed run.
 TEST(Cli, ResumeWithoutACheckpointSaysItStartsFromTheSeed) {
   const std::string dir = temp_dir() + "/none";
-  auto r = run_towers(
-      "train --model mlp --dataset synthetic --synthetic-size 2000 --batch 32 --seed 5 --steps 3 "
-      "--resume --checkpoint-dir " +
-      dir);
+  const std::string run =
+      "train --model mlp --dataset synthetic --synthetic-size 2000 --batch 32 --seed 5 --resume "
+      "--checkpoint-dir " +
+      dir + " --steps ";
+  auto r = run_towers(run + "3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--resume: no checkpoint in '" + dir + "' yet, so from the seed"),
             std::string::npos)
       << r.output;
   EXPECT_TRUE(fs::exists(dir + "/ckpt-000000003.safetensors")) << r.output;
   // With a checkpoint there, the run says where it resumed from instead.
-  r = run_towers(
-      "train --model mlp --dataset synthetic --synthetic-size 2000 --batch 32 --seed 5 --steps 5 "
-      "--resume --checkpoint-dir " +
-      dir);
+  r = run_towers(run + "5");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("no checkpoint"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("resumed from " + dir + "/ckpt-000000003.safetensors at step 3"),
@@ -293,13 +291,15 @@ TEST(Cli, EvalReportsTheAccuracyOfACheckpoint) {
 }
 
 TEST(Cli, HelpListsEverySubcommand) {
-  std::string out;
-  ASSERT_EQ(testutil::run_towers("--help", &out), 0) << out;
+  auto r = run_towers("--help");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   // launch is parsed apart from the others (its flags end at --), and is listed all the same.
   for (const char* cmd : {"train", "scale", "eval", "ps", "pull", "launch", "devices"})
-    EXPECT_NE(out.find(std::string("\n  ") + cmd + " "), std::string::npos) << cmd << "\n" << out;
-  ASSERT_EQ(testutil::run_towers("launch --help", &out), 0) << out;
-  EXPECT_NE(out.find("--workers"), std::string::npos) << out;
+    EXPECT_NE(r.output.find(std::string("\n  ") + cmd + " "), std::string::npos) << cmd << "\n"
+                                                                                 << r.output;
+  r = run_towers("launch --help");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--workers"), std::string::npos) << r.output;
 }
 
 TEST(CliBadInput, NonsenseFlags) {
