@@ -968,6 +968,64 @@ TEST(RemoteShard, RestoreGoesBackToASavedRoundAtANewGeneration) {
   EXPECT_TRUE(params_are(-1.5f));
 }
 
+// A pull (a PullStream's, or a PullSession's: `method`) of `request` that reads its first
+// piece and then nothing, on a channel whose windows hold far less than a large range: the
+// shard's writes of the other pieces wait, as they do for a worker that has stopped.
+struct StuckPull final : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+  grpc::GenericStub stub;
+  grpc::ByteBuffer out, in;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool first = false, done = false, reading_on = false;
+  grpc::Status status;
+  static std::shared_ptr<grpc::Channel> narrow_channel(const std::string& address) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetMaxReceiveMessageSize(-1);
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  StuckPull(const std::string& address, const char* method, grpc::ByteBuffer request,
+            grpc::ClientContext* ctx)
+      : stub(narrow_channel(address)), out(std::move(request)) {
+    stub.PrepareBidiStreamingCall(ctx, method, grpc::StubOptions(), this);
+    if (std::string(method) == remote::kPullSessionMethod)
+      StartWrite(&out);  // (not the session's last message: it stays open)
+    else
+      StartWriteLast(&out, grpc::WriteOptions());
+    StartRead(&in);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {  // reads the first piece, then nothing until read_on
+    std::unique_lock<std::mutex> l(mu);
+    first = first || ok;
+    cv.notify_all();
+    const bool on = ok && reading_on;
+    l.unlock();
+    if (on) StartRead(&in);
+  }
+  // Reads whatever comes until the call ends. (gRPC tells a client that the server ended its
+  // call only once the pieces that came before that end are read.)
+  void read_on() {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      reading_on = true;
+    }
+    StartRead(&in);
+  }
+  void OnDone(const grpc::Status& st) override {
+    std::lock_guard<std::mutex> l(mu);
+    status = st;
+    done = true;
+    cv.notify_all();
+  }
+  bool wait(bool StuckPull::*what) {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, std::chrono::seconds(30), [&] { return this->*what || done; }) &&
+           this->*what;
+  }
+};
+
 // A rollback waits for the calls of the rounds it gives up to let go of the parameters, but not
 // past its deadline. A worker's pull whose client reads nothing after its first piece keeps
 // the parameters lent to gRPC (the client's 64 KiB window lets no more through): a Restore
@@ -982,47 +1040,14 @@ TEST(RemoteShard, ARestoreThatCannotTakeTheParametersEndsAtItsDeadline) {
   ASSERT_EQ(s.store->save_shards(1).at(0), dir + "/ps-0-0000000001.ckpt");
   ASSERT_EQ(s.push_ones(), 2);
 
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetMaxReceiveMessageSize(-1);
-  grpc::GenericStub stub(
-      grpc::CreateCustomChannel(s.cfg.cluster.ps[0], grpc::InsecureChannelCredentials(), args));
-  struct Stuck final : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
-    grpc::ByteBuffer out, in;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool first = false, done = false;
-    grpc::Status status;
-    void OnReadDone(bool ok) override {  // reads the first piece, then nothing
-      std::lock_guard<std::mutex> l(mu);
-      first = ok;
-      cv.notify_all();
-    }
-    void OnDone(const grpc::Status& st) override {
-      std::lock_guard<std::mutex> l(mu);
-      status = st;
-      done = true;
-      cv.notify_all();
-    }
-    bool wait(bool Stuck::*what) {
-      std::unique_lock<std::mutex> l(mu);
-      return cv.wait_for(l, std::chrono::seconds(30), [&] { return this->*what || done; }) &&
-             this->*what;
-    }
-  } stuck;
   remote::PullRequest req;
   req.set_layout_hash(remote::layout_hash(s.layout));
   req.set_worker(0);
   req.set_min_version(2);
-  stuck.out = remote::encode(req);
   auto ctx = remote::call_context("t", 60);
-  stub.PrepareBidiStreamingCall(ctx.get(), remote::kPullStreamMethod, grpc::StubOptions(), &stuck);
-  stuck.StartWriteLast(&stuck.out, grpc::WriteOptions());
-  stuck.StartRead(&stuck.in);
-  stuck.StartCall();
+  StuckPull stuck(s.cfg.cluster.ps[0], remote::kPullStreamMethod, remote::encode(req), ctx.get());
   // The first piece is here: the shard holds the parameters for this pull.
-  ASSERT_TRUE(stuck.wait(&Stuck::first)) << stuck.status.error_message();
+  ASSERT_TRUE(stuck.wait(&StuckPull::first)) << stuck.status.error_message();
 
   remote::RestoreReply rep;
   grpc::Status st = s.restore(1, 1, &rep, 2);
@@ -1046,7 +1071,7 @@ TEST(RemoteShard, ARestoreThatCannotTakeTheParametersEndsAtItsDeadline) {
   }
 
   ctx->TryCancel();
-  ASSERT_TRUE(stuck.wait(&Stuck::done));
+  ASSERT_TRUE(stuck.wait(&StuckPull::done));
   // gRPC lets go of the lent pieces as the call ends (the shard's lease comes back a moment
   // later): the same Restore goes through.
   bool restored = false;
@@ -1069,6 +1094,62 @@ TEST(RemoteShard, ARestoreThatCannotTakeTheParametersEndsAtItsDeadline) {
   EXPECT_EQ(got[n - 1], -0.5f);
   EXPECT_EQ(s.store->version(), 1);
   EXPECT_EQ(s.push_ones(), 2);
+}
+
+// A worker that stops reading in the middle of a pull on a session (a stopped process) does
+// not hold the lent parameters for as long as its connection lasts: the shard ends the session
+// a few seconds (kSessionOverdue) after the pull's own deadline, as gRPC ends a PullStream at
+// the call's. The call's own deadline here is far later (60 s), and the client never cancels.
+TEST(RemoteShard, AStalledPullOnASessionIsEndedAfterItsDeadlineAndLetsGoOfTheParameters) {
+  const int64_t n = 8 << 20;  // 32 MiB in 1 MiB pieces: far more than the stuck pull's window
+  OneShard s(n, 1 << 18, "", "sync", 1, true, 1, 60);
+  ASSERT_EQ(s.push_ones(), 1);  // sgd, lr 1: 0.5 - 1
+  remote::PullRequest req;
+  req.set_layout_hash(remote::layout_hash(s.layout));
+  req.set_worker(0);
+  req.set_min_version(1);
+  req.set_stripes(1);
+  req.set_timeout_ms(1000);
+  auto ctx = remote::call_context("t", 60);
+  StuckPull stuck(s.cfg.cluster.ps[0], remote::kPullSessionMethod, remote::encode(req), ctx.get());
+  ASSERT_TRUE(stuck.wait(&StuckPull::first)) << stuck.status.error_message();
+  // The next round applies once the pull's hold on the parameters ends (plain sync), within
+  // the push's deadline (30 s): the shard has ended the session.
+  ASSERT_EQ(s.push_ones(), 2);
+  std::vector<float> got(n, -9.0f);
+  s.store->pull_into(got.data());
+  EXPECT_EQ(got[0], -1.5f);
+  EXPECT_EQ(got[n - 1], -1.5f);
+  stuck.read_on();
+  ASSERT_TRUE(stuck.wait(&StuckPull::done)) << "the stalled session was not ended";
+  EXPECT_EQ(stuck.status.error_code(), grpc::StatusCode::CANCELLED) << stuck.status.error_message();
+}
+
+// The same for a push whose messages stop in the middle (a worker stopped while sending):
+// the shard ends its session after the push's deadline, and the pieces it took stay in the
+// round, as those of a broken PushStream do, so the push sent again completes it.
+TEST(RemoteShard, AStalledPushOnASessionIsEndedAfterItsDeadline) {
+  OneShard s(1024, 300);  // 4 pieces
+  remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+  auto ctx = remote::call_context("t", 60);
+  auto rw = shards.stub(0).PushSession(ctx.get());
+  const std::vector<float> g(300, 1.0f);
+  remote::PushRequest m = s.head();
+  m.set_push(1);
+  m.set_stripes(1);
+  m.set_timeout_ms(1000);
+  m.set_offset(0);
+  m.set_grads(std::string(reinterpret_cast<const char*>(g.data()), sizeof(float) * g.size()));
+  ASSERT_TRUE(rw->Write(m));  // the first of its 4 pieces, and nothing after it
+  remote::PushReply r;
+  EXPECT_FALSE(rw->Read(&r));  // (returns once the session has ended)
+  const grpc::Status st = rw->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
+  ASSERT_EQ(s.push_ones(), 1);
+  std::vector<float> got(1024, -9.0f);
+  s.store->pull_into(got.data());
+  EXPECT_EQ(got[0], -0.5f);
+  EXPECT_EQ(got[1023], -0.5f);
 }
 
 // A restarted shard is at its checkpoint's round, at a new generation, until a worker adopts

@@ -17,7 +17,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -842,11 +841,16 @@ class ShardService final : public ShardBase {
           Received::Message m = received_.pop(&resume);
           l.unlock();
           if (resume) StartRead(&in_);
-          if (!call_.started) call_.arrived = m.arrived;  // (the push's time counts from it)
+          const bool first = !call_.started;
+          if (first) call_.arrived = m.arrived;  // (the push's time counts from it)
           Status s =
               m.refusal.ok()
                   ? shard_->guarded([&] { return shard_->push_message(call_, m.head, m.grads); })
                   : m.refusal;
+          if (s.ok() && first && call_.started)
+            shard_->session_call(ctx_, ++calls_, call_.deadline,
+                                 fmt::format("worker {}'s push of round {}", call_.head.worker(),
+                                             call_.head.round()));
           grpc::ByteBuffer reply;
           if (s.ok() && m.head.ends())
             s = shard_->guarded([&] {
@@ -859,6 +863,7 @@ class ShardService final : public ShardBase {
               return end;
             });
           if (!s.ok()) shard_->stripe_failed(call_, s);  // a stripe's failure fails its push
+          if (s.ok() && m.head.ends()) shard_->session_call_over(ctx_, calls_);
           l.lock();
           if (!s.ok()) {
             if (error_.ok()) error_ = s;
@@ -908,7 +913,8 @@ class ShardService final : public ShardBase {
     ShardService* shard_;
     grpc::CallbackServerContext* ctx_;
     grpc::ByteBuffer in_;
-    PushCall call_;  // the push in progress: take()'s task only
+    PushCall call_;       // the push in progress: take()'s task only
+    uint64_t calls_ = 0;  // pushes begun on the session (take()'s task only)
     std::mutex mu_;
     Received received_;                     // under mu_
     std::deque<grpc::ByteBuffer> replies_;  // the front one is being written
@@ -931,7 +937,7 @@ class ShardService final : public ShardBase {
   // exits, and calls again until its deadline.)
   void add_session(grpc::CallbackServerContext* c) {
     std::lock_guard<std::mutex> l(sessions_mu_);
-    sessions_.insert(c);
+    sessions_.emplace(c, SessionCall());
   }
   void drop_session(grpc::CallbackServerContext* c) {
     std::lock_guard<std::mutex> l(sessions_mu_);
@@ -939,7 +945,50 @@ class ShardService final : public ShardBase {
   }
   void end_sessions() {
     std::lock_guard<std::mutex> l(sessions_mu_);
-    for (grpc::CallbackServerContext* c : sessions_) c->TryCancel();  // (a read under way fails)
+    for (auto& [c, call] : sessions_) c->TryCancel();  // (a read under way fails)
+  }
+
+  // A call on a session (a push, from its first message until its end; a pull, from its
+  // request until its last piece is written) keeps its own deadline (decision 76). The worker
+  // gives it up a second after that deadline; a worker that cannot (a stopped process, a
+  // network path gone silent) would leave it open for as long as its connection lasts: a
+  // session's pull in plain sync holding the lent parameters, a push holding its round's
+  // partial state. The watchdog (watch) ends such a session kSessionOverdue after the call's
+  // deadline, as gRPC ends a PushStream or PullStream call at its own.
+  static constexpr std::chrono::seconds kSessionOverdue{3};
+  // Session c's call number `call` (its calls so far) is under way until `deadline`; what:
+  // it, for the shard's log line should it be overdue.
+  void session_call(grpc::CallbackServerContext* c, uint64_t call,
+                    std::chrono::system_clock::time_point deadline, std::string what) {
+    std::lock_guard<std::mutex> l(sessions_mu_);
+    const auto it = sessions_.find(c);
+    if (it != sessions_.end()) it->second = {call, deadline + kSessionOverdue, std::move(what)};
+  }
+  // Session c's call number `call` is over (unless a later one has started: it stays due).
+  void session_call_over(grpc::CallbackServerContext* c, uint64_t call) {
+    std::lock_guard<std::mutex> l(sessions_mu_);
+    const auto it = sessions_.find(c);
+    if (it != sessions_.end() && it->second.call == call) it->second.due = SessionCall::never();
+  }
+  // Ends the sessions whose call is overdue, saying so. (Not under mu_: a cancel lets go of
+  // the lent pieces of a pull, which takes it.)
+  void end_overdue_sessions() {
+    const auto now = std::chrono::system_clock::now();
+    std::vector<std::string> ended;
+    {
+      std::lock_guard<std::mutex> l(sessions_mu_);
+      for (auto& [c, call] : sessions_) {
+        if (call.due > now) continue;
+        call.due = SessionCall::never();
+        c->TryCancel();
+        ended.push_back(std::move(call.what));
+      }
+    }
+    for (const std::string& what : ended)
+      say(
+          fmt::format("{} on a session was not over {} s after its deadline: the session is "
+                      "ended (the worker stopped taking part in it)",
+                      what, kSessionOverdue.count()));
   }
 
   // The messages of a PullStream, written one at a time as gRPC takes them, while the thread
@@ -952,6 +1001,8 @@ class ShardService final : public ShardBase {
     virtual bool offer(grpc::ByteBuffer b) = 0;
     // The pull is over (s: how), once the queued messages are written.
     virtual void close(Status s) = 0;
+    // A session's pull: it is due by `deadline` (what: it).
+    virtual void due(std::chrono::system_clock::time_point /*deadline*/, std::string /*what*/) {}
   };
   // A reactor's writes of the pieces offered to it, one at a time, in order.
   template <class Reactor>
@@ -984,12 +1035,18 @@ class ShardService final : public ShardBase {
       }
       writing_ = false;
       current_.Clear();  // let go of the last piece (a lent one ends a hold)
-      if (!closed_) return;
+      if (!closed_) {
+        l.unlock();
+        written();
+        return;
+      }
       l.unlock();
       this->Finish(status_);
     }
 
    protected:
+    // Every piece offered so far is written, and the call goes on.
+    virtual void written() {}
     // Under mu_ (l): the call ends with s (CANCELLED if the client went away) once the queued
     // pieces are written.
     void finish_after_writes(std::unique_lock<std::mutex>& l, Status s) {
@@ -1036,6 +1093,7 @@ class ShardService final : public ShardBase {
         return;
       }
       const auto arrived = std::chrono::system_clock::now();
+      ++calls_;
       try {
         shard_->threads_.run(
             [this, arrived] { shard_->serve_pull(ctx_, &in_, this, false, true, arrived); });
@@ -1049,9 +1107,19 @@ class ShardService final : public ShardBase {
         finish_after_writes(l, std::move(s));
         return;
       }
+      // The pull is over once its last piece is written.
+      uint64_t over = 0;
+      if (writing_)
+        over_when_written_ = calls_;
+      else
+        over = calls_;
       l.unlock();
+      if (over != 0) shard_->session_call_over(ctx_, over);
       in_.Clear();
       StartRead(&in_);  // the next pull's request
+    }
+    void due(std::chrono::system_clock::time_point deadline, std::string what) override {
+      shard_->session_call(ctx_, calls_, deadline, std::move(what));
     }
     void OnDone() override {
       shard_->drop_session(ctx_);
@@ -1059,9 +1127,18 @@ class ShardService final : public ShardBase {
     }
 
    private:
+    void written() override {
+      std::unique_lock<std::mutex> l(mu_);
+      const uint64_t over = std::exchange(over_when_written_, 0);
+      l.unlock();
+      if (over != 0) shard_->session_call_over(ctx_, over);
+    }
+
     ShardService* shard_;
     grpc::CallbackServerContext* ctx_;
     grpc::ByteBuffer in_;  // the request being read or served
+    uint64_t calls_ = 0;   // pulls so far (the one being served: the last)
+    uint64_t over_when_written_ = 0;  // under mu_: a pull that is over once its pieces are written
   };
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PullSession(
@@ -1103,10 +1180,11 @@ class ShardService final : public ShardBase {
       else if (req.with_slots())
         s = Status(StatusCode::INVALID_ARGUMENT,
                    fmt::format("{}: {} carries no optimizer slots (Pull does)", name_, method));
-      else if (session)
-        s = session_deadline(req.timeout_ms(), arrived,
-                             fmt::format("worker {}'s pull", req.worker()), &ctx.deadline);
-      else if (on_grpc_thread && !(lending_.load() && req.worker() >= 0))
+      else if (session) {
+        const std::string what = fmt::format("worker {}'s pull", req.worker());
+        s = session_deadline(req.timeout_ms(), arrived, what, &ctx.deadline);
+        if (s.ok()) w->due(ctx.deadline, what);
+      } else if (on_grpc_thread && !(lending_.load() && req.worker() >= 0))
         return false;  // a pull that copies: to a thread of threads_ before anything is done
       if (s.ok()) s = pull_ready(ctx, req, may_not_wait);
       // A stripe of a striped pull: floats [a, b) of the range only.
@@ -2093,6 +2171,9 @@ class ShardService final : public ShardBase {
         check_exit();
         cv_.notify_all();
       }
+      l.unlock();
+      end_overdue_sessions();
+      l.lock();
     }
   }
 
@@ -2216,8 +2297,17 @@ class ShardService final : public ShardBase {
   std::map<int, Clock::time_point> early_seen_;
   std::chrono::milliseconds timeout_{10000};
   std::thread watchdog_;
+  struct SessionCall {  // a session's call under way (session_call)
+    static std::chrono::system_clock::time_point never() {
+      return std::chrono::system_clock::time_point::max();
+    }
+    uint64_t call = 0;
+    std::chrono::system_clock::time_point due = never();  // its deadline and kSessionOverdue
+    std::string what;
+  };
   std::mutex sessions_mu_;
-  std::set<grpc::CallbackServerContext*> sessions_;  // open sessions' calls (end_sessions)
+  // Open sessions' calls (end_sessions), and the call under way on each (end_overdue_sessions).
+  std::map<grpc::CallbackServerContext*, SessionCall> sessions_;
   CallThreads threads_;  // last: joined first, while everything its calls use is still there
 };
 
