@@ -977,6 +977,7 @@ struct StuckPull final : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuf
   std::mutex mu;
   std::condition_variable cv;
   bool first = false, done = false, reading_on = false;
+  bool held = true;  // the test's thread only
   grpc::Status status;
   static std::shared_ptr<grpc::Channel> narrow_channel(const std::string& address) {
     grpc::ChannelArguments args;
@@ -985,10 +986,13 @@ struct StuckPull final : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuf
     args.SetMaxReceiveMessageSize(-1);
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
+  // A hold keeps the call (and this reactor's part in it) until read_on or release, so that a
+  // read can still be started once the shard has ended the call.
   StuckPull(const std::string& address, const char* method, grpc::ByteBuffer request,
             grpc::ClientContext* ctx)
-      : stub(narrow_channel(address)), out(std::move(request)) {
+      : stub(narrow_channel(address)), out(std::move(request)), ctx_(ctx) {
     stub.PrepareBidiStreamingCall(ctx, method, grpc::StubOptions(), this);
+    AddHold();
     if (std::string(method) == remote::kPullSessionMethod)
       StartWrite(&out);  // (not the session's last message: it stays open)
     else
@@ -1012,6 +1016,16 @@ struct StuckPull final : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuf
       reading_on = true;
     }
     StartRead(&in);
+    release();
+  }
+  void release() {
+    if (std::exchange(held, false)) RemoveHold();
+  }
+  ~StuckPull() override {  // (a test that stopped early: the call ends before this goes)
+    if (held) ctx_->TryCancel();
+    release();
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return done; });
   }
   void OnDone(const grpc::Status& st) override {
     std::lock_guard<std::mutex> l(mu);
@@ -1024,6 +1038,9 @@ struct StuckPull final : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuf
     return cv.wait_for(l, std::chrono::seconds(30), [&] { return this->*what || done; }) &&
            this->*what;
   }
+
+ private:
+  grpc::ClientContext* ctx_;
 };
 
 // A rollback waits for the calls of the rounds it gives up to let go of the parameters, but not
@@ -1071,6 +1088,7 @@ TEST(RemoteShard, ARestoreThatCannotTakeTheParametersEndsAtItsDeadline) {
   }
 
   ctx->TryCancel();
+  stuck.release();
   ASSERT_TRUE(stuck.wait(&StuckPull::done));
   // gRPC lets go of the lent pieces as the call ends (the shard's lease comes back a moment
   // later): the same Restore goes through.
@@ -1114,7 +1132,7 @@ TEST(RemoteShard, AStalledPullOnASessionIsEndedAfterItsDeadlineAndLetsGoOfThePar
   StuckPull stuck(s.cfg.cluster.ps[0], remote::kPullSessionMethod, remote::encode(req), ctx.get());
   ASSERT_TRUE(stuck.wait(&StuckPull::first)) << stuck.status.error_message();
   // The next round applies once the pull's hold on the parameters ends (plain sync), within
-  // the push's deadline (30 s): the shard has ended the session.
+  // the push's deadline (60 s, as the session's): the shard has ended the session.
   ASSERT_EQ(s.push_ones(), 2);
   std::vector<float> got(n, -9.0f);
   s.store->pull_into(got.data());

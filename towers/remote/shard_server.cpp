@@ -971,7 +971,9 @@ class ShardService final : public ShardBase {
     if (it != sessions_.end() && it->second.call == call) it->second.due = SessionCall::never();
   }
   // Ends the sessions whose call is overdue, saying so. (Not under mu_: a cancel lets go of
-  // the lent pieces of a pull, which takes it.)
+  // the lent pieces of a pull, which takes it. Under sessions_mu_, as in end_sessions, so that
+  // no session's call is gone while it is cancelled: gRPC runs the reactions that a cancel
+  // brings about, OnDone's drop_session among them, on its own threads, not inside TryCancel.)
   void end_overdue_sessions() {
     const auto now = std::chrono::system_clock::now();
     std::vector<std::string> ended;
@@ -1036,8 +1038,7 @@ class ShardService final : public ShardBase {
       writing_ = false;
       current_.Clear();  // let go of the last piece (a lent one ends a hold)
       if (!closed_) {
-        l.unlock();
-        written();
+        written(l);
         return;
       }
       l.unlock();
@@ -1045,8 +1046,9 @@ class ShardService final : public ShardBase {
     }
 
    protected:
-    // Every piece offered so far is written, and the call goes on.
-    virtual void written() {}
+    // Under mu_ (l, which it unlocks): every piece offered so far is written, and the call goes
+    // on.
+    virtual void written(std::unique_lock<std::mutex>& l) { l.unlock(); }
     // Under mu_ (l): the call ends with s (CANCELLED if the client went away) once the queued
     // pieces are written.
     void finish_after_writes(std::unique_lock<std::mutex>& l, Status s) {
@@ -1127,8 +1129,9 @@ class ShardService final : public ShardBase {
     }
 
    private:
-    void written() override {
-      std::unique_lock<std::mutex> l(mu_);
+    void written(std::unique_lock<std::mutex>& l) override {
+      // (Taken under the lock that saw the last write end: a later pull's close cannot have
+      // stored its own number here yet.)
       const uint64_t over = std::exchange(over_when_written_, 0);
       l.unlock();
       if (over != 0) shard_->session_call_over(ctx_, over);
@@ -1290,7 +1293,10 @@ class ShardService final : public ShardBase {
               fmt::format("{}: {} on a session gives no time for its answer (timeout_ms {}): "
                           "refused",
                           name_, what, timeout_ms)};
-    *deadline = std::min(*deadline, arrived + std::chrono::milliseconds(timeout_ms));
+    // (At most ten years: the deadline and the overdue margin stay within the clock's range.)
+    constexpr int64_t kLongest = int64_t{10} * 365 * 24 * 3600 * 1000;
+    *deadline =
+        std::min(*deadline, arrived + std::chrono::milliseconds(std::min(timeout_ms, kLongest)));
     return Status::OK;
   }
 
@@ -2153,9 +2159,11 @@ class ShardService final : public ShardBase {
     rep.set_updates(opt_->updates());
   }
 
-  // Marks workers lost after the heartbeat timeout without a call.
+  // Marks workers lost after the heartbeat timeout without a call, and ends sessions whose
+  // call is overdue (end_overdue_sessions), at least every 100 ms.
   void watch() {
     std::unique_lock<std::mutex> l(mu_);
+    Clock::time_point sessions_checked{};
     while (!exit_) {
       cv_.wait_for(l, std::chrono::milliseconds(100));
       const auto now = Clock::now();
@@ -2171,9 +2179,12 @@ class ShardService final : public ShardBase {
         check_exit();
         cv_.notify_all();
       }
-      l.unlock();
-      end_overdue_sessions();
-      l.lock();
+      if (now - sessions_checked >= std::chrono::milliseconds(100)) {  // (not on every wake)
+        sessions_checked = now;
+        l.unlock();
+        end_overdue_sessions();
+        l.lock();
+      }
     }
   }
 
