@@ -1472,12 +1472,35 @@ std::map<std::string, pid_t> launched(const std::string& dir) {
 }
 
 // Launches 2 workers of the mlp on synthetic data with the given extra flags, waits until
-// worker 1 has taken 5 steps, and kills it with kill -9; returns the launcher, still running.
-Proc launch_and_kill_worker_1(const std::string& dir, int ps, std::vector<std::string> flags) {
-  std::vector<std::string> args = {"launch", "--ps", std::to_string(ps), "--workers", "2", "--out",
-                                   dir, "--", "train", "--model", "mlp", "--dataset", "synthetic",
-                                   "--synthetic-size", "2000", "--batch", "16", "--eval-every",
-                                   "0", "--log-every", "1", "--heartbeat-timeout", "1"};
+// worker 1 has taken 5 steps, and kills it with kill -9 (or sends it `sig`, with the launch's
+// --grace `grace`); returns the launcher, still running.
+Proc launch_and_kill_worker_1(const std::string& dir, int ps, std::vector<std::string> flags,
+                              int sig = SIGKILL, const std::string& grace = "30") {
+  std::vector<std::string> args = {"launch",
+                                   "--ps",
+                                   std::to_string(ps),
+                                   "--workers",
+                                   "2",
+                                   "--out",
+                                   dir,
+                                   "--grace",
+                                   grace,
+                                   "--",
+                                   "train",
+                                   "--model",
+                                   "mlp",
+                                   "--dataset",
+                                   "synthetic",
+                                   "--synthetic-size",
+                                   "2000",
+                                   "--batch",
+                                   "16",
+                                   "--eval-every",
+                                   "0",
+                                   "--log-every",
+                                   "1",
+                                   "--heartbeat-timeout",
+                                   "1"};
   args.insert(args.end(), flags.begin(), flags.end());
   Proc l = spawn(args, test_path("launch.log"));
   const bool stepping = eventually(60, [&] {
@@ -1499,7 +1522,7 @@ Proc launch_and_kill_worker_1(const std::string& dir, int ps, std::vector<std::s
       vars.push_back(env.substr(at, end - at));
     }
     EXPECT_NE(std::find(vars.begin(), vars.end(), want), vars.end()) << want;
-    EXPECT_EQ(kill(w1, SIGKILL), 0);
+    EXPECT_EQ(kill(w1, sig), 0);
   }
   return l;
 }
@@ -1519,6 +1542,28 @@ TEST(RemoteCli, AsyncRunFinishesWhenAWorkerIsKilled) {
   ASSERT_EQ(summary.size(), 1u);
   EXPECT_EQ(summary[0]["lost_workers"], nlohmann::json::array({1}));
   EXPECT_GE(summary[0]["steps"].get<int64_t>(), 600);
+}
+
+// A worker that stops without dying (SIGSTOP: a hung process) is lost to the shards as a dead
+// one is: its calls stop, the run finishes without it, and the launcher, once the others are
+// done and its grace (2 s) is over, ends it with SIGTERM (and SIGCONT: a stopped process takes
+// a SIGTERM only once it runs again), so that nothing is left running.
+TEST(RemoteCli, AsyncRunFinishesWhenAWorkerHangs) {
+  const std::string dir = test_path("launch");
+  Proc l = launch_and_kill_worker_1(
+      dir, 2, {"--mode", "async", "--lr", "0.01", "--steps", "600", "--slow-tower", "0:10"},
+      SIGSTOP, "2");
+  const int rc = wait_for(l, 120);
+  const std::string out = read_all(l.log);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("lost worker(s) 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("worker:1: killed by signal 15"), std::string::npos) << out;
+  const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_EQ(summary[0]["lost_workers"], nlohmann::json::array({1}));
+  EXPECT_GE(summary[0]["steps"].get<int64_t>(), 600);
+  for (const auto& [task, pid] : launched(dir))  // every role has ended (the launcher reaped it)
+    EXPECT_NE(kill(pid, 0), 0) << task << " is still running";
 }
 
 // Async across workers: a step's staleness is what the shards saw at its apply, the other
