@@ -1527,21 +1527,33 @@ Proc launch_and_kill_worker_1(const std::string& dir, int ps, std::vector<std::s
   return l;
 }
 
-// An async run goes on when a worker dies: the shards count it lost, the chief finishes the
-// run and says so.
-TEST(RemoteCli, AsyncRunFinishesWhenAWorkerIsKilled) {
+// An async run of 600 steps in which worker 1 is sent `sig` after its fifth step (the
+// launch's --grace: `grace`): it finishes with exit 0, the chief's summary names worker 1 as
+// lost, the launcher says that worker 1 ended by signal `ended_by`, and no role is left
+// running (the launcher has reaped them all).
+void expect_async_run_outlives_worker_1(int sig, const std::string& grace, int ended_by) {
   const std::string dir = test_path("launch");
-  Proc l = launch_and_kill_worker_1(dir, 2, {"--mode", "async", "--lr", "0.01", "--steps", "600",
-                                             "--slow-tower", "0:10"});
+  Proc l = launch_and_kill_worker_1(
+      dir, 2, {"--mode", "async", "--lr", "0.01", "--steps", "600", "--slow-tower", "0:10"}, sig,
+      grace);
   const int rc = wait_for(l, 120);
   const std::string out = read_all(l.log);
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("worker:1: killed by signal 9"), std::string::npos) << out;
+  EXPECT_NE(out.find(fmt::format("worker:1: killed by signal {}", ended_by)), std::string::npos)
+      << out;
   EXPECT_NE(out.find("lost worker(s) 1"), std::string::npos) << out;
   const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
   ASSERT_EQ(summary.size(), 1u);
   EXPECT_EQ(summary[0]["lost_workers"], nlohmann::json::array({1}));
   EXPECT_GE(summary[0]["steps"].get<int64_t>(), 600);
+  for (const auto& [task, pid] : launched(dir))
+    EXPECT_NE(kill(pid, 0), 0) << task << " is still running";
+}
+
+// An async run goes on when a worker dies: the shards count it lost, the chief finishes the
+// run and says so.
+TEST(RemoteCli, AsyncRunFinishesWhenAWorkerIsKilled) {
+  expect_async_run_outlives_worker_1(SIGKILL, "30", SIGKILL);
 }
 
 // A worker that stops without dying (SIGSTOP: a hung process) is lost to the shards as a dead
@@ -1549,21 +1561,7 @@ TEST(RemoteCli, AsyncRunFinishesWhenAWorkerIsKilled) {
 // done and its grace (2 s) is over, ends it with SIGTERM (and SIGCONT: a stopped process takes
 // a SIGTERM only once it runs again), so that nothing is left running.
 TEST(RemoteCli, AsyncRunFinishesWhenAWorkerHangs) {
-  const std::string dir = test_path("launch");
-  Proc l = launch_and_kill_worker_1(
-      dir, 2, {"--mode", "async", "--lr", "0.01", "--steps", "600", "--slow-tower", "0:10"},
-      SIGSTOP, "2");
-  const int rc = wait_for(l, 120);
-  const std::string out = read_all(l.log);
-  EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("lost worker(s) 1"), std::string::npos) << out;
-  EXPECT_NE(out.find("worker:1: killed by signal 15"), std::string::npos) << out;
-  const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
-  ASSERT_EQ(summary.size(), 1u);
-  EXPECT_EQ(summary[0]["lost_workers"], nlohmann::json::array({1}));
-  EXPECT_GE(summary[0]["steps"].get<int64_t>(), 600);
-  for (const auto& [task, pid] : launched(dir))  // every role has ended (the launcher reaped it)
-    EXPECT_NE(kill(pid, 0), 0) << task << " is still running";
+  expect_async_run_outlives_worker_1(SIGSTOP, "2", SIGTERM);
 }
 
 // Async across workers: a step's staleness is what the shards saw at its apply, the other
