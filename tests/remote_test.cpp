@@ -744,6 +744,29 @@ TEST(RemoteShard, AShardThatExitsUnderAPushOnASessionIsUnavailable) {
   s.server = std::thread([&] { remote::run_shard(s.opts); });  // (for ~OneShard's shutdown)
 }
 
+// A shard that stops answering in the middle of a run (here: it exits) is named, and the
+// error says that it answered before, instead of asking whether it runs at that address and
+// whether TLS is agreed, which is the question for a shard that never answered.
+TEST(RemoteShard, AShardThatStopsAnsweringIsSaidToHaveAnsweredBefore) {
+  OneShard s(1024, 300, "", "sync", 1, true, 1, 2.0);
+  ASSERT_EQ(s.push_ones(), 1);
+  s.shut_down();
+  std::string error;
+  try {
+    s.push_ones();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("ps:0 (" + s.cfg.cluster.ps[0] + "): Push failed: UNAVAILABLE"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("it answered this process's earlier calls, so it has stopped answering"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(error.find("agree on TLS"), std::string::npos) << error;
+  s.server = std::thread([&] { remote::run_shard(s.opts); });  // (for ~OneShard's shutdown)
+}
+
 // A session that its shard ends with CANCELLED while a push's pieces are arriving (what a
 // shard's exit does to its sessions, end_sessions) fails the push as unavailable: the worker
 // calls again, each time on a new session (an ended one is never reused), until the push's

@@ -25,6 +25,7 @@ ShardSet::ShardSet(std::vector<std::string> addresses, std::string token, const 
     : addresses_(std::move(addresses)),
       token_(std::move(token)),
       unreachable_(addresses_.size()),
+      answered_(addresses_.size()),
       stripes_(stripes),
       next_push_(uint64_t{std::random_device()()} << 32),
       sessions_(sessions),
@@ -56,8 +57,12 @@ void ShardSet::fail(int i, const char* what, const grpc::Status& s) const {
   const bool shard_said = s.error_message().rfind("ps:", 0) == 0;
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
       (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !shard_said))
-    hint = "; is the shard running at that address, and do both sides agree on TLS "
-           "(--tls-cert/--tls-key/--tls-ca on every process, or on none)?";
+    hint = answered_[i]
+               ? "; it answered this process's earlier calls, so it has stopped answering since "
+                 "(it exited, hangs or is overloaded, or its host or the network path to it is "
+                 "gone)"
+               : "; is the shard running at that address, and do both sides agree on TLS "
+                 "(--tls-cert/--tls-key/--tls-ca on every process, or on none)?";
   TOWERS_BAD_INPUT("ps:{} ({}): {} failed: {}{}", i, addresses_[i], what, describe(s), hint);
 }
 
@@ -135,7 +140,10 @@ void ShardSet::all(const char* what, double timeout, const Start& start,
                           *rollback);
     std::vector<int> again;
     for (int k = 0; k < n; ++k) {
-      if (status[k].ok()) continue;
+      if (status[k].ok()) {
+        answered_[todo[k]] = true;
+        continue;
+      }
       const int i = todo[k];
       if (status[k].error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= until)
         fail(i, what, status[k]);

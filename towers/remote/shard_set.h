@@ -128,6 +128,7 @@ class ShardSet {
   std::vector<std::string> addresses_;
   std::string token_;
   std::vector<std::atomic<bool>> unreachable_;
+  std::vector<std::atomic<bool>> answered_;  // [shard]: a call of all() to it has succeeded
   int stripes_ = 1;
   std::atomic<uint64_t> next_push_;  // the id of a striped push's next attempt
   std::atomic<int64_t> streams_{0};  // PushStreams and PullStreams started
