@@ -349,6 +349,8 @@ TEST(CliBadInput, NonsenseFlags) {
   expect_error(run_towers(gpu + "--mode async --ema 0.99" + m), {"--params mirrored", "--ema", "async"});
   const std::string plain = "train --model mlp --dataset synthetic --synthetic-size 200 --quiet ";
   expect_error(run_towers(plain + "--steps 5 --lr -0.1" + m), {"--lr", "-0.1"});
+  expect_error(run_towers(plain + "--steps 5 --seed -1" + m),
+               {"--seed", "whole number >= 0", "-1"});
   expect_error(run_towers(kQuick + "--steps 5 --batch 0" + m), {"--batch"});
   expect_error(run_towers(plain + "--steps 5 --optimizer adamw9" + m), {"--optimizer", "adamw9"});
   expect_error(run_towers("train --model resnet9000 --steps 5" + m), {"unknown model", "resnet9000", "cifar10"});

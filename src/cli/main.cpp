@@ -184,6 +184,13 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
       "(sync with --replicas-to-aggregate below --towers: its version is applied without it; "
       "ssp: the others wait at the bound)");
   app.add_option("--seed", c.seed, "seed of initialisation, example order and augmentation")
+      // (strtoull would take a negative seed, wrapped around to a huge one)
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            return v.find('-') != std::string::npos ? "a seed is a whole number >= 0, got " + v
+                                                    : std::string();
+          },
+          ""))
       ->capture_default_str();
   std::string optimizer_help = "optimizer:";
   for (const towers::OptimizerDef& d : towers::optimizers())
