@@ -238,6 +238,7 @@ TEST(RemoteOptimizer, PiecesInAnyOrderEqualOneApply) {
 struct OneShard {
   remote::ShardOptions opts;
   std::thread server;
+  std::atomic<bool> running{false};  // the shard's thread has not returned yet
   ParameterLayout layout;
   std::vector<float> params;
   Optimizer opt;
@@ -258,7 +259,7 @@ struct OneShard {
     opts.token = "t";
     opts.quiet = true;
     opts.checkpoint_dir = checkpoint_dir;
-    server = std::thread([this] { remote::run_shard(opts); });
+    start();
     cfg.cluster = c;
     cfg.token = "t";
     cfg.rpc_timeout = rpc_timeout;
@@ -277,12 +278,26 @@ struct OneShard {
     store.reset();
     shut_down();
   }
+  // The shard, on a thread of its own (again, after shut_down).
+  void start() {
+    running = true;
+    server = std::thread([this] {
+      remote::run_shard(opts);
+      running = false;
+    });
+  }
+  // Asks the shard to exit, unless it has already (every worker done), and waits until it
+  // has. A shard whose thread has just started may not listen yet: the call is made again
+  // until it is taken.
   void shut_down() {
     auto stub = remote::Shard::NewStub(remote::open_channel(cfg.cluster.ps[0], {}));
-    remote::ShutdownRequest req;
-    remote::ShutdownReply rep;
-    auto ctx = remote::call_context("t", 5);
-    stub->Shutdown(ctx.get(), req, &rep);
+    while (running) {
+      remote::ShutdownRequest req;
+      remote::ShutdownReply rep;
+      auto ctx = remote::call_context("t", 5);
+      if (stub->Shutdown(ctx.get(), req, &rep).ok()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     server.join();
   }
   // A Restore call (towers.proto) to the shard.
@@ -312,7 +327,7 @@ struct OneShard {
   // checkpoint.
   void restart() {
     shut_down();
-    server = std::thread([this] { remote::run_shard(opts); });
+    start();
   }
   // The small fields of this worker's push of round 0.
   remote::PushRequest head() const {
@@ -741,7 +756,7 @@ TEST(RemoteShard, AShardThatExitsUnderAPushOnASessionIsUnavailable) {
   pusher.join();
   EXPECT_NE(error.find("Push failed: UNAVAILABLE"), std::string::npos) << error;
   EXPECT_EQ(error.find("CANCELLED"), std::string::npos) << error;
-  s.server = std::thread([&] { remote::run_shard(s.opts); });  // (for ~OneShard's shutdown)
+  s.start();  // (for ~OneShard's shut_down)
 }
 
 // A shard that stops answering in the middle of a run (here: it exits) is named, and the
@@ -764,7 +779,7 @@ TEST(RemoteShard, AShardThatStopsAnsweringIsSaidToHaveAnsweredBefore) {
             std::string::npos)
       << error;
   EXPECT_EQ(error.find("agree on TLS"), std::string::npos) << error;
-  s.server = std::thread([&] { remote::run_shard(s.opts); });  // (for ~OneShard's shutdown)
+  s.start();  // (for ~OneShard's shut_down)
 }
 
 // A session that its shard ends with CANCELLED while a push's pieces are arriving (what a
