@@ -1514,31 +1514,12 @@ std::map<std::string, pid_t> launched(const std::string& dir) {
 // --grace `grace`); returns the launcher, still running.
 Proc launch_and_kill_worker_1(const std::string& dir, int ps, std::vector<std::string> flags,
                               int sig = SIGKILL, const std::string& grace = "30") {
-  std::vector<std::string> args = {"launch",
-                                   "--ps",
-                                   std::to_string(ps),
-                                   "--workers",
-                                   "2",
-                                   "--out",
-                                   dir,
-                                   "--grace",
-                                   grace,
-                                   "--",
-                                   "train",
-                                   "--model",
-                                   "mlp",
-                                   "--dataset",
-                                   "synthetic",
-                                   "--synthetic-size",
-                                   "2000",
-                                   "--batch",
-                                   "16",
-                                   "--eval-every",
-                                   "0",
-                                   "--log-every",
-                                   "1",
-                                   "--heartbeat-timeout",
-                                   "1"};
+  std::vector<std::string> args = {"launch", "--ps", std::to_string(ps), "--workers", "2",
+                                   "--out",  dir,    "--grace",          grace,       "--"};
+  for (const char* a :
+       {"train", "--model", "mlp", "--dataset", "synthetic", "--synthetic-size", "2000", "--batch",
+        "16", "--eval-every", "0", "--log-every", "1", "--heartbeat-timeout", "1"})
+    args.push_back(a);
   args.insert(args.end(), flags.begin(), flags.end());
   Proc l = spawn(args, test_path("launch.log"));
   const bool stepping = eventually(60, [&] {

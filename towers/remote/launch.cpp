@@ -241,8 +241,8 @@ int run_launch(const LaunchConfig& c) {
   const bool chief_ok = WIFEXITED(chief->status) && WEXITSTATUS(chief->status) == 0;
   if (!wait_all(kids, chief_ok ? c.grace_seconds : 1.0)) {
     signal_all(kids, SIGTERM, false);
-    signal_all(kids, SIGCONT,
-               false);  // a stopped (hung) process takes its SIGTERM only once it runs
+    // A stopped (hung) process takes its SIGTERM only once it runs again.
+    signal_all(kids, SIGCONT, false);
     if (!wait_all(kids, 5.0)) {
       signal_all(kids, SIGKILL, false);
       wait_all(kids, 5.0);
