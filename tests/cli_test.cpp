@@ -349,6 +349,11 @@ TEST(CliBadInput, NonsenseFlags) {
   expect_error(run_towers(gpu + "--mode async --ema 0.99" + m), {"--params mirrored", "--ema", "async"});
   const std::string plain = "train --model mlp --dataset synthetic --synthetic-size 200 --quiet ";
   expect_error(run_towers(plain + "--steps 5 --lr -0.1" + m), {"--lr", "-0.1"});
+  // (a value past a float's range is quoted as typed, not as the inf it would become)
+  expect_error(run_towers(plain + "--steps 5 --lr 1e40" + m),
+               {"--lr", "1e40", "beyond a float's range"});
+  expect_error(run_towers(plain + "--steps 5 --momentum -4e38" + m),
+               {"--momentum", "-4e38", "beyond a float's range"});
   expect_error(run_towers(plain + "--steps 5 --seed -1" + m),
                {"--seed", "whole number >= 0", "-1"});
   expect_error(run_towers(kQuick + "--steps 5 --batch 0" + m), {"--batch"});

@@ -7,6 +7,8 @@
 //   towers ps --cluster cluster.json --task ps:0 --token-file token
 // Every bad flag or file ends in one line naming it, and exit code 2 (flags) or 1 (runtime).
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +35,17 @@
 #include "towers/trainer.h"
 
 namespace {
+
+// The values of a float flag: one beyond a float's range would reach the flag's own checks as
+// inf, and the error would then quote "inf" instead of what was typed.
+const CLI::Validator kFloatRange(
+    [](const std::string& v) {
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || !std::isfinite(d) || std::fabs(d) <= FLT_MAX) return std::string();
+      return fmt::format("{} is beyond a float's range (magnitudes up to {:.3g})", v, FLT_MAX);
+    },
+    "");
 
 // `towers devices`: what this process can train on.
 int list_devices(bool as_json) {
@@ -197,20 +210,26 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
     optimizer_help += fmt::format("\n  {:<10}{}", d.name, d.summary);
   app.add_option("--optimizer", c.optimizer.name, optimizer_help)
       ->capture_default_str();
-  app.add_option("--lr", c.schedule.lr, "base learning rate")->capture_default_str();
+  app.add_option("--lr", c.schedule.lr, "base learning rate")
+      ->check(kFloatRange)
+      ->capture_default_str();
   app.add_option("--lr-schedule", c.schedule.kind, "constant, exponential, cosine")
       ->capture_default_str();
   app.add_option("--decay-epochs", c.schedule.decay_epochs, "exponential: epochs per decay")
       ->capture_default_str();
   app.add_option("--decay-factor", c.schedule.decay_factor, "exponential: factor per decay")
+      ->check(kFloatRange)
       ->capture_default_str();
   app.add_option("--warmup-epochs", c.schedule.warmup_epochs, "linear warmup")->capture_default_str();
   app.add_option("--momentum", c.optimizer.momentum,
-                 "momentum and rmsprop (default 0.9 for momentum, 0 for rmsprop)");
+                 "momentum and rmsprop (default 0.9 for momentum, 0 for rmsprop)")
+      ->check(kFloatRange);
   app.add_flag("--nesterov", c.optimizer.nesterov, "Nesterov momentum");
   app.add_option("--label-smoothing", c.label_smoothing,
                  "train against (1 - E) x the one-hot label + E / classes (0: off; evaluations "
-                 "report the plain cross-entropy)")->capture_default_str();
+                 "report the plain cross-entropy)")
+      ->check(kFloatRange)
+      ->capture_default_str();
   app.add_flag("--sync-bn", c.sync_bn,
                "BatchNorm normalizes each training step over the global batch of the sync towers "
                "(default: each tower over its own batch, as TF's multi-GPU towers); sync towers "
@@ -235,6 +254,7 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                  "Lookahead: every K updates the slow weights move --lookahead-alpha of the way "
                  "to the fast ones, which restart there (0: off)")->capture_default_str();
   app.add_option("--lookahead-alpha", c.optimizer.lookahead_alpha, "Lookahead's step")
+      ->check(kFloatRange)
       ->capture_default_str();
   if (!for_scale) {
     app.add_option("--metrics", c.metrics_path, "JSON-lines record of the run");
