@@ -125,15 +125,18 @@ pid_t start_child(std::vector<std::string> argv, std::vector<std::string> env) {
   return pid;
 }
 
+// The token of every call (long enough that the shards do not warn of it).
+constexpr const char* kBenchToken = "remote-bench-token";
+
 std::filesystem::path this_binary() { return std::filesystem::read_symlink("/proc/self/exe"); }
 
 // `towers ps --cluster FILE --task ps:I --quiet` (the towers binary beside bench/) as a child
 // process, with the bench's token.
 pid_t start_shard_process(const std::string& cluster_file, int index) {
   const std::string bin = (this_binary().parent_path().parent_path() / "towers").string();
-  return start_child({bin, "ps", "--cluster", cluster_file, "--task", fmt::format("ps:{}", index),
-                      "--quiet"},
-                     {"TOWERS_TOKEN=bench", "OPENBLAS_NUM_THREADS=1"});
+  return start_child(
+      {bin, "ps", "--cluster", cluster_file, "--task", fmt::format("ps:{}", index), "--quiet"},
+      {fmt::format("TOWERS_TOKEN={}", kBenchToken), "OPENBLAS_NUM_THREADS=1"});
 }
 
 // Child processes of a case, and a scratch folder: on destruction each child is given
@@ -321,7 +324,7 @@ struct Cluster {
       for (int i = 0; i < shards; ++i) {
         opts[i].cluster = c;
         opts[i].index = i;
-        opts[i].token = "bench";
+        opts[i].token = kBenchToken;
         opts[i].quiet = true;
         servers.emplace_back([o = &opts[i]] { remote::run_shard(*o); });
       }
@@ -331,7 +334,7 @@ struct Cluster {
     params.assign(layout->total(), 0.5f);
     grads.assign(layout->total(), 1.0f);
     opt = std::make_unique<Optimizer>(*layout, OptimizerConfig{"sgd"});
-    cfg.token = "bench";
+    cfg.token = kBenchToken;
     cfg.rpc_timeout = 60;
     cfg.mode = "sync";
     cfg.run_id = "bench";
@@ -348,7 +351,7 @@ struct Cluster {
       auto stub = remote::Shard::NewStub(remote::open_channel(a, {}));
       remote::ShutdownRequest req;
       remote::ShutdownReply rep;
-      auto ctx = remote::call_context("bench", 5);
+      auto ctx = remote::call_context(kBenchToken, 5);
       stub->Shutdown(ctx.get(), req, &rep);
     }
     for (auto& t : servers) t.join();

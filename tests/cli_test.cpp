@@ -86,6 +86,7 @@ TEST(Cli, TrainLearnsAndWritesASummary) {
   for (const char* k : {"test_accuracy", "train_images_per_sec", "wall_seconds", "steps"})
     EXPECT_TRUE(s.contains(k)) << k;
   EXPECT_EQ(s["steps"], 125);  // ceil(2 epochs * 2000 / 32)
+  EXPECT_EQ(s["weights"], "trained");                // (no --ema)
   EXPECT_GT(s["test_accuracy"].get<double>(), 0.9);  // chance is 0.1
   EXPECT_GT(s["train_images_per_sec"].get<double>(), 0.0);
   int steps_logged = 0;
@@ -168,8 +169,27 @@ TEST(Cli, RecipeFlagsResumeExactlyAndEvaluateTheAverage) {
         << "slot " << slots[s] << " differs";
   // The average is not the weights (it lags them), and the run's own evaluation is of it.
   EXPECT_NE(std::memcmp(ca.params.data(), ca.slots[1].second.data(), bytes), 0);
-  const double summary = read_jsonl(a + "/m.jsonl").back()["test_accuracy"].get<double>();
+  const auto records = read_jsonl(a + "/m.jsonl");
+  const double summary = records.back()["test_accuracy"].get<double>();
   EXPECT_GT(summary, 0.5);
+  // ... and every record of an evaluation says so (1.6 epochs: one at epoch 1, then the end).
+  int evals = 0;
+  for (const auto& rec : records)
+    if (rec["event"] == "eval" || rec["event"] == "summary") {
+      EXPECT_EQ(rec["weights"], "ema") << rec.dump();
+      EXPECT_EQ(rec["tta"], "none") << rec.dump();
+      ++evals;
+    }
+  EXPECT_EQ(evals, 2);
+  // The terminal says it too, and how the test images were scored.
+  auto said = run_towers(
+      "train --model mlp --dataset synthetic --synthetic-size 500 --batch 32 "
+      "--ema 0.9 --tta flip --steps 20");
+  ASSERT_EQ(said.exit_code, 0) << said.output;
+  EXPECT_NE(
+      said.output.find("the weights' moving average (--ema), with mirror images (--tta flip)"),
+      std::string::npos)
+      << said.output;
   auto e = run_towers("eval --checkpoint " + a + "/ckpt-000000100.safetensors --metrics " + a +
                       "/e.json");
   ASSERT_EQ(e.exit_code, 0) << e.output;

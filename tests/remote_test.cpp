@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -128,6 +129,33 @@ TEST(RemoteCluster, TokenComesFromTheFileOrTheEnvironment) {
   const std::string a = remote::fresh_token(), b = remote::fresh_token();
   EXPECT_EQ(a.size(), 64u);
   EXPECT_NE(a, b);
+}
+
+// A token file that others can read, and a short token, are taken, with a warning that says
+// what to do; a private file of a long token gets none.
+TEST(RemoteCluster, AReadableTokenFileOrAShortTokenIsWarnedOf) {
+  const std::string token(64, 'a');
+  const std::string f = write_file("token", token + "\n");
+  ASSERT_EQ(::chmod(f.c_str(), 0600), 0);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(remote::read_token(f), token);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  ASSERT_EQ(::chmod(f.c_str(), 0644), 0);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(remote::read_token(f), token);
+  std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("'" + f + "' can be read by other users"), std::string::npos) << said;
+  EXPECT_NE(said.find("(mode 0644)"), std::string::npos) << said;
+  EXPECT_NE(said.find("chmod 600"), std::string::npos) << said;
+  EXPECT_EQ(said.find("few enough to guess"), std::string::npos) << said;
+  ::setenv("TOWERS_TOKEN", "short", 1);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(remote::read_token(""), "short");
+  said = testing::internal::GetCapturedStderr();
+  ::unsetenv("TOWERS_TOKEN");
+  EXPECT_NE(said.find("the token (TOWERS_TOKEN) has 5 characters, few enough to guess"),
+            std::string::npos)
+      << said;
 }
 
 // Ranges cover the array in order, cut at 16-float boundaries, and differ by at most one block.
@@ -1485,7 +1513,10 @@ TEST(RemoteCli, BadFlagsAreNamed) {
        "--rpc-sessions = maybe"},
       {"ps --cluster " + cluster + " --task worker:0 --token-file " + token,
        "the task must be ps:I"},
-      {"launch --workers 2 -- train --model mlp --towers 2", "--towers is set by the launcher"},
+      {"launch --workers 2 -- train --model mlp --towers 2",
+       "--towers is set by the launcher (use --towers-per-worker"},
+      {"launch --workers 2 -- train --model mlp --cluster c.json",
+       "--cluster is set by the launcher (it writes the cluster file"},
       {"launch --workers 0 -- train --model mlp", "--workers must be in 1..64"},
       {"launch --workers 2 train --model mlp", "give the training flags after --"},
   };

@@ -202,8 +202,9 @@ void check_micro_batches(const Graph& graph, int64_t batch, int micro_batches,
   for (const auto& l : graph.layers()) {
     for (const ParamSpec& s : l->params())
       TOWERS_REQUIRE(s.trainable,
-                     "{} {}: layer {} keeps state ({}) that each forward updates, "
-                     "so micro-batches would update it {} times a step; use {} 1 for this model",
+                     "{} {}: layer {} keeps state ({}) that each training pass over a batch "
+                     "updates from that batch's statistics, so micro-batches would update it {} "
+                     "times a step; use {} 1 for this model",
                      origin, micro_batches, l->name(), s.name, micro_batches, origin);
     const int64_t c = l->batch_chunk();
     if (c <= 0) continue;

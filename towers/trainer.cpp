@@ -185,10 +185,17 @@ void validate(const TrainConfig& c) {
   TOWERS_REQUIRE(parsed_reduce, "--reduce: unknown reduction '{}' (known: host, nccl)", c.reduce);
   const Reduce reduce = *parsed_reduce;
   TOWERS_REQUIRE(c.gpus >= 0, "--gpus must be >= 0 (0 = all), got {}", c.gpus);
-  TOWERS_REQUIRE(
-      c.device == "cuda" || (c.gpus == 0 && !c.tf32 && c.cuda_graphs && !c.backward_branches &&
-                             reduce == Reduce::Host),
-      "--gpus, --tf32, --no-cuda-graphs, --backward-branches and --reduce nccl need --device cuda");
+  if (c.device != "cuda") {
+    // The GPU flags given, by name.
+    std::vector<std::string> given;
+    if (c.gpus != 0) given.push_back(fmt::format("--gpus {}", c.gpus));
+    if (c.tf32) given.push_back("--tf32");
+    if (!c.cuda_graphs) given.push_back("--no-cuda-graphs");
+    if (c.backward_branches) given.push_back("--backward-branches");
+    if (reduce != Reduce::Host) given.push_back("--reduce nccl");
+    TOWERS_REQUIRE(given.empty(), "{} {} for GPU towers: {} --device cuda", fmt::join(given, ", "),
+                   given.size() == 1 ? "is" : "are", given.size() == 1 ? "it needs" : "they need");
+  }
   TOWERS_REQUIRE(reduce == Reduce::Host ||
                      (mode == Mode::Sync &&
                       (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate == c.towers)),
@@ -328,9 +335,17 @@ void validate(const TrainConfig& c) {
     }
     check_micro_batches(*g, c.batch, c.micro_batches);
   }
-  TOWERS_REQUIRE(c.device == "cuda" || gpu_part || c.cudnn.is_default(),
-                 "--cudnn-nondeterministic, --cudnn-benchmark and --cudnn-gemm-only need --device "
-                 "cuda, or a placement with a cuda:N part");
+  if (c.device != "cuda" && !gpu_part && !c.cudnn.is_default()) {
+    std::vector<std::string> given;
+    if (c.cudnn.nondeterministic) given.push_back("--cudnn-nondeterministic");
+    if (c.cudnn.benchmark) given.push_back("--cudnn-benchmark");
+    if (c.cudnn.gemm_only) given.push_back("--cudnn-gemm-only");
+    TOWERS_BAD_INPUT(
+        "{} {} cuDNN's convolutions on a GPU: {} --device cuda, or a placement with "
+        "a cuda:N part",
+        fmt::join(given, ", "), given.size() == 1 ? "rules" : "rule",
+        given.size() == 1 ? "it needs" : "they need");
+  }
   TOWERS_REQUIRE(c.conv.empty() || conv_algorithm_named(c.conv),
                  "--conv: unknown algorithm '{}' (known: auto, im2col, winograd)", c.conv);
   TOWERS_REQUIRE(find_optimizer(o.name), "--optimizer: unknown optimizer '{}' (known: {})",
@@ -527,6 +542,10 @@ class Run {
   }
   void restore_or_initialize();
   EvalResult evaluate_now();
+  // The weights an evaluation reads: "ema" (--ema, once an update has made an average) or
+  // "trained"; and what the terminal says of them and of --tta (empty for plain weights).
+  std::string eval_weights() const;
+  std::string eval_note() const;
   void write_checkpoint(int64_t step);
   void say(const std::string& s) {
     if (!c_.quiet) progress_.line(s);
@@ -804,10 +823,20 @@ EvalResult Run::evaluate_now() {
   // host_params() also refreshes the optimizer's slots where a store keeps them elsewhere.
   const float* params = store_->host_params();
   // With --ema, evaluations read the averaged weights, as the TF tutorial's eval does.
-  // (Before the first update the average holds nothing yet.)
-  eval_tower_->load_params(c_.optimizer.ema > 0.0 && opt_->updates() > 0 ? opt_->slot("ema")
-                                                                          : params);
+  eval_tower_->load_params(eval_weights() == "ema" ? opt_->slot("ema") : params);
   return evaluate(*eval_tower_, data_.test, tf_.eval, c_.tta);
+}
+
+std::string Run::eval_weights() const {
+  // (Before the first update the average holds nothing yet.)
+  return c_.optimizer.ema > 0.0 && opt_->updates() > 0 ? "ema" : "trained";
+}
+
+std::string Run::eval_note() const {
+  std::vector<std::string> notes;
+  if (eval_weights() == "ema") notes.push_back("the weights' moving average (--ema)");
+  if (c_.tta == "flip") notes.push_back("with mirror images (--tta flip)");
+  return notes.empty() ? std::string() : fmt::format(", {}", fmt::join(notes, ", "));
 }
 
 void Run::write_checkpoint(int64_t step) {
@@ -876,11 +905,17 @@ void Run::side_work(int64_t step) {
   if (std::exchange(eval_due_, false)) {
     EvalResult ev = evaluate_now();
     const double trained = seconds_since(t_train_) - side_seconds_ - seconds_since(t_side);
-    metrics_->write({{"event", "eval"}, {"step", step}, {"epoch", epoch_at(step)},
-                     {"test_accuracy", ev.accuracy}, {"test_loss", ev.loss},
-                     {"wall_seconds", seconds_since(t_start_)}, {"train_seconds", trained}});
-    say(fmt::format("epoch {:.2f}: test accuracy {:.2f}% (loss {:.4f})", epoch_at(step),
-                    100.0 * ev.accuracy, ev.loss));
+    metrics_->write({{"event", "eval"},
+                     {"step", step},
+                     {"epoch", epoch_at(step)},
+                     {"test_accuracy", ev.accuracy},
+                     {"test_loss", ev.loss},
+                     {"weights", eval_weights()},
+                     {"tta", c_.tta},
+                     {"wall_seconds", seconds_since(t_start_)},
+                     {"train_seconds", trained}});
+    say(fmt::format("epoch {:.2f}: test accuracy {:.2f}% (loss {:.4f}{})", epoch_at(step),
+                    100.0 * ev.accuracy, ev.loss, eval_note()));
     if (c_.target_accuracy > 0.0 && ev.accuracy >= c_.target_accuracy && !target_reached_.load()) {
       sum_.time_to_target = trained;
       sum_.wall_to_target = seconds_since(t_start_);
@@ -992,27 +1027,30 @@ TrainSummary Run::summary() {
   sum_.wall_seconds = seconds_since(t_start_);
   sum_.tower_stats = group_->stats().to_json(train_seconds);
   auto or_null = [](bool have, double v) { return have ? nlohmann::json(v) : nlohmann::json(); };
-  nlohmann::json line = {{"event", "summary"},
-                         {"model", c_.model},
-                         {"dataset", c_.dataset},
-                         {"mode", c_.mode},
-                         {"towers", c_.towers},
-                         {"threads_per_tower", threads_},
-                         {"test_accuracy", or_null(!sum_.interrupted, sum_.test_accuracy)},
-                         {"test_loss", or_null(!sum_.interrupted, sum_.test_loss)},
-                         {"train_images_per_sec", sum_.train_images_per_sec},
-                         {"wall_seconds", sum_.wall_seconds},
-                         {"train_seconds", train_seconds},
-                         {"steps", sum_.steps},
-                         {"start_step", start_step_},
-                         {"epochs", sum_.epochs},
-                         {"final_loss", sum_.final_loss},
-                         {"skipped_steps", sum_.skipped_steps},
-                         {"interrupted", sum_.interrupted},
-                         {"checkpoint", sum_.last_checkpoint},
-                         {"target_accuracy", c_.target_accuracy},
-                         {"time_to_target", or_null(sum_.time_to_target >= 0, sum_.time_to_target)},
-                         {"wall_to_target", or_null(sum_.wall_to_target >= 0, sum_.wall_to_target)}};
+  nlohmann::json line = {
+      {"event", "summary"},
+      {"model", c_.model},
+      {"dataset", c_.dataset},
+      {"mode", c_.mode},
+      {"towers", c_.towers},
+      {"threads_per_tower", threads_},
+      {"test_accuracy", or_null(!sum_.interrupted, sum_.test_accuracy)},
+      {"test_loss", or_null(!sum_.interrupted, sum_.test_loss)},
+      {"weights", eval_weights()},
+      {"tta", c_.tta},
+      {"train_images_per_sec", sum_.train_images_per_sec},
+      {"wall_seconds", sum_.wall_seconds},
+      {"train_seconds", train_seconds},
+      {"steps", sum_.steps},
+      {"start_step", start_step_},
+      {"epochs", sum_.epochs},
+      {"final_loss", sum_.final_loss},
+      {"skipped_steps", sum_.skipped_steps},
+      {"interrupted", sum_.interrupted},
+      {"checkpoint", sum_.last_checkpoint},
+      {"target_accuracy", c_.target_accuracy},
+      {"time_to_target", or_null(sum_.time_to_target >= 0, sum_.time_to_target)},
+      {"wall_to_target", or_null(sum_.wall_to_target >= 0, sum_.wall_to_target)}};
   line.update(sum_.tower_stats);
   if (cluster_) {
     line["dropped_by_shards"] = dropped_by_shards_;
@@ -1032,10 +1070,11 @@ TrainSummary Run::summary() {
     line["cudnn_plans"] = group_->tower(0).plan_notes();
   metrics_->write(line);
   if (!sum_.interrupted && chief_)
-    say(fmt::format("done: {} steps ({:.2f} epochs) in {}, {:.0f} images/s; test accuracy {:.2f}% "
-                    "on {} examples",
-                    sum_.steps, sum_.epochs, format_duration(sum_.wall_seconds),
-                    sum_.train_images_per_sec, 100.0 * sum_.test_accuracy, ev.examples));
+    say(fmt::format(
+        "done: {} steps ({:.2f} epochs) in {}, {:.0f} images/s; test accuracy {:.2f}% "
+        "on {} examples{}",
+        sum_.steps, sum_.epochs, format_duration(sum_.wall_seconds), sum_.train_images_per_sec,
+        100.0 * sum_.test_accuracy, ev.examples, eval_note()));
   if (!sum_.interrupted && !chief_)
     say(fmt::format("done: worker {} at step {} in {}, {:.0f} images/s of this worker's towers",
                     rank_, sum_.steps, format_duration(sum_.wall_seconds),

@@ -234,14 +234,18 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                "BatchNorm normalizes each training step over the global batch of the sync towers "
                "(default: each tower over its own batch, as TF's multi-GPU towers); sync towers "
                "of one process (GPU towers then run their steps without CUDA graphs)");
-  app.add_option("--conv", c.conv,
-                 "how convolutions are computed: auto (CPU: Winograd F(2x2,5x5) for 5x5 stride-1 "
-                 "SAME layers of 16+ channels, else im2col; GPU: cuDNN, with deterministic "
-                 "algorithms unless --cudnn-nondeterministic, ranked by cuDNN's heuristics "
-                 "unless --cudnn-benchmark, wherever its symmetric padding "
-                 "gives the layer's window, else im2col), im2col (CPU: im2col + GEMM; GPU: im2col + cuBLAS), or winograd (CPU: "
-                 "every 3x3 and 5x5 stride-1 SAME layer; GPU: as auto); overrides a model file's "
-                 "\"algorithm\"")->capture_default_str();
+  app.add_option(
+         "--conv", c.conv,
+         "how convolutions are computed: auto (CPU: Winograd, F(2x2,5x5) or F(4x4,3x3), for "
+         "5x5 and 3x3 stride-1 SAME layers of 16+ channels, else im2col; GPU: cuDNN, with "
+         "deterministic "
+         "algorithms unless --cudnn-nondeterministic, ranked by cuDNN's heuristics "
+         "unless --cudnn-benchmark, wherever its symmetric padding "
+         "gives the layer's window, else im2col), im2col (CPU: im2col + GEMM; GPU: im2col + "
+         "cuBLAS), or winograd (CPU: "
+         "every 3x3 and 5x5 stride-1 SAME layer; GPU: as auto); overrides a model file's "
+         "\"algorithm\"")
+      ->capture_default_str();
   app.add_option("--tta", c.tta,
                  "test-time augmentation of evaluations: none, or flip (score each test image by "
                  "the mean of its and its mirror image's logits)")->capture_default_str();
@@ -268,7 +272,10 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                  "stop at the first evaluation with at least this test accuracy (a fraction)");
   app.add_option("--eval-every", c.eval_every_epochs, "epochs between test evaluations (0: end only)")
       ->capture_default_str();
-  app.add_option("--log-every", c.log_every, "steps between step records")->capture_default_str();
+  app.add_option("--log-every", c.log_every,
+                 "steps between plain progress lines, where the output is not a terminal (the "
+                 "metrics file records every step)")
+      ->capture_default_str();
   app.add_flag("--quiet", c.quiet, "no progress output");
   if (for_scale) return;
   app.add_option("--cluster", c.cluster,
@@ -428,7 +435,10 @@ int main(int argc, char** argv) {
   scale->add_option("--modes", scale_cfg.modes, "modes, e.g. sync,async,ssp")->delimiter(',')->capture_default_str();
   scale->add_option("--ssp-staleness", scale_cfg.ssp_staleness, "the bound of the ssp runs")->capture_default_str();
   scale->add_option("--out", scale_cfg.out_dir, "output folder")->capture_default_str();
-  scale->add_option("--plot-script", scale_cfg.plot_script, "plot script (empty: no plot)");
+  scale
+      ->add_option("--plot-script", scale_cfg.plot_script,
+                   "the script that plots the results (empty: no plot)")
+      ->capture_default_str();
 
   std::string ckpt, eval_metrics;
   towers::EvalOptions eval_opts;

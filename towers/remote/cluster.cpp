@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -158,9 +159,25 @@ std::string read_token(const std::string& token_file, const char* env_name, bool
     TOWERS_BAD_INPUT("no token: every call of a remote tower group carries the run's token; give "
                      "--token-file FILE or set TOWERS_TOKEN (towers launch writes one)");
   }
+  const std::string where = token_file.empty() ? std::string(env_name) : token_file;
   for (char ch : token)
-    TOWERS_REQUIRE(ch > ' ' && ch < 127, "the token ({}) has a character that is not printable "
-                   "ASCII", token_file.empty() ? std::string(env_name) : token_file);
+    TOWERS_REQUIRE(ch > ' ' && ch < 127,
+                   "the token ({}) has a character that is not printable "
+                   "ASCII",
+                   where);
+  // Warnings, not errors: a run on a machine of one's own may not care.
+  struct stat st {};
+  if (!token_file.empty() && ::stat(token_file.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+    fmt::print(stderr,
+               "towers: warning: --token-file '{}' can be read by other users of this machine "
+               "(mode {:04o}), and whoever reads it can push to the shards: chmod 600 '{}'\n",
+               token_file, st.st_mode & 07777, token_file);
+  if (token.size() < kShortToken)
+    fmt::print(stderr,
+               "towers: warning: the token ({}) has {} characters, few enough to guess: give one "
+               "of at least {} random characters (towers launch makes 64 hex digits; so does "
+               "`openssl rand -hex 32`)\n",
+               where, token.size(), kShortToken);
   return token;
 }
 

@@ -123,8 +123,13 @@ int run_launch(const LaunchConfig& c) {
     const std::string& a = c.train_args[i];
     for (const char* owned : {"--cluster", "--task", "--token-file", "--towers"})
       TOWERS_REQUIRE(a != owned && a.rfind(std::string(owned) + "=", 0) != 0,
-                     "towers launch: {} is set by the launcher (use --towers-per-worker for the "
-                     "towers of each worker); leave it out of the training flags", owned);
+                     "towers launch: {} is set by the launcher{}; leave it out of the training "
+                     "flags",
+                     owned,
+                     std::string(owned) == "--towers"
+                         ? " (use --towers-per-worker for the towers of each worker)"
+                         : " (it writes the cluster file and the token to --out, and gives each "
+                           "process its task)");
     if (a == "--metrics" && i + 1 < c.train_args.size()) {
       metrics = c.train_args[++i];
       continue;
