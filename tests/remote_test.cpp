@@ -1697,6 +1697,45 @@ TEST(RemoteCli, SyncStopsNamingTheLostWorker) {
   EXPECT_FALSE(only_checkpoint(dir + "/ck").empty());
 }
 
+// A second launch into the folder of an earlier one is refused before it touches anything (the
+// earlier run's metrics, logs, token and shard checkpoints stay as they were), unless it
+// continues that run with --resume.
+TEST(RemoteCli, ALaunchDoesNotOverwriteAnEarlierLaunch) {
+  const std::string dir = test_path("launch");
+  const std::string flags = fmt::format(
+      "--model mlp --dataset synthetic --synthetic-size 512 --batch 32 --mode sync --eval-every 0 "
+      "--checkpoint-dir {}/ck",
+      dir);
+  auto launch = [&](const std::string& more, std::string* out) {
+    return run_towers(
+        fmt::format("launch --ps 1 --workers 2 --out {} -- train {} {}", dir, flags, more), out);
+  };
+  std::string out;
+  ASSERT_EQ(launch("--steps 6", &out), 0) << out;
+  auto snapshot = [&] {
+    std::map<std::string, std::string> files;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+      if (e.is_regular_file()) files[e.path().string()] = read_all(e.path().string());
+    return files;
+  };
+  const auto before = snapshot();
+  ASSERT_GT(before.count(dir + "/worker-1.jsonl"), 0u);
+  ASSERT_TRUE(std::filesystem::exists(dir + "/ps-checkpoints")) << out;
+  ASSERT_FALSE(std::filesystem::is_empty(dir + "/ps-checkpoints")) << out;
+  EXPECT_NE(launch("--steps 6", &out), 0) << out;
+  EXPECT_NE(out.find("--out: '" + dir + "' holds an earlier launch (" + dir + "/cluster.json"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("add --resume to the training flags"), std::string::npos) << out;
+  EXPECT_EQ(snapshot(), before) << "a refused launch changed the earlier launch's files";
+  // Continuing the run is allowed: from the chief's checkpoint of step 6, to step 10.
+  ASSERT_EQ(launch("--steps 10 --resume", &out), 0) << out;
+  const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
+  ASSERT_FALSE(summary.empty());
+  EXPECT_EQ(summary.back()["steps"], 10);
+  EXPECT_EQ(summary.back()["start_step"], 6);
+}
+
 // Backup workers: with --replicas-to-aggregate 1 of 2 workers, a round is applied with the
 // first worker's gradient, the straggler's (global tower 1) arrives late and is dropped, and
 // the run goes on.

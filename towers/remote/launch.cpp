@@ -1,5 +1,6 @@
 #include "towers/remote/launch.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -145,6 +146,17 @@ int run_launch(const LaunchConfig& c) {
   fs::create_directories(c.out, ec);
   TOWERS_REQUIRE(fs::is_directory(c.out), "--out: '{}' is not a directory and cannot be created{}",
                  c.out, ec ? ": " + ec.message() : "");
+  // An earlier launch's folder holds its results (the workers' metrics, the logs, the shards'
+  // checkpoints), which a new run would overwrite: only a run that continues it (--resume, from
+  // the chief's checkpoints) may use the folder again, as --checkpoint-dir is refused to a new
+  // run where checkpoints are.
+  const bool resume = std::find(args.begin(), args.end(), "--resume") != args.end();
+  const fs::path earlier = fs::path(c.out) / "cluster.json";
+  TOWERS_REQUIRE(resume || !fs::exists(earlier),
+                 "--out: '{}' holds an earlier launch ({}, with its logs, metrics and shard "
+                 "checkpoints), which this one would overwrite: give another --out, remove that "
+                 "one, or add --resume to the training flags to continue its run",
+                 c.out, earlier.string());
   // A launch is a new cluster: shard checkpoints of an earlier launch into the same folder
   // must not be restored by its shards (a resumed run re-initialises them from the chief).
   fs::remove_all(fs::path(c.out) / "ps-checkpoints", ec);
