@@ -374,6 +374,13 @@ TEST(CliBadInput, NonsenseFlags) {
                {"--lr", "1e40", "beyond a float's range"});
   expect_error(run_towers(plain + "--steps 5 --momentum -4e38" + m),
                {"--momentum", "-4e38", "beyond a float's range"});
+  expect_error(run_towers(plain + "--steps 5 --lr 1e400" + m),
+               {"--lr", "1e400", "beyond a float's range"});
+  {  // FLT_MAX as printed is in range: the run starts, and its first update diverges
+    const auto r = run_towers(plain + "--steps 5 --lr 3.4028235e38");
+    EXPECT_EQ(r.output.find("beyond a float's range"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("training diverged"), std::string::npos) << r.output;
+  }
   expect_error(run_towers(plain + "--steps 5 --seed -1" + m),
                {"--seed", "whole number >= 0", "-1"});
   expect_error(run_towers(kQuick + "--steps 5 --batch 0" + m), {"--batch"});

@@ -139,12 +139,19 @@ TEST(RemoteCluster, AReadableTokenFileOrAShortTokenIsWarnedOf) {
   ASSERT_EQ(::chmod(f.c_str(), 0600), 0);
   testing::internal::CaptureStderr();
   EXPECT_EQ(remote::read_token(f), token);
-  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(said.find("warning"), std::string::npos) << said;
+  ASSERT_EQ(::chmod(f.c_str(), 0620), 0);  // (others may write it, not read it)
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(remote::read_token(f), token);
+  said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(said.find("warning"), std::string::npos) << said;
   ASSERT_EQ(::chmod(f.c_str(), 0644), 0);
   testing::internal::CaptureStderr();
   EXPECT_EQ(remote::read_token(f), token);
-  std::string said = testing::internal::GetCapturedStderr();
-  EXPECT_NE(said.find("'" + f + "' can be read by other users"), std::string::npos) << said;
+  said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("the token file '" + f + "' can be read by other users"), std::string::npos)
+      << said;
   EXPECT_NE(said.find("(mode 0644)"), std::string::npos) << said;
   EXPECT_NE(said.find("chmod 600"), std::string::npos) << said;
   EXPECT_EQ(said.find("few enough to guess"), std::string::npos) << said;
@@ -1699,41 +1706,56 @@ TEST(RemoteCli, SyncStopsNamingTheLostWorker) {
 
 // A second launch into the folder of an earlier one is refused before it touches anything (the
 // earlier run's metrics, logs, token and shard checkpoints stay as they were), unless it
-// continues that run with --resume.
+// continues that run with --resume and the chief's --checkpoint-dir: then the logs and the
+// workers' metrics go on. A launch that failed before any results may be run again.
 TEST(RemoteCli, ALaunchDoesNotOverwriteAnEarlierLaunch) {
+  namespace fs = std::filesystem;
   const std::string dir = test_path("launch");
-  const std::string flags = fmt::format(
-      "--model mlp --dataset synthetic --synthetic-size 512 --batch 32 --mode sync --eval-every 0 "
-      "--checkpoint-dir {}/ck",
-      dir);
-  auto launch = [&](const std::string& more, std::string* out) {
-    return run_towers(
-        fmt::format("launch --ps 1 --workers 2 --out {} -- train {} {}", dir, flags, more), out);
+  const std::string data =
+      "--model mlp --dataset synthetic --synthetic-size 512 --batch 32 --mode sync --eval-every 0";
+  const std::string flags = fmt::format("{} --checkpoint-dir {}/ck", data, dir);
+  auto launch = [&](const std::string& train, std::string* out) {
+    return run_towers(fmt::format("launch --ps 1 --workers 2 --out {} -- train {}", dir, train),
+                      out);
   };
   std::string out;
-  ASSERT_EQ(launch("--steps 6", &out), 0) << out;
+  EXPECT_NE(launch(flags + " --steps 6 --lr -1", &out), 0) << out;  // (refused: no results)
+  ASSERT_EQ(launch(flags + " --steps 6", &out), 0) << out;
+  EXPECT_FALSE(fs::exists(dir + "/worker-0.log"));  // (the chief's output is on the terminal)
   auto snapshot = [&] {
     std::map<std::string, std::string> files;
-    for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    for (const auto& e : fs::recursive_directory_iterator(dir))
       if (e.is_regular_file()) files[e.path().string()] = read_all(e.path().string());
     return files;
   };
   const auto before = snapshot();
   ASSERT_GT(before.count(dir + "/worker-1.jsonl"), 0u);
-  ASSERT_TRUE(std::filesystem::exists(dir + "/ps-checkpoints")) << out;
-  ASSERT_FALSE(std::filesystem::is_empty(dir + "/ps-checkpoints")) << out;
-  EXPECT_NE(launch("--steps 6", &out), 0) << out;
-  EXPECT_NE(out.find("--out: '" + dir + "' holds an earlier launch (" + dir + "/cluster.json"),
+  ASSERT_TRUE(fs::exists(dir + "/ps-checkpoints")) << out;
+  ASSERT_FALSE(fs::is_empty(dir + "/ps-checkpoints")) << out;
+  // (only the chief evaluates: the other worker's summary names no weights)
+  EXPECT_TRUE(metrics_events(dir + "/worker-1.jsonl", "summary").at(0)["weights"].is_null());
+  EXPECT_NE(launch(flags + " --steps 6", &out), 0) << out;
+  EXPECT_NE(out.find(fmt::format("--out: '{}' holds the results of an earlier launch ({}/worker-0."
+                                 "jsonl, {}/worker-1.jsonl, {}/ps-checkpoints/)",
+                                 dir, dir, dir, dir)),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("add --resume to the training flags"), std::string::npos) << out;
+  // --resume without the chief's checkpoints cannot continue it either.
+  EXPECT_NE(launch(data + " --steps 6 --resume", &out), 0) << out;
+  EXPECT_NE(out.find("with the --checkpoint-dir its chief wrote"), std::string::npos) << out;
   EXPECT_EQ(snapshot(), before) << "a refused launch changed the earlier launch's files";
-  // Continuing the run is allowed: from the chief's checkpoint of step 6, to step 10.
-  ASSERT_EQ(launch("--steps 10 --resume", &out), 0) << out;
+  // Continuing the run: from the chief's checkpoint of step 6 to step 10, the logs and the
+  // metrics appended to.
+  ASSERT_EQ(launch(flags + " --steps 10 --resume", &out), 0) << out;
   const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
-  ASSERT_FALSE(summary.empty());
-  EXPECT_EQ(summary.back()["steps"], 10);
-  EXPECT_EQ(summary.back()["start_step"], 6);
+  ASSERT_EQ(summary.size(), 2u);
+  EXPECT_EQ(summary[1]["steps"], 10);
+  EXPECT_EQ(summary[1]["start_step"], 6);
+  EXPECT_EQ(metrics_events(dir + "/worker-1.jsonl", "summary").size(), 2u);
+  const std::string log = read_all(dir + "/worker-1.log");
+  EXPECT_EQ(log.rfind(before.at(dir + "/worker-1.log"), 0), 0u) << log;
+  EXPECT_GT(log.size(), before.at(dir + "/worker-1.log").size());
 }
 
 // Backup workers: with --replicas-to-aggregate 1 of 2 workers, a round is applied with the

@@ -375,7 +375,7 @@ void validate(const TrainConfig& c) {
                    "--rpc-stripes {}: 1 to {} connections a shard", c.rpc_stripes,
                    remote::kMaxStripes);
     remote::check_tls({c.tls_cert, c.tls_key, c.tls_ca});
-    remote::read_token(c.token_file);
+    remote::read_token(c.token_file, "TOWERS_TOKEN", false, /*warn=*/false);  // (Run warns)
   } else {
     TOWERS_REQUIRE(c.task.empty(), "--task {} needs --cluster FILE (or TF_CONFIG)", c.task);
   }
@@ -541,10 +541,11 @@ class Run {
     return static_cast<double>(step) * per_update_ / n_train_;
   }
   void restore_or_initialize();
+  // Evaluates the live parameters (or, with --ema, their average) on the test set; the weights
+  // it read go to evaluated_weights_.
   EvalResult evaluate_now();
-  // The weights an evaluation reads: "ema" (--ema, once an update has made an average) or
-  // "trained"; and what the terminal says of them and of --tta (empty for plain weights).
-  std::string eval_weights() const;
+  // What the terminal says of the last evaluation's weights and of --tta (empty for plain
+  // weights).
   std::string eval_note() const;
   void write_checkpoint(int64_t step);
   void say(const std::string& s) {
@@ -588,12 +589,14 @@ class Run {
   std::optional<remote::ClusterTask> cluster_;
   int rank_ = 0;
   bool chief_ = true;
+  bool continues_run_ = false;  // --resume was given (a worker other than the chief drops it)
   remote::RemoteParameterStore* remote_ = nullptr;  // store_, when it is remote
   int64_t dropped_by_shards_ = 0;  // late gradients of backup-worker rounds
   std::unique_ptr<TowerGroup> group_;
   std::unique_ptr<Tower> eval_tower_;  // made on first use: every core, or the first GPU
 
   std::unique_ptr<MetricsWriter> metrics_;
+  std::string evaluated_weights_ = "trained";  // the last evaluation's (evaluate_now)
   Progress progress_{stderr};
   nlohmann::json config_json_;
   TrainSummary sum_;
@@ -651,6 +654,7 @@ Run::Run(const TrainConfig& c_in) : c_(c_in) {
     // Only the chief evaluates and writes checkpoints; a worker's parameters come from the
     // shards.
     c_.checkpoint_dir.clear();
+    continues_run_ = c_.resume;
     c_.resume = false;
     c_.eval_every_epochs = 0.0;
     c_.target_accuracy = 0.0;
@@ -788,7 +792,10 @@ void Run::open() {
   if (!c_.checkpoint_dir.empty())
     for (const std::string& stale : io::remove_stale_temporaries(c_.checkpoint_dir))
       say(fmt::format("removed {}, the unfinished write of a process that no longer exists", stale));
-  metrics_ = std::make_unique<MetricsWriter>(c_.metrics_path, resume_from_.has_value());
+  // A resumed run appends to its metrics: the chief's from its checkpoint, the other workers'
+  // wherever the chief resumes.
+  metrics_ =
+      std::make_unique<MetricsWriter>(c_.metrics_path, resume_from_.has_value() || continues_run_);
   config_json_ = to_json(c_);
   const bool cuda = ec_.device == DeviceKind::Cuda;
   metrics_->write({{"event", "config"}, {"config", config_json_}, {"parameters", layout.count()},
@@ -823,18 +830,16 @@ EvalResult Run::evaluate_now() {
   // host_params() also refreshes the optimizer's slots where a store keeps them elsewhere.
   const float* params = store_->host_params();
   // With --ema, evaluations read the averaged weights, as the TF tutorial's eval does.
-  eval_tower_->load_params(eval_weights() == "ema" ? opt_->slot("ema") : params);
+  // (Before the first update the average holds nothing yet; host_params() has refreshed the
+  // update count where a store keeps it elsewhere.)
+  evaluated_weights_ = c_.optimizer.ema > 0.0 && opt_->updates() > 0 ? "ema" : "trained";
+  eval_tower_->load_params(evaluated_weights_ == "ema" ? opt_->slot("ema") : params);
   return evaluate(*eval_tower_, data_.test, tf_.eval, c_.tta);
-}
-
-std::string Run::eval_weights() const {
-  // (Before the first update the average holds nothing yet.)
-  return c_.optimizer.ema > 0.0 && opt_->updates() > 0 ? "ema" : "trained";
 }
 
 std::string Run::eval_note() const {
   std::vector<std::string> notes;
-  if (eval_weights() == "ema") notes.push_back("the weights' moving average (--ema)");
+  if (evaluated_weights_ == "ema") notes.push_back("of the weights' moving average (--ema)");
   if (c_.tta == "flip") notes.push_back("with mirror images (--tta flip)");
   return notes.empty() ? std::string() : fmt::format(", {}", fmt::join(notes, ", "));
 }
@@ -910,11 +915,11 @@ void Run::side_work(int64_t step) {
                      {"epoch", epoch_at(step)},
                      {"test_accuracy", ev.accuracy},
                      {"test_loss", ev.loss},
-                     {"weights", eval_weights()},
+                     {"weights", evaluated_weights_},
                      {"tta", c_.tta},
                      {"wall_seconds", seconds_since(t_start_)},
                      {"train_seconds", trained}});
-    say(fmt::format("epoch {:.2f}: test accuracy {:.2f}% (loss {:.4f}{})", epoch_at(step),
+    say(fmt::format("epoch {:.2f}: test accuracy {:.2f}% (loss {:.4f}){}", epoch_at(step),
                     100.0 * ev.accuracy, ev.loss, eval_note()));
     if (c_.target_accuracy > 0.0 && ev.accuracy >= c_.target_accuracy && !target_reached_.load()) {
       sum_.time_to_target = trained;
@@ -1005,7 +1010,8 @@ TrainSummary Run::summary() {
   // An interrupted run stops promptly: its checkpoint is written, the test pass is skipped.
   // Workers of a remote group other than the chief leave the test pass to it.
   EvalResult ev;
-  if (!sum_.interrupted && chief_) ev = evaluate_now();
+  const bool evaluated = !sum_.interrupted && chief_;
+  if (evaluated) ev = evaluate_now();
   if (remote_) {
     // The chief reports who was lost once every other worker has finished or been lost; its
     // own "done" then lets the shards exit.
@@ -1036,8 +1042,9 @@ TrainSummary Run::summary() {
       {"threads_per_tower", threads_},
       {"test_accuracy", or_null(!sum_.interrupted, sum_.test_accuracy)},
       {"test_loss", or_null(!sum_.interrupted, sum_.test_loss)},
-      {"weights", eval_weights()},
-      {"tta", c_.tta},
+      // (what the test pass read; null where it did not run)
+      {"weights", evaluated ? nlohmann::json(evaluated_weights_) : nlohmann::json()},
+      {"tta", evaluated ? nlohmann::json(c_.tta) : nlohmann::json()},
       {"train_images_per_sec", sum_.train_images_per_sec},
       {"wall_seconds", sum_.wall_seconds},
       {"train_seconds", train_seconds},

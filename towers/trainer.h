@@ -66,7 +66,7 @@ struct TrainConfig {
   bool resume = false;
   double eval_every_epochs = 1.0;   // 0: only at the end
   double target_accuracy = 0.0;     // >0: stop at the first evaluation that reaches it
-  int64_t log_every = 50;           // steps between "step" metrics lines / plain progress
+  int64_t log_every = 50;           // steps between plain progress lines (off a terminal)
   bool quiet = false;
   // A remote tower group (towers/remote/): this process is one worker of a cluster whose
   // parameters live on parameter-server shards. Empty cluster and no TF_CONFIG: one process.

@@ -7,6 +7,7 @@
 //   towers ps --cluster cluster.json --task ps:0 --token-file token
 // Every bad flag or file ends in one line naming it, and exit code 2 (flags) or 1 (runtime).
 #include <algorithm>
+#include <cerrno>
 #include <cfloat>
 #include <cmath>
 #include <csignal>
@@ -40,9 +41,13 @@ namespace {
 // inf, and the error would then quote "inf" instead of what was typed.
 const CLI::Validator kFloatRange(
     [](const std::string& v) {
+      // (strtof rounds as the flag's parse does: FLT_MAX's shortest text is in range; a typed
+      // "inf" is left to the flag's own checks, and text that is no number to the parser)
+      errno = 0;
       char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || !std::isfinite(d) || std::fabs(d) <= FLT_MAX) return std::string();
+      const float f = std::strtof(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !std::isinf(f) || errno != ERANGE)
+        return std::string();
       return fmt::format("{} is beyond a float's range (magnitudes up to {:.3g})", v, FLT_MAX);
     },
     "");

@@ -142,7 +142,8 @@ ClusterTask read_cluster(const std::string& file, const std::string& task_flag) 
   return ct;
 }
 
-std::string read_token(const std::string& token_file, const char* env_name, bool optional) {
+std::string read_token(const std::string& token_file, const char* env_name, bool optional,
+                       bool warn) {
   std::string token;
   if (!token_file.empty()) {
     std::ifstream in(token_file);
@@ -166,11 +167,13 @@ std::string read_token(const std::string& token_file, const char* env_name, bool
                    "ASCII",
                    where);
   // Warnings, not errors: a run on a machine of one's own may not care.
+  if (!warn) return token;
   struct stat st {};
-  if (!token_file.empty() && ::stat(token_file.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+  if (!token_file.empty() && ::stat(token_file.c_str(), &st) == 0 && (st.st_mode & 044) != 0)
     fmt::print(stderr,
-               "towers: warning: --token-file '{}' can be read by other users of this machine "
-               "(mode {:04o}), and whoever reads it can push to the shards: chmod 600 '{}'\n",
+               "towers: warning: the token file '{}' can be read by other users of this machine "
+               "(mode {:04o}), and whoever reads a token can call the shards with it: chmod 600 "
+               "'{}'\n",
                token_file, st.st_mode & 07777, token_file);
   if (token.size() < kShortToken)
     fmt::print(stderr,

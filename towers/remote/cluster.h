@@ -49,13 +49,13 @@ ClusterTask read_cluster(const std::string& file, const std::string& task_flag);
 bool cluster_requested(const std::string& file);
 
 // The run's shared secret: the first line of token_file, else the TOWERS_TOKEN environment
-// variable. Warns (on stderr) of a token file that other users can read, and of a token
-// shorter than kShortToken characters.
+// variable. Warns (on stderr; unless !warn) of a token file that other users can read, and of
+// a token shorter than kShortToken characters.
 // env: the variable to read when there is no file; optional: "" instead of an error when
 // neither is given (the read-only token).
 inline constexpr size_t kShortToken = 16;
 std::string read_token(const std::string& token_file, const char* env = "TOWERS_TOKEN",
-                       bool optional = false);
+                       bool optional = false, bool warn = true);
 // A fresh random token (32 bytes of /dev/urandom, as hex).
 std::string fresh_token();
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
@@ -37,12 +38,17 @@ struct Child {
   bool exited = false;
 };
 
-pid_t spawn(const std::vector<std::string>& argv, const std::string& log, bool tee_to_terminal) {
+// Starts argv with its output in `log` (appended to, or a fresh file), or on this terminal.
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log, bool tee_to_terminal,
+            bool append) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TOWERS_REQUIRE(fd >= 0, "launch: cannot write '{}': {}", log, std::strerror(errno));
+  int fd = -1;
+  if (!tee_to_terminal) {
+    fd = open(log.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
+    TOWERS_REQUIRE(fd >= 0, "launch: cannot write '{}': {}", log, std::strerror(errno));
+  }
   const pid_t parent = getpid();
   const pid_t pid = fork();
   TOWERS_REQUIRE(pid >= 0, "launch: fork failed: {}", std::strerror(errno));
@@ -59,7 +65,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log, bool t
     std::fprintf(stderr, "towers launch: cannot start %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
-  close(fd);
+  if (fd >= 0) close(fd);
   setpgid(pid, pid);  // also here, so no Ctrl-C falls between fork and the child's own call
   return pid;
 }
@@ -146,17 +152,38 @@ int run_launch(const LaunchConfig& c) {
   fs::create_directories(c.out, ec);
   TOWERS_REQUIRE(fs::is_directory(c.out), "--out: '{}' is not a directory and cannot be created{}",
                  c.out, ec ? ": " + ec.message() : "");
-  // An earlier launch's folder holds its results (the workers' metrics, the logs, the shards'
-  // checkpoints), which a new run would overwrite: only a run that continues it (--resume, from
-  // the chief's checkpoints) may use the folder again, as --checkpoint-dir is refused to a new
-  // run where checkpoints are.
-  const bool resume = std::find(args.begin(), args.end(), "--resume") != args.end();
-  const fs::path earlier = fs::path(c.out) / "cluster.json";
-  TOWERS_REQUIRE(resume || !fs::exists(earlier),
-                 "--out: '{}' holds an earlier launch ({}, with its logs, metrics and shard "
-                 "checkpoints), which this one would overwrite: give another --out, remove that "
-                 "one, or add --resume to the training flags to continue its run",
-                 c.out, earlier.string());
+  // An earlier launch's results in the folder (its workers' metrics, its shards' checkpoints)
+  // are not overwritten by a new run, as --checkpoint-dir is refused to a new run where
+  // checkpoints are; a run that continues it (--resume, from its chief's --checkpoint-dir)
+  // appends to its metrics and logs. (A launch that failed before any worker wrote its metrics
+  // left no results, and may be run again.)
+  bool resume = false, checkpoints = false;
+  for (const std::string& a : args) {
+    if (a == "--resume") resume = true;
+    if (a.rfind("--resume=", 0) == 0) {  // (CLI11's forms of a flag's value)
+      const std::string v = a.substr(9);
+      resume = !(v == "false" || v == "0" || v == "off" || v == "no");
+    }
+    checkpoints = checkpoints || a == "--checkpoint-dir" || a.rfind("--checkpoint-dir=", 0) == 0;
+  }
+  const bool continues = resume && checkpoints;
+  std::vector<std::string> results;
+  for (const auto& e : fs::directory_iterator(c.out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("worker-", 0) == 0 && e.path().extension() == ".jsonl")
+      results.push_back(e.path().string());
+  }
+  std::sort(results.begin(), results.end());
+  const fs::path shard_checkpoints = fs::path(c.out) / "ps-checkpoints";
+  if (fs::is_directory(shard_checkpoints, ec) && !fs::is_empty(shard_checkpoints, ec))
+    results.push_back(shard_checkpoints.string() + "/");
+  if (!continues && !results.empty())
+    TOWERS_BAD_INPUT(
+        "--out: '{}' holds the results of an earlier launch ({}), which this one would "
+        "overwrite: give another --out, remove them (rm -r '{}'), or continue that run: add "
+        "--resume to the training flags{}",
+        c.out, fmt::join(results, ", "), c.out,
+        checkpoints ? "" : ", with the --checkpoint-dir its chief wrote");
   // A launch is a new cluster: shard checkpoints of an earlier launch into the same folder
   // must not be restored by its shards (a resumed run re-initialises them from the chief).
   fs::remove_all(fs::path(c.out) / "ps-checkpoints", ec);
@@ -197,7 +224,7 @@ int run_launch(const LaunchConfig& c) {
     Child k;
     k.task = task;
     try {
-      k.pid = spawn(argv, log, tee);
+      k.pid = spawn(argv, log, tee, continues);
     } catch (...) {
       signal_all(kids, SIGKILL, false);  // what was started goes too
       wait_all(kids, 5.0);
