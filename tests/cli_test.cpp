@@ -106,6 +106,14 @@ TEST(Cli, ResumeContinuesExactlyWhereItStopped) {
   auto r1 = run_towers(run + "--stop-at-step 70 --checkpoint-dir " + b);
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   ASSERT_TRUE(fs::exists(b + "/ckpt-000000070.safetensors")) << r1.output;
+  // The run's header says where this job stops, beside the schedule's length.
+  const auto said = run_towers(
+      "train --model mlp --dataset synthetic --synthetic-size 512 "
+      "--steps 8 --stop-at-step 4");
+  ASSERT_EQ(said.exit_code, 0) << said.output;
+  EXPECT_NE(said.output.find("8 steps (this job stops at step 4: --stop-at-step)"),
+            std::string::npos)
+      << said.output;
   auto r = run_towers(run + "--resume --checkpoint-dir " + b + " --metrics " + b + "/m.jsonl");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(read_jsonl(b + "/m.jsonl").back()["start_step"], 70);

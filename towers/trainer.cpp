@@ -807,10 +807,14 @@ void Run::open() {
                    {"gpus", cuda ? ec_.gpus : 0},
                    {"towers_per_gpu", cuda ? ceil_div(c_.towers, ec_.gpus) : 0}});
   say(fmt::format(
-      "towers: model {} ({} parameters), {} on {} ({} train / {} test), {} steps, "
+      "towers: model {} ({} parameters), {} on {} ({} train / {} test), {} steps{}, "
       "{} x {} tower(s) of batch {} {}{}",
       c_.model, layout.count(), c_.optimizer.name, c_.dataset, n_train_, data_.test.size(),
-      total_steps_, c_.mode, c_.towers, c_.batch, placement_,
+      total_steps_,
+      end_step_ < total_steps_
+          ? fmt::format(" (this job stops at step {}: --stop-at-step)", end_step_)
+          : std::string(),
+      c_.mode, c_.towers, c_.batch, placement_,
       resume_from_ ? fmt::format(", resumed from {} at step {}", *resume_from_, start_step_)
       : c_.resume  ? fmt::format("; --resume: no checkpoint in '{}' yet, so from the seed",
                                  c_.checkpoint_dir)
