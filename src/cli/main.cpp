@@ -239,17 +239,14 @@ void add_train_flags(CLI::App& app, towers::TrainConfig& c, bool for_scale) {
                "BatchNorm normalizes each training step over the global batch of the sync towers "
                "(default: each tower over its own batch, as TF's multi-GPU towers); sync towers "
                "of one process (GPU towers then run their steps without CUDA graphs)");
-  app.add_option(
-         "--conv", c.conv,
-         "how convolutions are computed: auto (CPU: Winograd, F(2x2,5x5) or F(4x4,3x3), for "
-         "5x5 and 3x3 stride-1 SAME layers of 16+ channels, else im2col; GPU: cuDNN, with "
-         "deterministic "
-         "algorithms unless --cudnn-nondeterministic, ranked by cuDNN's heuristics "
-         "unless --cudnn-benchmark, wherever its symmetric padding "
-         "gives the layer's window, else im2col), im2col (CPU: im2col + GEMM; GPU: im2col + "
-         "cuBLAS), or winograd (CPU: "
-         "every 3x3 and 5x5 stride-1 SAME layer; GPU: as auto); overrides a model file's "
-         "\"algorithm\"")
+  app.add_option("--conv", c.conv,
+                 "how convolutions are computed: auto (CPU: Winograd, F(2x2,5x5) or F(4x4,3x3), "
+                 "for 5x5 and 3x3 stride-1 SAME layers of 16+ channels, else im2col; GPU: cuDNN, "
+                 "with deterministic algorithms unless --cudnn-nondeterministic, ranked by "
+                 "cuDNN's heuristics unless --cudnn-benchmark, wherever its symmetric padding "
+                 "gives the layer's window, else im2col), im2col (CPU: im2col + GEMM; GPU: "
+                 "im2col + cuBLAS), or winograd (CPU: every 3x3 and 5x5 stride-1 SAME layer; "
+                 "GPU: as auto); overrides a model file's \"algorithm\"")
       ->capture_default_str();
   app.add_option("--tta", c.tta,
                  "test-time augmentation of evaluations: none, or flip (score each test image by "

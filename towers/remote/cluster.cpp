@@ -163,9 +163,7 @@ std::string read_token(const std::string& token_file, const char* env_name, bool
   const std::string where = token_file.empty() ? std::string(env_name) : token_file;
   for (char ch : token)
     TOWERS_REQUIRE(ch > ' ' && ch < 127,
-                   "the token ({}) has a character that is not printable "
-                   "ASCII",
-                   where);
+                   "the token ({}) has a character that is not printable ASCII", where);
   // Warnings, not errors: a run on a machine of one's own may not care.
   if (!warn) return token;
   struct stat st {};

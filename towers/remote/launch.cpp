@@ -123,11 +123,19 @@ int run_launch(const LaunchConfig& c) {
   TOWERS_REQUIRE(c.workers >= 1 && c.workers <= 64, "--workers must be in 1..64, got {}", c.workers);
   TOWERS_REQUIRE(c.towers_per_worker >= 1, "--towers-per-worker must be at least 1, got {}",
                  c.towers_per_worker);
-  // The launcher owns the cluster flags and the tower count; metrics go per worker.
+  // The launcher owns the cluster flags and the tower count; metrics go per worker. Whether the
+  // flags continue an earlier run: --resume (or CLI11's --resume=VALUE) with --checkpoint-dir.
   std::vector<std::string> args;
   std::string metrics;
+  bool resume = false, checkpoints = false;
   for (size_t i = 0; i < c.train_args.size(); ++i) {
     const std::string& a = c.train_args[i];
+    if (a == "--resume") resume = true;
+    if (a.rfind("--resume=", 0) == 0) {
+      const std::string v = a.substr(9);
+      resume = !(v == "false" || v == "0" || v == "off" || v == "no");
+    }
+    checkpoints = checkpoints || a == "--checkpoint-dir" || a.rfind("--checkpoint-dir=", 0) == 0;
     for (const char* owned : {"--cluster", "--task", "--token-file", "--towers"})
       TOWERS_REQUIRE(a != owned && a.rfind(std::string(owned) + "=", 0) != 0,
                      "towers launch: {} is set by the launcher{}; leave it out of the training "
@@ -157,15 +165,6 @@ int run_launch(const LaunchConfig& c) {
   // checkpoints are; a run that continues it (--resume, from its chief's --checkpoint-dir)
   // appends to its metrics and logs. (A launch that failed before any worker wrote its metrics
   // left no results, and may be run again.)
-  bool resume = false, checkpoints = false;
-  for (const std::string& a : args) {
-    if (a == "--resume") resume = true;
-    if (a.rfind("--resume=", 0) == 0) {  // (CLI11's forms of a flag's value)
-      const std::string v = a.substr(9);
-      resume = !(v == "false" || v == "0" || v == "off" || v == "no");
-    }
-    checkpoints = checkpoints || a == "--checkpoint-dir" || a.rfind("--checkpoint-dir=", 0) == 0;
-  }
   const bool continues = resume && checkpoints;
   std::vector<std::string> results;
   for (const auto& e : fs::directory_iterator(c.out, ec)) {
@@ -186,7 +185,7 @@ int run_launch(const LaunchConfig& c) {
         checkpoints ? "" : ", with the --checkpoint-dir its chief wrote");
   // A launch is a new cluster: shard checkpoints of an earlier launch into the same folder
   // must not be restored by its shards (a resumed run re-initialises them from the chief).
-  fs::remove_all(fs::path(c.out) / "ps-checkpoints", ec);
+  fs::remove_all(shard_checkpoints, ec);
   const std::vector<int> ports = free_loopback_ports(c.ps + c.workers);
   nlohmann::json cluster = {{"worker", nlohmann::json::array()}, {"ps", nlohmann::json::array()}};
   for (int i = 0; i < c.workers; ++i) cluster["worker"].push_back(fmt::format("127.0.0.1:{}", ports[c.ps + i]));
@@ -237,7 +236,7 @@ int run_launch(const LaunchConfig& c) {
     start(fmt::format("ps:{}", i),
           {c.self, "ps", "--cluster", cluster_file, "--task", fmt::format("ps:{}", i),
            "--token-file", token_file, "--read-token-file", read_token_file, "--checkpoint-dir",
-           (fs::path(c.out) / "ps-checkpoints").string()},
+           shard_checkpoints.string()},
           false);
   for (int i = 0; i < c.workers; ++i) {
     std::vector<std::string> argv = {c.self, "train"};
