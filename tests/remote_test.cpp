@@ -961,6 +961,38 @@ TEST(RemoteShard, ProtobufClientsPushAndPullWhole) {
   }
 }
 
+// SSP: a pull waits while the puller is too far ahead of the slowest worker as the shard knows
+// it. A shard learns a worker's clock from its pushes and pulls, and from its heartbeats: a
+// restarted shard (clocks 0) may get no push or pull from a worker whose towers all wait at
+// other shards, and without the heartbeats' clocks both would wait until their deadlines.
+TEST(RemoteShard, SspShardsLearnAWorkersClockFromItsHeartbeats) {
+  OneShard s(1024, 300, "", "ssp", 1, true, /*workers=*/2);
+  remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
+  auto pull = [&](double timeout) {
+    remote::PullRequest q;
+    q.set_layout_hash(remote::layout_hash(s.layout));
+    q.set_worker(0);
+    q.set_clock(3);
+    q.set_worker_clock(3);
+    remote::PullReply got;
+    auto ctx = remote::call_context("t", timeout);
+    return shards.stub(0).Pull(ctx.get(), q, &got);
+  };
+  const grpc::Status waited = pull(1.5);  // worker 1's clock is 0, the bound (staleness) 0
+  EXPECT_FALSE(waited.ok());
+  EXPECT_NE(waited.error_message().find("the slowest worker (clock 3 is more than 0 ahead)"),
+            std::string::npos)
+      << waited.error_message();
+  remote::HeartbeatRequest beat;
+  beat.set_worker(1);
+  beat.set_worker_clock(3);
+  remote::HeartbeatReply rep;
+  auto ctx = remote::call_context("t", 10);
+  ASSERT_TRUE(shards.stub(0).Heartbeat(ctx.get(), beat, &rep).ok());
+  const grpc::Status after = pull(10);
+  EXPECT_TRUE(after.ok()) << after.error_message();
+}
+
 // Restore: a sync shard goes back to a round it saved, from its own checkpoint of it, at a new
 // rollback generation; a worker's calls of the earlier generation are refused with the
 // rollback, and the worker's store, once it has asked every shard for it, goes on from that
@@ -1798,13 +1830,9 @@ bool shard_saved(const std::string& dir, int i) {
   return false;
 }
 
-// Kills shard i of a launch in dir with kill -9 and starts it again with the same command line
-// (from processes.json).
-Proc kill_and_restart_shard(const std::string& dir, int i) {
-  std::map<std::string, pid_t> procs = launched(dir);
+// Starts shard i of a launch in dir again with its command line (from processes.json).
+Proc restart_shard(const std::string& dir, int i) {
   const std::string task = fmt::format("ps:{}", i);
-  EXPECT_EQ(kill(procs[task], SIGKILL), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   std::vector<std::string> argv;
   {
     std::ifstream in(dir + "/processes.json");
@@ -1814,6 +1842,14 @@ Proc kill_and_restart_shard(const std::string& dir, int i) {
   }
   EXPECT_FALSE(argv.empty());
   return spawn(argv, test_path(fmt::format("ps-{}-again.log", i)));
+}
+
+// Kills shard i of a launch in dir with kill -9 and starts it again with the same command line.
+Proc kill_and_restart_shard(const std::string& dir, int i) {
+  std::map<std::string, pid_t> procs = launched(dir);
+  EXPECT_EQ(kill(procs[fmt::format("ps:{}", i)], SIGKILL), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  return restart_shard(dir, i);
 }
 
 // A shard killed with kill -9 and started again with the same flags restores its range from
@@ -1844,6 +1880,30 @@ TEST(RemoteCli, KilledShardRestartsFromItsCheckpointAndTheRunFinishes) {
   const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
   ASSERT_EQ(summary.size(), 1u) << out;
   EXPECT_GE(summary[0]["steps"].get<int64_t>(), 700);
+}
+
+// A shard restarted once its run is over (its workers said they were done to the incarnation
+// that was killed) restores its checkpoint, hears from no worker, and exits by itself after the
+// heartbeat timeout and a grace of 5 s, rather than wait for workers that are gone.
+TEST(RemoteCli, AShardRestartedAfterItsRunEndedExitsByItself) {
+  const std::string dir = test_path("launch");
+  std::string out;
+  ASSERT_EQ(run_towers(fmt::format("launch --ps 2 --workers 2 --out {} -- train --model mlp "
+                                   "--dataset synthetic --synthetic-size 500 --batch 16 --mode "
+                                   "async --steps 60 --checkpoint-every 0.5 --checkpoint-dir {}/ck "
+                                   "--heartbeat-timeout 1 --quiet",
+                                   dir, dir),
+                       &out),
+            0)
+      << out;
+  ASSERT_TRUE(shard_saved(dir, 0)) << out;
+  Proc again = restart_shard(dir, 0);
+  EXPECT_EQ(wait_for(again, 60), 0) << read_all(again.log);
+  const std::string log = read_all(again.log);
+  EXPECT_NE(log.find("initialised by"), std::string::npos) << log;  // it restored its file
+  EXPECT_NE(log.find("worker 1 lost: no call since this shard restarted"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("no worker has called since this shard restarted"), std::string::npos) << log;
 }
 
 // Sync: the restarted shard is rounds behind the others. Every shard goes back to its round

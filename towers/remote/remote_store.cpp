@@ -53,6 +53,7 @@ RemoteParameterStore::RemoteParameterStore(RemoteConfig cfg, const ParameterLayo
       for (int i = 0; i < shards_->size() && !stop_.load(); ++i) {
         HeartbeatRequest req;
         req.set_worker(cfg_.rank);
+        req.set_worker_clock(worker_clock_.load());
         HeartbeatReply rep;
         // Short: an unreachable shard must not hold up the beats to the others.
         auto ctx = call_context(cfg_.token, std::clamp(cfg_.heartbeat_timeout / 5, 0.2, 2.0));
@@ -471,10 +472,14 @@ void RemoteParameterStore::reset_clocks(int towers) {
   clocks_ = std::make_unique<std::atomic<int64_t>[]>(towers);
   for (int t = 0; t < towers; ++t) clocks_[t].store(0);
   n_clocks_ = towers;
+  worker_clock_.store(0);
 }
 int64_t RemoteParameterStore::tick(int tower) {
   TOWERS_CHECK(tower >= 0 && tower < n_clocks_, "no tower {}", tower);
-  return ++clocks_[tower];
+  const int64_t c = ++clocks_[tower];
+  worker_clock_.store(
+      min_clock());  // (racing ticks may store an older minimum: shards keep the largest)
+  return c;
 }
 int64_t RemoteParameterStore::min_clock() const {
   int64_t m = n_clocks_ == 0 ? 0 : std::numeric_limits<int64_t>::max();

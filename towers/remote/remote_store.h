@@ -151,6 +151,7 @@ class RemoteParameterStore final : public ParameterStore {
   std::vector<std::vector<int64_t>> shard_read_;
   std::unique_ptr<std::atomic<int64_t>[]> clocks_;  // per tower; read by other towers' pushes
   int n_clocks_ = 0;
+  std::atomic<int64_t> worker_clock_{0};  // min_clock() at the last tick, for the heartbeats
   std::atomic<bool> stop_{false}, finished_{false};
   std::atomic<int64_t> pulls_{0}, pushes_{0}, pull_ns_{0}, push_ns_{0};
   std::atomic<int64_t> push_wait_ns_{0};  // sync: of push_ns_, the waits at the barrier

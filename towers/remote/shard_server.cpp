@@ -204,6 +204,12 @@ class ShardService final : public ShardBase {
     Status s = init_checked(req, path);
     restored_ = true;
     TOWERS_REQUIRE(s.ok(), "{}: cannot restore '{}': {}", name_, path, s.error_message());
+    // The workers of a live run beat every fifth of the heartbeat timeout and call an
+    // unreachable shard again within a second, so they reach a restarted one well within the
+    // timeout and kRestartGrace. One that none reaches (check_exit) is not waited for the
+    // startup grace of a fresh shard's workers.
+    restarted_grace_ = Clock::now() + kRestartGrace;
+    seen_.assign(seen_.size(), restarted_grace_);
     generation_ = req.generation();
     if (run_.mode() == "sync") {
       generation_ = req.generation() + 1;
@@ -1821,6 +1827,9 @@ class ShardService final : public ShardBase {
     if (w < 0 || w >= static_cast<int>(seen_.size()))
       return {StatusCode::INVALID_ARGUMENT, fmt::format("{}: no worker {}", name_, w)};
     seen(w);
+    if (run_.mode() == "ssp") {  // a restarted shard learns the workers' clocks from heartbeats too
+      clocks_[w] = std::max(clocks_[w], req->worker_clock());
+    }
     if (req->done() && !done_[w]) {
       done_[w] = 1;
       say(fmt::format("worker {} is done", w));
@@ -1940,6 +1949,7 @@ class ShardService final : public ShardBase {
   // Under mu_: worker w has called now. A lost worker that calls again is back.
   void seen(int w) {
     seen_[w] = Clock::now();
+    called_ = true;
     if (lost_[w]) {
       lost_[w] = 0;
       say(fmt::format("worker {} is back", w));
@@ -1954,14 +1964,28 @@ class ShardService final : public ShardBase {
     return m == std::numeric_limits<int64_t>::max() ? clocks_[except] : m;
   }
 
-  // Under mu_: the shard exits once every worker is done or lost (and one was done).
+  // Under mu_: the shard exits once every worker is done or lost, and one was done. While
+  // every worker is lost and none done, it keeps the run's state for workers that come back;
+  // but a restarted shard that no worker has called at all since its start exits then: the
+  // run ended while it was down, or its workers are gone (started again with --resume, a
+  // chief initialises fresh shards from its checkpoint).
   void check_exit() {
     bool any_done = false;
     for (size_t w = 0; w < done_.size(); ++w) {
       if (!done_[w] && !lost_[w]) return;
       any_done = any_done || done_[w];
     }
-    if (!any_done) return;
+    if (!any_done) {
+      if (!restored_ || called_) return;
+      say(
+          fmt::format("no worker has called since this shard restarted from its checkpoint "
+                      "({:.1f} s): the run ended while it was down, or its workers are gone; "
+                      "exiting",
+                      std::chrono::duration<double>(timeout_ + kRestartGrace).count()));
+      exit_ = true;
+      cv_.notify_all();
+      return;
+    }
     say("every worker is done or lost; exiting");
     exit_ = true;
     cv_.notify_all();
@@ -2172,8 +2196,12 @@ class ShardService final : public ShardBase {
         if (lost_[w] || done_[w] || now - seen_[w] <= timeout_) continue;
         lost_[w] = 1;
         changed = true;
-        say(fmt::format("worker {} lost: no call for {:.1f} s", w,
-                        std::chrono::duration<double>(now - seen_[w]).count()));
+        if (restored_ && seen_[w] == restarted_grace_)
+          say(fmt::format("worker {} lost: no call since this shard restarted ({:.1f} s)", w,
+                          std::chrono::duration<double>(now - seen_[w] + kRestartGrace).count()));
+        else
+          say(fmt::format("worker {} lost: no call for {:.1f} s", w,
+                          std::chrono::duration<double>(now - seen_[w]).count()));
       }
       if (changed) {
         check_exit();
@@ -2256,6 +2284,9 @@ class ShardService final : public ShardBase {
   const std::string name_;
   InitRequest init_;      // the run as initialised, without its arrays
   bool restored_ = false;  // from a checkpoint, by a restarted shard
+  bool called_ = false;    // a worker has called since the shard started
+  static constexpr auto kRestartGrace = std::chrono::seconds(5);
+  Clock::time_point restarted_grace_{};  // a restarted shard's start, plus kRestartGrace
   // Sync rollbacks (Restore): the generation the shard is at, the round it went back to,
   // whether it is a restarted shard whose rollback no worker has adopted yet, whether its
   // parameters still have to be loaded, and whether a Restore is loading them.
