@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# Shard faults at random moments: runs `towers launch --ps 2 --workers 2` clusters (sync, async,
-# ssp) and, at seeded random moments after the shards' first checkpoints, kills a shard with
-# kill -9 and starts it again with its own command line (processes.json), as an operator or a
-# supervisor would; a second fault in the same run may follow at once (during the rollback of the
-# first). In async and ssp runs a fault may instead kill the non-chief worker, for good. A fault
-# may also kill the chief: the launch must then end (every process of the cluster), and the same
-# launch with --resume continues the run from the chief's last checkpoint. Each run must then:
+# Shard faults at random moments: runs `towers launch --ps 2 --workers 2` clusters (sync; sync
+# with one backup worker, --replicas-to-aggregate 1; async; ssp) and, at seeded random moments
+# after the shards' first checkpoints, kills a shard with kill -9 and starts it again with its
+# own command line (processes.json), as an operator or a supervisor would; a second fault in
+# the same run may follow at once (during the rollback of the first). Except in plain sync, a
+# fault may instead kill the non-chief worker, for good. A fault may also kill the chief: the
+# launch must then end (every process of the cluster), and the same launch with --resume
+# continues the run from the chief's last checkpoint. Or a fault stops a process with SIGSTOP and
+# continues it: a shard for up to 6 s (twice the heartbeat timeout), a worker for up to 1.5 s
+# (half of it); neither may lose a worker. Each run must then:
 #   - finish: the launcher exits 0, and every restarted shard exits 0 once the workers are done;
 #   - sync: end bitwise where one process with the same 4 towers ends (the chief's last
-#     checkpoint: every tensor, the optimizer's slots and state, the step and examples seen), with
-#     every worker's summary at --steps, and a rollback recorded by every worker whenever a
-#     restarted shard said it would ask for one;
-#   - async/ssp: reach --steps (the summary), with a killed worker named in the chief's summary
-#     (lost_workers) when the run went on for more than twice the heartbeat timeout after the
-#     kill; the chief's last checkpoint loads (`towers eval`);
+#     checkpoint: every tensor, the optimizer's slots and state, the step and examples seen);
+#   - sync and backup: every live worker's summary at --steps, and a rollback recorded by every
+#     live worker whenever a restarted shard said it would ask for one;
+#   - async, ssp and backup: reach --steps (the summary), with a killed worker named in the
+#     chief's summary (lost_workers) when the run went on for more than twice the heartbeat
+#     timeout after the kill, and no worker named where none was killed; the chief's last
+#     checkpoint loads (`towers eval`);
 #   - leave in ps-checkpoints only ps-I-VERSION.ckpt files (at most 3 a shard, one more for a
 #     shard killed between a rename and the removal of its oldest) and the temporaries of killed
-#     shards; in sync, no version beyond --steps.
+#     shards; in sync and backup, no version beyond --steps.
 #
-#   scripts/kill-shards.sh                  # 24 runs, 8 per mode, about 3 minutes on 2 cores
+#   scripts/kill-shards.sh                  # 24 runs, 6 per mode, about 3 minutes on 2 cores
 #   RUNS=3 MODES=sync scripts/kill-shards.sh
 #   SEED=7 scripts/kill-shards.sh
 # Settings (environment): RUNS, SEED (the faults' kinds, targets and delays), MODES, STEPS,
@@ -32,14 +36,14 @@ cd "$(dirname "$0")/.."
 TOWERS_BIN=${TOWERS_BIN:-build/towers}
 RUNS=${RUNS:-24}
 SEED=${SEED:-20261129}
-MODES=${MODES:-"sync async ssp"}
+MODES=${MODES:-"sync backup async ssp"}
 STEPS=${STEPS:-240}
 DELAY_MAX_MS=${DELAY_MAX_MS:-3000}
 
 read -r -a modes <<<"$MODES"
 for mode in "${modes[@]}"; do
-  [[ $mode == sync || $mode == async || $mode == ssp ]] ||
-    { echo "kill-shards: unknown mode '$mode' in MODES (sync, async, ssp)" >&2; exit 2; }
+  [[ $mode == sync || $mode == backup || $mode == async || $mode == ssp ]] ||
+    { echo "kill-shards: unknown mode '$mode' in MODES (sync, backup, async, ssp)" >&2; exit 2; }
 done
 [[ -x $TOWERS_BIN ]] || { echo "kill-shards: no towers binary at $TOWERS_BIN (build it first)" >&2; exit 2; }
 [[ $RUNS =~ ^[0-9]+$ && $STEPS =~ ^[0-9]+$ && $DELAY_MAX_MS =~ ^[0-9]+$ ]] ||
@@ -56,11 +60,19 @@ elapsed() { awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b 
 # travel in stripes, and the killed shard's connections break under them).
 common=(--model mlp --dataset synthetic --synthetic-size 1000 --batch 16 --seed 5 --eval-every 0 --log-every 1 --checkpoint-every 0.5 --threads-per-tower 1)
 # An async or ssp update is one tower's gradient, a sync step is the 4 towers': 4 x STEPS
-# updates take about as long as STEPS steps.
-steps_of() { if [[ $1 == sync ]]; then echo "$STEPS"; else echo $((4 * STEPS)); fi; }
+# updates take about as long as STEPS steps (and 2 x STEPS rounds with a backup worker).
+steps_of() {
+  case $1 in
+    sync) echo "$STEPS" ;;
+    backup) echo $((2 * STEPS)) ;;  # a round applies one worker's 2 towers
+    *) echo $((4 * STEPS)) ;;
+  esac
+}
 mode_flags() {
   case $1 in
     sync) echo "--mode sync --optimizer adam --lr 0.001 --steps $STEPS" ;;
+    # backup workers: each round applies the first worker's gradient, drops the other's
+    backup) echo "--mode sync --replicas-to-aggregate 1 --optimizer adam --lr 0.001 --steps $((2 * STEPS))" ;;
     # lr 0.01: interleaved Hogwild workers with momentum at 0.1 diverge on this data
     async) echo "--mode async --lr 0.01 --steps $((4 * STEPS))" ;;
     ssp) echo "--mode ssp --staleness 2 --lr 0.01 --steps $((4 * STEPS))" ;;
@@ -155,16 +167,18 @@ def main():
         if not summary:
             fail("finished", f"{metrics} holds no summary")
         s = summary[-1]
-        if s.get("interrupted") or s["steps"] < steps or (mode == "sync" and s["steps"] != steps):
+        if s.get("interrupted") or s["steps"] < steps or (mode in ("sync", "backup") and s["steps"] != steps):
             fail("finished", f"worker {w}: summary steps {s['steps']} (interrupted {s.get('interrupted')}), --steps {steps}")
         rollbacks[w] = len(records(metrics, "rollback"))
     chief = records(f"{out}/worker-0.jsonl", "summary")[-1]
     # The shards count a worker lost after --heartbeat-timeout (3 s) without a call from it; a
     # run that ends well after that must say so. (One that ends sooner may not know yet.)
     alone = float(a["ended_at"]) - float(a["worker_killed_at"])
+    if not worker_killed and chief.get("lost_workers"):
+        fail("no-false-loss", f"no worker was killed, the chief's summary says lost_workers {chief['lost_workers']}")
     if worker_killed and alone > 7 and 1 not in (chief.get("lost_workers") or []):
         fail("lost-worker", f"worker 1 was killed {alone:.1f} s before the run's end, the chief's summary says lost_workers {chief.get('lost_workers')}")
-    if mode == "sync" and rollback_asked and min(rollbacks.values()) < 1:
+    if mode in ("sync", "backup") and rollback_asked and min(rollbacks.values()) < 1:
         fail("rollback", f"a restarted shard asked for a rollback; rollbacks recorded per worker: {rollbacks}")
 
     # 2. The chief's last checkpoint.
@@ -194,7 +208,7 @@ def main():
             continue
         # (async and ssp: a restarted shard lost its updates since its checkpoint, and the
         # other shard's version runs ahead of the run's count by as many)
-        if mode == "sync" and version > steps:
+        if mode in ("sync", "backup") and version > steps:
             fail("no-stray-files", f"{name}: version {version}, beyond the run's {steps} steps")
         per_shard.setdefault(shard, []).append(version)
     # (A launch continued after its chief was killed starts its shards afresh; one that resumed
@@ -242,7 +256,7 @@ restart_shard() {
 }
 saved() { compgen -G "$1/ps-checkpoints/ps-$2-*.ckpt" >/dev/null; }
 
-total_faults=0 total_shard_kills=0 total_worker_kills=0 total_chief_kills=0 total_rollbacks=0 missed=0
+total_faults=0 total_shard_kills=0 total_worker_kills=0 total_chief_kills=0 total_stops=0 total_rollbacks=0 missed=0
 n_modes=${#modes[@]}
 for ((run = 0; run < RUNS; run++)); do
   mode=${modes[$((run % n_modes))]}
@@ -259,11 +273,15 @@ for ((run = 0; run < RUNS; run++)); do
   declare -A pid_of=()
   killed_shards="" worker_killed=0 worker_killed_at=0 chief_killed=0 notes=() restarted_pids=()
   for ((f = 0; f < faults; f++)); do
-    pick=$((RANDOM % 6))
+    pick=$((RANDOM % 8))
     if ((f == 0 && pick == 0)); then
       target=chief
-    elif [[ $mode != sync ]] && ((worker_killed == 0 && pick <= 2)); then
-      target=worker
+    elif [[ $mode != sync ]] && ((worker_killed == 0 && (pick == 1 || pick == 2))); then
+      target=worker  # (with a backup worker, W - K = 1 may die)
+    elif ((pick == 3)); then
+      target=stop-ps
+    elif ((pick == 4 && worker_killed == 0)); then
+      target=stop-worker
     else
       target=$((RANDOM % 2))
     fi
@@ -291,6 +309,21 @@ for ((run = 0; run < RUNS; run++)); do
       notes+=("the chief killed at +${delay} ms")
       total_faults=$((total_faults + 1))
       break  # the run ends; it is then continued with --resume
+    elif [[ $target == stop-ps || $target == stop-worker ]]; then
+      # Stopped (SIGSTOP) and continued: a shard for up to twice the heartbeat timeout (3 s),
+      # which must lose no worker (the time it did not run does not count against them), or
+      # a worker for up to half of it, which must not be lost either.
+      i=$((RANDOM % 2))
+      if [[ $target == stop-ps ]]; then
+        task=ps:$i pid=${pid_of[$i]:-$(shard_pid "$out" "ps:$i")} pause=$((500 + RANDOM % 5501))
+      else
+        task=worker:$i pid=$(shard_pid "$out" "worker:$i") pause=$((200 + RANDOM % 1301))
+      fi
+      kill -STOP "$pid" 2>/dev/null || true
+      sleep_ms "$pause"
+      kill -CONT "$pid" 2>/dev/null || true
+      total_stops=$((total_stops + 1))
+      notes+=("$task stopped at +${delay} ms for $pause ms")
     elif [[ $target == worker ]]; then
       kill -9 "$(shard_pid "$out" worker:1)" 2>/dev/null || true
       worker_killed=1
@@ -355,10 +388,14 @@ for ((run = 0; run < RUNS; run++)); do
     wait_pid "$p" 60 || prc=$?
     ((prc == 0)) || fail "restarted-shard" "$mode run $run (${notes[*]}): a restarted shard exited $prc: $(tail -q -n 2 "$out"/ps-*-again-*.log | tr '\n' ' ')"
   done
-  if compgen -G "$out/ps-*-again-*.log" >/dev/null && grep -q "workers will be asked to roll back" "$out"/ps-*-again-*.log; then
-    rollback_asked=1
-    total_rollbacks=$((total_rollbacks + 1))
-  fi
+  # (A shard restarted after the run's end says it would ask, but no worker calls it.)
+  for log in "$out"/ps-*-again-*.log; do
+    if [[ -f $log ]] && grep -q "workers will be asked to roll back" "$log" &&
+      ! grep -q "no worker has called since this shard restarted" "$log"; then
+      rollback_asked=1
+    fi
+  done
+  total_rollbacks=$((total_rollbacks + rollback_asked))
   line=$("${check[@]}" mode="$mode" out="$out" steps="$(steps_of "$mode")" ref="$ref" towers="$TOWERS_BIN" \
     killed_shards="$killed_shards" worker_killed="$worker_killed" \
     worker_killed_at="$worker_killed_at" chief_killed="$chief_killed" ended_at="$ended_at" rollback_asked="$rollback_asked") ||
@@ -368,5 +405,5 @@ for ((run = 0; run < RUNS; run++)); do
   unset pid_of
 done
 
-echo "kill-shards: PASS: $RUNS runs ($MODES), $total_faults faults: $total_shard_kills shards killed and restarted ($total_rollbacks runs rolled back), $total_worker_kills workers and $total_chief_kills chiefs killed; $missed faults came after the run's end; $(elapsed) s"
+echo "kill-shards: PASS: $RUNS runs ($MODES), $total_faults faults: $total_shard_kills shards killed and restarted ($total_rollbacks runs rolled back), $total_worker_kills workers and $total_chief_kills chiefs killed, $total_stops processes stopped and continued; $missed faults came after the run's end; $(elapsed) s"
 rm -rf "$WORK"

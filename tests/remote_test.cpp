@@ -1437,6 +1437,14 @@ Proc spawn(const std::vector<std::string>& args, const std::string& log,
   return p;
 }
 
+// The words of a command line without quoting ("launch --ps 2 ..."), for spawn.
+std::vector<std::string> words(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream in(line);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
 // Waits up to seconds for p to end; returns its exit code, or -1 (then it is killed).
 int wait_for(Proc& p, double seconds) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -1882,6 +1890,38 @@ TEST(RemoteCli, KilledShardRestartsFromItsCheckpointAndTheRunFinishes) {
   EXPECT_GE(summary[0]["steps"].get<int64_t>(), 700);
 }
 
+// An async worker alone (its peer lost, or a cluster of one) reaches the run's steps though a
+// shard restarted from its checkpoint lost the updates since: the run ends at the shards'
+// version, and the worker's own count of updates, which reached the end first, does not end
+// it early (before, it ended short by the updates lost).
+TEST(RemoteCli, AnAsyncWorkerAloneReachesTheStepsAfterAShardLostUpdates) {
+  const std::string dir = test_path("launch");
+  Proc l = spawn(words(fmt::format(
+                     "launch --ps 2 --workers 1 --out {} -- train --model mlp --dataset synthetic "
+                     "--synthetic-size 1000 --batch 16 --mode async --lr 0.01 --steps 400 "
+                     "--eval-every 0 --log-every 1 --slow-tower 0:10 --checkpoint-dir {}/ck "
+                     "--checkpoint-every 2 --rpc-timeout 60",
+                     dir, dir)),
+                 test_path("launch.log"));
+  // A checkpoint every 125 updates: killed at least 30 updates after the first one, before
+  // the second.
+  ASSERT_TRUE(eventually(90, [&] {
+    const auto steps = live_metrics_events(dir + "/worker-0.jsonl", "step");
+    if (steps.empty() || !shard_saved(dir, 1)) return false;
+    const int64_t at = steps.back()["step"].get<int64_t>();
+    return at >= 160 && at < 230;
+  })) << read_all(l.log);
+  Proc again = kill_and_restart_shard(dir, 1);
+  const int rc = wait_for(l, 180);
+  const std::string out = read_all(l.log);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(wait_for(again, 60), 0) << read_all(again.log);
+  EXPECT_NE(read_all(again.log).find("from version 125"), std::string::npos) << read_all(again.log);
+  const auto summary = metrics_events(dir + "/worker-0.jsonl", "summary");
+  ASSERT_EQ(summary.size(), 1u) << out;
+  EXPECT_GE(summary[0]["steps"].get<int64_t>(), 400) << out;
+}
+
 // A shard restarted once its run is over (its workers said they were done to the incarnation
 // that was killed) restores its checkpoint, hears from no worker, and exits by itself after the
 // heartbeat timeout and a grace of 5 s, rather than wait for workers that are gone.
@@ -1906,6 +1946,38 @@ TEST(RemoteCli, AShardRestartedAfterItsRunEndedExitsByItself) {
   EXPECT_NE(log.find("no worker has called since this shard restarted"), std::string::npos) << log;
 }
 
+// A shard that does not run for longer than the heartbeat timeout (SIGSTOP here; a paused VM
+// or a machine swapping alike) loses no worker: their calls of that time wait in its sockets,
+// and the time it did not run does not count against them. Before, it woke to count both
+// workers lost, and the sync run stopped naming one of them.
+TEST(RemoteCli, AShardThatDoesNotRunForAWhileLosesNoWorker) {
+  const std::string dir = test_path("launch");
+  Proc l = spawn(words(fmt::format(
+                     "launch --ps 2 --workers 2 --out {} -- train --model mlp --dataset synthetic "
+                     "--synthetic-size 1000 --batch 16 --mode sync --steps 200 --eval-every 0 "
+                     "--log-every 1 --heartbeat-timeout 1 --rpc-timeout 60 --slow-tower 0:10",
+                     dir)),
+                 test_path("launch.log"));
+  ASSERT_TRUE(eventually(60, [&] {
+    return live_metrics_events(dir + "/worker-0.jsonl", "step").size() >= 10;
+  })) << read_all(l.log);
+  const pid_t shard = launched(dir)["ps:0"];
+  ASSERT_EQ(kill(shard, SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // 3 heartbeat timeouts
+  ASSERT_EQ(kill(shard, SIGCONT), 0);
+  const int rc = wait_for(l, 120);
+  const std::string out = read_all(l.log);
+  EXPECT_EQ(rc, 0) << out;
+  const std::string shard_log = read_all(dir + "/ps-0.log");
+  EXPECT_EQ(shard_log.find("lost: no call"), std::string::npos) << shard_log;
+  EXPECT_NE(shard_log.find("this shard did not run for"), std::string::npos) << shard_log;
+  for (int w = 0; w < 2; ++w) {
+    const auto summary = metrics_events(fmt::format("{}/worker-{}.jsonl", dir, w), "summary");
+    ASSERT_EQ(summary.size(), 1u) << out;
+    EXPECT_EQ(summary[0]["steps"].get<int64_t>(), 200);
+  }
+}
+
 // Sync: the restarted shard is rounds behind the others. Every shard goes back to its round
 // (each restores its own checkpoint of it), the workers take the steps after it again, and the
 // run ends bitwise where one process with the same towers ends: a kill -9 costs time, not
@@ -1920,8 +1992,7 @@ TEST(RemoteCli, SyncRunRollsBackToARestartedShardsCheckpointAndEndsBitwise) {
                                    "--slow-tower", "0:15", "--slow-tower", "1:15",
                                    // in stripes: a rollback refuses every stripe of a push
                                    "--rpc-piece-kib", "16"};
-  std::istringstream words(flags);
-  for (std::string w; words >> w;) args.push_back(w);
+  for (const std::string& w : words(flags)) args.push_back(w);
   Proc l = spawn(args, test_path("launch.log"));
   // Killed well after the shard's first checkpoint, so that the others are rounds ahead of it.
   ASSERT_TRUE(eventually(90, [&] {

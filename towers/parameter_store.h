@@ -58,6 +58,9 @@ class ParameterStore {
  public:
   virtual ~ParameterStore() = default;
   virtual int64_t version() const = 0;
+  // Whether processes other than this one update it (a remote store): its version then counts
+  // their updates too, and may also fall back (a shard restarted from its checkpoint).
+  virtual bool shared_by_processes() const { return false; }
   // How its updates meet concurrent reads: the engine checks it suits the mode.
   virtual UpdateAccess access() const = 0;
   // Sets the version a run starts from (a resumed checkpoint's step).

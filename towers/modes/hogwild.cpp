@@ -21,9 +21,21 @@ void Hogwild::begin(ModeContext& ctx) {
 // Tickets keep the number of updates at exactly end_version - start, whoever races: a tower
 // without one does not start. (A store that applies the update inside the tower's step,
 // mirrored parameters in async mode, could not take back a step that has run.)
+//
+// Across worker processes (a store shared by processes) the run ends at the shards' version,
+// which counts every worker's updates, so this process's tickets do not run out before it;
+// but they can, where a shard restarted from its checkpoint lost the updates since and the
+// other workers are gone. Then a step may start while the version and this process's steps
+// under way stay below the end.
 bool Hogwild::may_start(int tower, ModeContext& ctx) {
   if (held_[tower] >= 0) return true;  // woken after a park: it holds its ticket
-  if (!gate_open(tower, ctx) || next_ticket_ >= ctx.end_version) return false;
+  if (!gate_open(tower, ctx)) return false;
+  if (next_ticket_ >= ctx.end_version && ctx.store.shared_by_processes()) {
+    const int64_t open = ctx.store.version() + std::count_if(held_.begin(), held_.end(),
+                                                             [](int64_t t) { return t >= 0; });
+    if (open < ctx.end_version) next_ticket_ = open;
+  }
+  if (next_ticket_ >= ctx.end_version) return false;
   held_[tower] = next_ticket_++;
   return true;
 }
@@ -51,7 +63,11 @@ Submitted Hogwild::submit(const TowerStep& s, ModeContext& ctx) {
   ctx.stats.tower_step(s.tower, s.seconds, ctx.batch);
   ctx.stats.contributed(s.tower);
   ctx.store.tick(s.tower);
-  return {ctx.record(rec), recheck_after_push(), false};
+  // (Tickets that ran out across processes may open again as the shards' version moves: the
+  // towers parked for want of one are asked again after each push.)
+  const bool recheck =
+      recheck_after_push() || (ctx.store.shared_by_processes() && next_ticket_ >= ctx.end_version);
+  return {ctx.record(rec), recheck, false};
 }
 
 std::unique_ptr<ModePolicy> make_hogwild(const EngineConfig& cfg) {

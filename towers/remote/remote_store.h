@@ -115,6 +115,7 @@ class RemoteParameterStore final : public ParameterStore {
   int64_t tick(int tower) override;
   int64_t clock(int tower) const override { return clocks_[tower].load(); }
   int64_t min_clock() const override;
+  bool shared_by_processes() const override { return true; }
 
  private:
   int64_t push_ranges(const float* grads, bool skip, UpdateRecord& rec);

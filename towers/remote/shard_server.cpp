@@ -2185,12 +2185,29 @@ class ShardService final : public ShardBase {
 
   // Marks workers lost after the heartbeat timeout without a call, and ends sessions whose
   // call is overdue (end_overdue_sessions), at least every 100 ms.
+  // Time in which the shard itself did not run (stopped with SIGSTOP, a paused VM, a machine
+  // swapping) does not count against its workers: their calls of that time wait in its
+  // sockets. When a check comes more than kStallGap after the last one, every worker's last
+  // call moves forward by the gap, so that a worker is lost only for a heartbeat timeout of
+  // the shard's own running time without a call.
   void watch() {
+    constexpr auto kEvery = std::chrono::milliseconds(100),
+                   kStallGap = std::chrono::milliseconds(500);
     std::unique_lock<std::mutex> l(mu_);
-    Clock::time_point sessions_checked{};
+    Clock::time_point sessions_checked{}, last = Clock::now();
     while (!exit_) {
-      cv_.wait_for(l, std::chrono::milliseconds(100));
+      cv_.wait_for(l, kEvery);
       const auto now = Clock::now();
+      if (now - last > kStallGap) {
+        for (auto& t : seen_) t += now - last;
+        restarted_grace_ += now - last;
+        if (now - last >= std::chrono::seconds(1))
+          say(
+              fmt::format("this shard did not run for {:.1f} s (stopped, or starved of CPU): that "
+                          "time does not count against its workers' heartbeats",
+                          std::chrono::duration<double>(now - last).count()));
+      }
+      last = now;
       bool changed = false;
       for (size_t w = 0; w < seen_.size(); ++w) {
         if (lost_[w] || done_[w] || now - seen_[w] <= timeout_) continue;
