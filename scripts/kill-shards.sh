@@ -381,9 +381,10 @@ for ((run = 0; run < RUNS; run++)); do
       ((prc != 124)) || fail "run-ended" "$mode run $run (${notes[*]}): a restarted shard still ran 60 s after the launcher's end"
     done
     restarted_pids=()
-    if pgrep -f -- "$out/cluster.json" >/dev/null; then
-      fail "run-ended" "$mode run $run (${notes[*]}): processes of the cluster still run after the launcher's end: $(pgrep -a -f -- "$out/cluster.json" | tr '\n' ' ')"
-    fi
+    # (the pattern's [.] keeps grep from finding its own command line)
+    left=$(grep -l -e "$out/cluster[.]json" /proc/[0-9]*/cmdline 2>/dev/null | tr '\n' ' ' || true)
+    [[ -z $left ]] ||
+      fail "run-ended" "$mode run $run (${notes[*]}): processes of the cluster still run after the launcher's end: $left"
     # The same launch again, continuing the run from the chief's last checkpoint.
     rc=0
     "$TOWERS_BIN" launch --ps 2 --workers 2 --towers-per-worker 2 --out "$out" -- train \
