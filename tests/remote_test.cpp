@@ -993,11 +993,43 @@ TEST(RemoteShard, SspShardsLearnAWorkersClockFromItsHeartbeats) {
   EXPECT_TRUE(after.ok()) << after.error_message();
 }
 
+// A shard asked to roll back to a round it has no checkpoint of, with earlier ones (backup
+// workers: rounds go on while the chief checkpoints, so shards save rounds apart), answers
+// with a rollback to the latest earlier round it saved, one generation on; asked for that
+// one, it loads it.
+TEST(RemoteShard, ARestoreOfARoundNotSavedHereOffersTheLatestEarlierOne) {
+  const std::string dir = test_path("ps-ck");
+  OneShard s(1024, 300, dir);
+  ASSERT_EQ(s.push_ones(), 1);
+  ASSERT_EQ(s.store->save_shards(1).at(0), dir + "/ps-0-0000000001.ckpt");
+  ASSERT_EQ(s.push_ones(), 2);
+  ASSERT_EQ(s.push_ones(), 3);
+  ASSERT_EQ(s.store->save_shards(3).at(0), dir + "/ps-0-0000000003.ckpt");
+  remote::RestoreReply rep;
+  grpc::Status st = s.restore(2, 1, &rep);
+  const auto offered = remote::rollback_of(st);
+  ASSERT_TRUE(offered.has_value()) << st.error_message();
+  EXPECT_EQ(offered->version, 1);
+  EXPECT_EQ(offered->generation, 2);
+  EXPECT_NE(st.error_message().find("no checkpoint of round 2"), std::string::npos)
+      << st.error_message();
+  st = s.restore(1, 2, &rep);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(rep.version(), 1);
+  EXPECT_EQ(rep.path(), dir + "/ps-0-0000000001.ckpt");
+  std::vector<float> got(1024, -9.0f);
+  EXPECT_THROW(s.store->pull_into(got.data()), remote::RollbackError);  // its generation is 0
+  s.store->pull_into(got.data());
+  EXPECT_EQ(got[0], -0.5f);  // round 1: 0.5 - 1
+  EXPECT_EQ(got[1023], -0.5f);
+}
+
 // Restore: a sync shard goes back to a round it saved, from its own checkpoint of it, at a new
 // rollback generation; a worker's calls of the earlier generation are refused with the
 // rollback, and the worker's store, once it has asked every shard for it, goes on from that
-// round. A round the shard has no checkpoint of is refused with the file named, and nothing
-// changes; a Restore of an earlier generation is answered with the later rollback.
+// round. A round the shard has no checkpoint of, nor of any round before it, is refused with
+// the file named, and nothing changes; a Restore of an earlier generation is answered with the
+// later rollback.
 TEST(RemoteShard, RestoreGoesBackToASavedRoundAtANewGeneration) {
   const std::string dir = test_path("ps-ck");
   OneShard s(1024, 300, dir);
@@ -1010,25 +1042,24 @@ TEST(RemoteShard, RestoreGoesBackToASavedRoundAtANewGeneration) {
       if (v != want) return false;
     return true;
   };
+  auto restore = [&](int64_t v, int64_t generation, remote::RestoreReply* r) {
+    return s.restore(v, generation, r);
+  };
+  remote::RestoreReply rep;
   ASSERT_EQ(push(), 1);  // sgd, lr 1: 0.5 - 1
+  // No checkpoint of round 1, nor of any before it: refused, naming the file; the shard goes
+  // on as it was.
+  grpc::Status st = restore(1, 1, &rep);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("ps-0-0000000001.ckpt"), std::string::npos)
+      << st.error_message();
+  EXPECT_NE(st.error_message().find("--resume"), std::string::npos) << st.error_message();
+  EXPECT_TRUE(params_are(-0.5f));
   ASSERT_EQ(s.store->save_shards(1).at(0), dir + "/ps-0-0000000001.ckpt");
   ASSERT_EQ(push(), 2);
   ASSERT_EQ(s.store->save_shards(2).at(0), dir + "/ps-0-0000000002.ckpt");
   ASSERT_EQ(push(), 3);
   ASSERT_TRUE(params_are(-2.5f));
-
-  auto restore = [&](int64_t v, int64_t generation, remote::RestoreReply* r) {
-    return s.restore(v, generation, r);
-  };
-  remote::RestoreReply rep;
-  // No checkpoint of round 3: refused, naming the file; the shard goes on as it was.
-  grpc::Status st = restore(3, 1, &rep);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(st.error_message().find("ps-0-0000000003.ckpt"), std::string::npos)
-      << st.error_message();
-  EXPECT_NE(st.error_message().find("--resume"), std::string::npos) << st.error_message();
-  EXPECT_TRUE(params_are(-2.5f));
-  EXPECT_EQ(push(), 4);
 
   // Back to round 1, generation 1.
   st = restore(1, 1, &rep);

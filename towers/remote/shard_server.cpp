@@ -286,6 +286,28 @@ class ShardService final : public ShardBase {
         // The checkpoint is read and checked before anything changes.
         l.unlock();
         path = checkpoint_path(want.version);
+        if (!std::filesystem::exists(path)) {
+          // No checkpoint of that round here. With backup workers, rounds go on while the
+          // chief checkpoints, so the shards save rounds apart: the latest earlier round saved
+          // here, one generation on, for every shard to load (one without it offers its own
+          // latest before it, down to a round that every shard saved).
+          int64_t earlier = -1;
+          for (const auto& [v, file] : checkpoints())
+            if (v < want.version) earlier = v;
+          if (earlier >= 0) {
+            l.lock();
+            if (want.generation < generation_) continue;  // (moved meanwhile: answered above)
+            generation_ = std::max(generation_, want.generation) + 1;
+            rollback_version_ = earlier;
+            pending_ = false;
+            needs_load_ = true;
+            return rollback_status(
+                {rollback_version_, generation_},
+                fmt::format("{} has no checkpoint of round {}: roll back to round {}, the latest "
+                            "before it saved here (generation {})",
+                            name_, want.version, rollback_version_, generation_));
+          }
+        }
         try {
           ck = read_checkpoint(path);
         } catch (const std::exception& e) {
