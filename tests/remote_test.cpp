@@ -1024,6 +1024,33 @@ TEST(RemoteShard, ARestoreOfARoundNotSavedHereOffersTheLatestEarlierOne) {
   EXPECT_EQ(got[1023], -0.5f);
 }
 
+// A shard restarted from a checkpoint saved before a rollback that the run then took starts at
+// that rollback's generation (its checkpoint's, plus one). A Restore of that generation, from
+// a worker that takes the earlier rollback late, is not the restarted shard's: it answers with
+// its own rollback one generation on, which every worker then takes. (Before, it took that
+// Restore as its own rollback adopted, and the workers that had gone on past it never came
+// back: a backup-worker run then waited at the shard until the deadline.)
+TEST(RemoteShard, ARestartedShardsRollbackIsNotTakenForAnEarlierOneOfTheSameGeneration) {
+  const std::string dir = test_path("ps-ck");
+  OneShard s(1024, 300, dir);
+  ASSERT_EQ(s.push_ones(), 1);
+  ASSERT_EQ(s.store->save_shards(1).at(0), dir + "/ps-0-0000000001.ckpt");  // generation 0
+  ASSERT_EQ(s.push_ones(), 2);
+  remote::RestoreReply rep;
+  ASSERT_TRUE(s.restore(1, 1, &rep).ok());      // the run's rollback to round 1, generation 1
+  s.restart();                                  // from round 1, saved at generation 0
+  grpc::Status st = s.restore(1, 1, &rep, 30);  // the earlier rollback, taken late
+  const auto own = remote::rollback_of(st);
+  ASSERT_TRUE(own.has_value()) << st.error_message();
+  EXPECT_EQ(own->version, 1);
+  EXPECT_EQ(own->generation, 2);
+  EXPECT_NE(st.error_message().find("was restarted and restored round 1"), std::string::npos)
+      << st.error_message();
+  st = s.restore(1, 2, &rep);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(rep.version(), 1);
+}
+
 // Restore: a sync shard goes back to a round it saved, from its own checkpoint of it, at a new
 // rollback generation; a worker's calls of the earlier generation are refused with the
 // rollback, and the worker's store, once it has asked every shard for it, goes on from that

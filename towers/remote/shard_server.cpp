@@ -253,10 +253,24 @@ class ShardService final : public ShardBase {
     std::string path;
     for (bool read = false;;) {
       std::unique_lock<std::mutex> l(mu_);
-      if (want.generation < generation_)
+      if (want.generation < generation_) {
+        offered_ = offered_ || pending_;
         return rollback_status({rollback_version_, generation_},
                                fmt::format("{} is at a later rollback: round {}, generation {}",
                                            name_, rollback_version_, generation_));
+      }
+      if (pending_ && !offered_) {
+        // A restarted shard's generation (its checkpoint's, plus one) may be one the workers
+        // already are at, from a rollback after that checkpoint was saved: a Restore of it is
+        // that rollback's, taken late by a worker, and not this shard's, which is then one
+        // generation after it.
+        generation_ = want.generation + 1;
+        offered_ = true;
+        return rollback_status({rollback_version_, generation_},
+                               fmt::format("{} was restarted and restored round {}: roll back "
+                                           "to it (generation {})",
+                                           name_, rollback_version_, generation_));
+      }
       if (pending_ && want.version > rollback_version_) {
         // A restarted shard has no round after its checkpoint's: the others come back to it.
         generation_ = std::max(generation_, want.generation) + 1;
@@ -378,7 +392,10 @@ class ShardService final : public ShardBase {
     std::unique_lock<std::mutex> l(mu_);
     // A restarted shard's rollback comes after every generation the workers are at.
     if (pending_ && gen >= generation_) generation_ = gen + 1;
-    if (gen < generation_ || needs_load_) return stale(gen);  // (needs_load_: Restore loads)
+    if (gen < generation_ || needs_load_) {  // (needs_load_: Restore loads)
+      offered_ = offered_ || pending_;
+      return stale(gen);
+    }
     if (gen > generation_)
       return {StatusCode::FAILED_PRECONDITION,
               fmt::format("{}: a call of rollback generation {}, but the shard is at {}", name_,
@@ -2332,6 +2349,7 @@ class ShardService final : public ShardBase {
   int64_t generation_ = 0;
   int64_t rollback_version_ = 0;
   bool pending_ = false;
+  bool offered_ = false;     // pending_, and a worker has been told of its rollback's generation
   bool needs_load_ = false;  // the parameters are not yet rollback_version_'s (Restore loads them)
   bool restoring_ = false;
   std::mutex save_mu_;    // one Save at a time
