@@ -477,8 +477,8 @@ void RemoteParameterStore::reset_clocks(int towers) {
 int64_t RemoteParameterStore::tick(int tower) {
   TOWERS_CHECK(tower >= 0 && tower < n_clocks_, "no tower {}", tower);
   const int64_t c = ++clocks_[tower];
-  worker_clock_.store(
-      min_clock());  // (racing ticks may store an older minimum: shards keep the largest)
+  // (Racing ticks may store an older minimum: the shards keep the largest they hear.)
+  worker_clock_.store(min_clock());
   return c;
 }
 int64_t RemoteParameterStore::min_clock() const {
