@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Shard faults at random moments: runs `towers launch --ps 2 --workers 2` clusters (sync; sync
 # with one backup worker, --replicas-to-aggregate 1; async; ssp) and, at seeded random moments
-# after the shards' first checkpoints, kills a shard with kill -9 and starts it again with its
-# own command line (processes.json), as an operator or a supervisor would; a second fault in
-# the same run may follow at once (during the rollback of the first). Except in plain sync, a
-# fault may instead kill the non-chief worker, for good. A fault may also kill the chief: the
-# launch must then end (every process of the cluster), and the same launch with --resume
-# continues the run from the chief's last checkpoint. Or a fault stops a process with SIGSTOP and
-# continues it: a shard for up to 6 s (twice the heartbeat timeout), a worker for up to 1.5 s
-# (half of it); neither may lose a worker. Each run must then:
+# from the run's start (the shards' first checkpoints), kills a shard with kill -9 and starts
+# it again with its own command line (processes.json), as an operator or a supervisor would; a
+# second fault in the same run may follow at once (during the rollback of the first). Except
+# in plain sync, a fault may instead kill the non-chief worker, for good. A fault may also kill
+# the chief: the launch must then end (every process of the cluster), and the same launch with
+# --resume continues the run from the chief's last checkpoint. Or a fault stops a process with
+# SIGSTOP and continues it: a shard for up to 6 s (twice the heartbeat timeout), a worker for
+# up to 1.5 s (half of it); neither may lose a worker. Each run must then:
 #   - finish: the launcher exits 0, and every restarted shard exits 0 once the workers are done;
 #   - sync: end bitwise where one process with the same 4 towers ends (the chief's last
 #     checkpoint: every tensor, the optimizer's slots and state, the step and examples seen);
@@ -29,7 +29,8 @@
 #   RUNS=3 MODES=sync scripts/kill-shards.sh
 #   SEED=7 scripts/kill-shards.sh
 # Settings (environment): RUNS, SEED (the faults' kinds, targets and delays), MODES, STEPS,
-# DELAY_MAX_MS (a fault comes uniformly 0..DELAY_MAX_MS ms after the shard's first checkpoint),
+# DELAY_MAX_MS (a fault comes uniformly 0..DELAY_MAX_MS ms after the shards' first checkpoints,
+# of the run's start),
 # TOWERS_BIN, WORK (folder; default a new one under /tmp, removed after a pass, kept after a
 # failure). Where a fault lands in a run also depends on the machine's timing; the seed replays
 # the choices.
@@ -289,8 +290,8 @@ for ((run = 0; run < RUNS; run++)); do
       target=$((RANDOM % 2))
     fi
     delay=$((f == 0 ? RANDOM % (DELAY_MAX_MS + 1) : RANDOM % 400))
-    # The first fault waits for both shards' first checkpoints (a shard restarted without one
-    # cannot rejoin a run, and says so).
+    # The first fault waits for both shards' first checkpoints, of the run's start (a shard
+    # restarted without one cannot rejoin a run, and says so).
     t=0
     while kill -0 "$launcher" 2>/dev/null && ! { saved "$out" 0 && saved "$out" 1; } && ((t < 600)); do
       sleep 0.1; t=$((t + 1))

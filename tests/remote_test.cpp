@@ -1073,9 +1073,11 @@ TEST(RemoteShard, RestoreGoesBackToASavedRoundAtANewGeneration) {
     return s.restore(v, generation, r);
   };
   remote::RestoreReply rep;
+  // The shard saved the run's start when it was initialised (decision 78); that file lost,
+  // it has no checkpoint of round 1 nor of any before it.
+  ASSERT_TRUE(std::filesystem::remove(dir + "/ps-0-0000000000.ckpt"));
   ASSERT_EQ(push(), 1);  // sgd, lr 1: 0.5 - 1
-  // No checkpoint of round 1, nor of any before it: refused, naming the file; the shard goes
-  // on as it was.
+  // Refused, naming the file; the shard goes on as it was.
   grpc::Status st = restore(1, 1, &rep);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(st.error_message().find("ps-0-0000000001.ckpt"), std::string::npos)
@@ -1887,13 +1889,18 @@ namespace towers {
 namespace {
 
 // Whether shard i of a launch in dir has written a checkpoint (ps-I-VERSION.ckpt).
-bool shard_saved(const std::string& dir, int i) {
+// The version of shard i's latest checkpoint in a launch in dir, or -1 for none. A shard saves
+// the run's start (the chief's Init) before the chief's first Save.
+int64_t shard_saved(const std::string& dir, int i) {
+  int64_t latest = -1;
+  const std::string prefix = fmt::format("ps-{}-", i);
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir + "/ps-checkpoints", ec))
-    if (e.path().filename().string().rfind(fmt::format("ps-{}-", i), 0) == 0 &&
-        e.path().extension() == ".ckpt")
-      return true;
-  return false;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/ps-checkpoints", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && e.path().extension() == ".ckpt")
+      latest = std::max<int64_t>(latest, std::stoll(name.substr(prefix.size())));
+  }
+  return latest;
 }
 
 // Starts shard i of a launch in dir again with its command line (from processes.json).
@@ -1934,7 +1941,7 @@ TEST(RemoteCli, KilledShardRestartsFromItsCheckpointAndTheRunFinishes) {
              // killed shard's connections break under them
              "--rpc-piece-kib", "16"},
             test_path("launch.log"));
-  ASSERT_TRUE(eventually(90, [&] { return shard_saved(dir, 1); })) << read_all(l.log);
+  ASSERT_TRUE(eventually(90, [&] { return shard_saved(dir, 1) > 0; })) << read_all(l.log);
   Proc again = kill_and_restart_shard(dir, 1);
   const int rc = wait_for(l, 180);
   const std::string out = read_all(l.log);
@@ -1965,7 +1972,7 @@ TEST(RemoteCli, AnAsyncWorkerAloneReachesTheStepsAfterAShardLostUpdates) {
   // the second.
   ASSERT_TRUE(eventually(90, [&] {
     const auto steps = live_metrics_events(dir + "/worker-0.jsonl", "step");
-    if (steps.empty() || !shard_saved(dir, 1)) return false;
+    if (steps.empty() || shard_saved(dir, 1) <= 0) return false;
     const int64_t at = steps.back()["step"].get<int64_t>();
     return at >= 160 && at < 230;
   })) << read_all(l.log);
@@ -1994,7 +2001,7 @@ TEST(RemoteCli, AShardRestartedAfterItsRunEndedExitsByItself) {
                        &out),
             0)
       << out;
-  ASSERT_TRUE(shard_saved(dir, 0)) << out;
+  ASSERT_GT(shard_saved(dir, 0), 0) << out;
   Proc again = restart_shard(dir, 0);
   EXPECT_EQ(wait_for(again, 60), 0) << read_all(again.log);
   const std::string log = read_all(again.log);
@@ -2036,14 +2043,17 @@ TEST(RemoteCli, AShardThatDoesNotRunForAWhileLosesNoWorker) {
   }
 }
 
-// Sync: the restarted shard is rounds behind the others. Every shard goes back to its round
-// (each restores its own checkpoint of it), the workers take the steps after it again, and the
-// run ends bitwise where one process with the same towers ends: a kill -9 costs time, not
-// work.
-TEST(RemoteCli, SyncRunRollsBackToARestartedShardsCheckpointAndEndsBitwise) {
-  const std::string flags =
+// Sync: a launch of 2 workers, whose shard ps:1 is killed and restarted while the chief is at
+// a step in [kill_from, kill_to) with the shard's latest checkpoint in [saved_from, saved_to]:
+// the restarted shard is rounds behind the others. Every shard goes back to its round (each
+// restores its own checkpoint of it), the workers take the steps after it again, and the run
+// ends bitwise where one process with the same towers ends: a kill -9 costs time, not work.
+void expect_sync_rollback_ends_bitwise(const std::string& checkpoint_every, int64_t kill_from,
+                                       int64_t kill_to, int64_t saved_from, int64_t saved_to) {
+  const std::string flags = fmt::format(
       "--model mlp --dataset synthetic --synthetic-size 1000 --batch 16 --mode sync --steps 240 "
-      "--seed 5 --eval-every 0 --log-every 1 --checkpoint-every 0.5 --optimizer adam --lr 0.001";
+      "--seed 5 --eval-every 0 --log-every 1 --checkpoint-every {} --optimizer adam --lr 0.001",
+      checkpoint_every);
   const std::string dir = test_path("launch"), one = test_path("one");
   std::vector<std::string> args = {"launch", "--ps", "2", "--workers", "2", "--out", dir, "--",
                                    "train", "--checkpoint-dir", dir + "/ck", "--rpc-timeout", "60",
@@ -2052,12 +2062,12 @@ TEST(RemoteCli, SyncRunRollsBackToARestartedShardsCheckpointAndEndsBitwise) {
                                    "--rpc-piece-kib", "16"};
   for (const std::string& w : words(flags)) args.push_back(w);
   Proc l = spawn(args, test_path("launch.log"));
-  // Killed well after the shard's first checkpoint, so that the others are rounds ahead of it.
   ASSERT_TRUE(eventually(90, [&] {
     const auto steps = live_metrics_events(dir + "/worker-0.jsonl", "step");
-    if (steps.empty() || !shard_saved(dir, 1)) return false;
+    const int64_t saved = shard_saved(dir, 1);
+    if (steps.empty() || saved < saved_from || saved > saved_to) return false;
     const int64_t at = steps.back()["step"].get<int64_t>();
-    return at >= 40 && at < 200;
+    return at >= kill_from && at < kill_to;
   })) << read_all(l.log);
   Proc again = kill_and_restart_shard(dir, 1);
   const int rc = wait_for(l, 180);
@@ -2071,8 +2081,7 @@ TEST(RemoteCli, SyncRunRollsBackToARestartedShardsCheckpointAndEndsBitwise) {
     const std::string metrics = fmt::format("{}/worker-{}.jsonl", dir, w);
     const auto back = metrics_events(metrics, "rollback");
     ASSERT_GE(back.size(), 1u) << "worker " << w << "\n" << out;
-    // Back to a round the run had reached, and that the shard had saved (its first save is
-    // about 16 steps in).
+    // Back to a round the run had reached, and that the shard had saved.
     int64_t reached = 0;
     {
       std::ifstream in(metrics);
@@ -2083,7 +2092,8 @@ TEST(RemoteCli, SyncRunRollsBackToARestartedShardsCheckpointAndEndsBitwise) {
       }
     }
     EXPECT_LE(back[0]["step"].get<int64_t>(), reached);
-    EXPECT_GE(back[0]["step"].get<int64_t>(), 10);
+    EXPECT_GE(back[0]["step"].get<int64_t>(), std::max<int64_t>(saved_from, 0));
+    EXPECT_LE(back[0]["step"].get<int64_t>(), saved_to);
     const auto summary = metrics_events(fmt::format("{}/worker-{}.jsonl", dir, w), "summary");
     ASSERT_EQ(summary.size(), 1u) << out;
     EXPECT_EQ(summary[0]["steps"].get<int64_t>(), 240);
@@ -2096,6 +2106,20 @@ TEST(RemoteCli, SyncRunRollsBackToARestartedShardsCheckpointAndEndsBitwise) {
   const std::string b = tensor_bytes(*io::latest_checkpoint(dir + "/ck"));
   ASSERT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "the parameters and slots differ from one process's";
+}
+
+// Killed well after the shard's first Save (about 16 steps in: twice an epoch of 31), so that
+// the others are rounds ahead of it.
+TEST(RemoteCli, SyncRunRollsBackToARestartedShardsCheckpointAndEndsBitwise) {
+  expect_sync_rollback_ends_bitwise("0.5", 40, 200, 10, 200);
+}
+
+// Killed before the chief's first Save (at step 155: every 5 epochs): the shard restores the
+// checkpoint it wrote of the run's start, and the run goes back to step 0. Before, the
+// restarted shard had nothing to restore, and the run failed: "ps:1 has no parameters of this
+// run". (The kill does not wait for that checkpoint: without it, the test shows the failure.)
+TEST(RemoteCli, AShardKilledBeforeTheFirstSaveRestoresTheRunsStart) {
+  expect_sync_rollback_ends_bitwise("5", 10, 100, -1, 0);
 }
 
 }  // namespace

@@ -187,6 +187,20 @@ class ShardService final : public ShardBase {
     if (Status s = init_checked(*req, "the chief"); !s.ok()) return s;
     rep->set_begin(range_.begin);
     rep->set_end(range_.end);
+    l.unlock();
+    // The run's first checkpoint is its start: a shard killed before the chief's first Save
+    // restores it, and the run rolls back to it, rather than failing for a range it no longer
+    // holds. The Init is a checkpoint's content (the range, its slots, the version and the
+    // optimizer's updates). A folder that cannot be written fails the run now, not at its
+    // first Save.
+    if (o_.checkpoint_dir.empty()) return Status::OK;
+    std::lock_guard<std::mutex> save(save_mu_);
+    try {
+      const std::string path = write_checkpoint(*req);
+      say(fmt::format("saved version {} to {} (the run's start)", req->version(), path));
+    } catch (const std::exception& e) {
+      return {StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what())};
+    }
     return Status::OK;
   }
 
@@ -446,16 +460,9 @@ class ShardService final : public ShardBase {
       std::lock_guard<std::mutex> l(mu_);
       ck.set_generation(generation_);
     }
-    const std::string path = checkpoint_path(ck.version());
+    std::string path;
     try {
-      write_atomically(path, ck.SerializeAsString());
-      // The last few: a rollback goes back to the round of a restarted shard's last
-      // checkpoint, which the other shards may already have saved past.
-      std::map<int64_t, std::string> files = checkpoints();
-      while (files.size() > kKeepCheckpoints) {
-        std::filesystem::remove(files.begin()->second);
-        files.erase(files.begin());
-      }
+      path = write_checkpoint(ck);
     } catch (const std::exception& e) {
       return {StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what())};
     }
@@ -2303,6 +2310,20 @@ class ShardService final : public ShardBase {
     return out;
   }
   static constexpr size_t kKeepCheckpoints = 3;
+  // Under save_mu_: writes ck as the checkpoint of its version and keeps the last few; its
+  // path. Throws for a file that cannot be written.
+  std::string write_checkpoint(const InitRequest& ck) {
+    const std::string path = checkpoint_path(ck.version());
+    write_atomically(path, ck.SerializeAsString());
+    // The last few: a rollback goes back to the round of a restarted shard's last checkpoint,
+    // which the other shards may already have saved past.
+    std::map<int64_t, std::string> files = checkpoints();
+    while (files.size() > kKeepCheckpoints) {
+      std::filesystem::remove(files.begin()->second);
+      files.erase(files.begin());
+    }
+    return path;
+  }
 
   // path's bytes replaced by data, or left as they were: a temporary file in the same folder,
   // fsynced, renamed over path, the folder fsynced.
