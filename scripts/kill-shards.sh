@@ -3,8 +3,10 @@
 # with one backup worker, --replicas-to-aggregate 1; async; ssp) and, at seeded random moments
 # from the run's start (the shards' first checkpoints), kills a shard with kill -9 and starts
 # it again with its own command line (processes.json), as an operator or a supervisor would; a
-# second fault in the same run may follow at once (during the rollback of the first). Except
-# in plain sync, a fault may instead kill the non-chief worker, for good. A fault may also kill
+# second fault in the same run may follow at once (during the rollback of the first). A fault
+# may instead kill the non-chief worker, for good: plain sync must then stop with an error
+# naming it and the checkpoint of the last complete round, and is continued with --resume as
+# after a chief's kill; the other modes go on without it. A fault may also kill
 # the chief: the launch must then end (every process of the cluster), and the same launch with
 # --resume continues the run from the chief's last checkpoint. Or a fault stops a process with
 # SIGSTOP and continues it: a shard for up to 6 s (twice the heartbeat timeout), a worker for
@@ -260,7 +262,7 @@ restart_shard() {
 }
 saved() { compgen -G "$1/ps-checkpoints/ps-$2-*.ckpt" >/dev/null; }
 
-total_no_common=0 total_faults=0 total_shard_kills=0 total_worker_kills=0 total_chief_kills=0 total_stops=0 total_rollbacks=0 missed=0
+total_no_common=0 total_sync_stops=0 total_faults=0 total_shard_kills=0 total_worker_kills=0 total_chief_kills=0 total_stops=0 total_rollbacks=0 missed=0
 n_modes=${#modes[@]}
 for ((run = 0; run < RUNS; run++)); do
   mode=${modes[$((run % n_modes))]}
@@ -275,13 +277,13 @@ for ((run = 0; run < RUNS; run++)); do
   # Up to two faults: the second (half the runs) right after the first's restart.
   faults=$((1 + RANDOM % 2))
   declare -A pid_of=()
-  killed_shards="" worker_killed=0 worker_killed_at=0 chief_killed=0 notes=() restarted_pids=()
+  killed_shards="" worker_killed=0 worker_killed_at=0 chief_killed=0 sync_stopped=0 notes=() restarted_pids=()
   for ((f = 0; f < faults; f++)); do
     pick=$((RANDOM % 8))
     if ((f == 0 && pick == 0)); then
       target=chief
-    elif [[ $mode != sync ]] && ((worker_killed == 0 && (pick == 1 || pick == 2))); then
-      target=worker  # (with a backup worker, W - K = 1 may die)
+    elif ((worker_killed == 0 && (pick == 1 || pick == 2))); then
+      target=worker  # (with a backup worker, W - K = 1 may die; plain sync stops)
     elif ((pick == 3)); then
       target=stop-ps
     elif ((pick == 4 && worker_killed == 0)); then
@@ -329,11 +331,21 @@ for ((run = 0; run < RUNS; run++)); do
       total_stops=$((total_stops + 1))
       notes+=("$task stopped at +${delay} ms for $pause ms")
     elif [[ $target == worker ]]; then
-      kill -9 "$(shard_pid "$out" worker:1)" 2>/dev/null || true
+      if ! kill -9 "$(shard_pid "$out" worker:1)" 2>/dev/null; then
+        notes+=("worker:1 over before fault $((f + 1)) at ${delay} ms")
+        missed=$((missed + 1))
+        break
+      fi
       worker_killed=1
       worker_killed_at=$(date +%s.%N)
       total_worker_kills=$((total_worker_kills + 1))
       notes+=("worker:1 killed at +${delay} ms")
+      if [[ $mode == sync ]]; then
+        # Plain sync stops (below), after the checkpoint of the last complete round.
+        sync_stopped=1
+        total_faults=$((total_faults + 1))
+        break
+      fi
     else
       if [[ -n ${pid_of[$target]:-} ]]; then  # a shard restarted here: killed again
         pid=${pid_of[$target]}
@@ -371,7 +383,20 @@ for ((run = 0; run < RUNS; run++)); do
     total_no_common=$((total_no_common + 1))
     notes+=("the rollback found no round of every shard's checkpoints")
   fi
-  if ((chief_killed || no_common)); then
+  # Plain sync with a worker killed: the run stops with an error naming the lost worker and the
+  # checkpoint of the last complete round, and is continued with --resume. (A worker killed
+  # after its last round leaves a run that ended well.)
+  if ((sync_stopped)); then
+    if ((rc == 0)); then
+      sync_stopped=0
+      notes+=("the run had completed its rounds")
+    else
+      grep -q "worker(s) 1 lost .*the last complete round, step [0-9]*, is saved in" "$WORK/$mode-$run.log" ||
+        fail "sync-stops" "$mode run $run (${notes[*]}): the launcher exited $rc without naming the lost worker and the saved round: $(grep -v '^step\|^  ' "$WORK/$mode-$run.log" | tail -4 | tr '\n' ' ')"
+      total_sync_stops=$((total_sync_stops + 1))
+    fi
+  fi
+  if ((chief_killed || no_common || sync_stopped)); then
     # The launcher exits with the chief's status; the other workers and the shards (those it
     # started, and those started here, which count the workers lost) all end.
     ((rc != 0 && rc != 124)) ||
@@ -411,16 +436,17 @@ for ((run = 0; run < RUNS; run++)); do
       rollback_asked=1
     fi
   done
-  ((no_common == 0)) || rollback_asked=0  # (the rollback was refused: the run was continued)
+  # (The rollback was refused, or a worker was killed before it took it: the run was continued.)
+  ((no_common == 0 && sync_stopped == 0)) || rollback_asked=0
   total_rollbacks=$((total_rollbacks + rollback_asked))
   line=$("${check[@]}" mode="$mode" out="$out" steps="$(steps_of "$mode")" ref="$ref" towers="$TOWERS_BIN" \
-    killed_shards="$killed_shards" worker_killed="$worker_killed" \
-    worker_killed_at="$worker_killed_at" chief_killed="$((chief_killed || no_common))" ended_at="$ended_at" rollback_asked="$rollback_asked") ||
+    killed_shards="$killed_shards" worker_killed="$((worker_killed && !sync_stopped))" \
+    worker_killed_at="$worker_killed_at" chief_killed="$((chief_killed || no_common || sync_stopped))" ended_at="$ended_at" rollback_asked="$rollback_asked") ||
     fail "$(sed -n 's/^FAIL \[\([^]]*\)\].*/\1/p' <<<"$line" | grep . || echo check-script)" \
       "$mode run $run (${notes[*]}): ${line#FAIL \[*\]: }"
   echo "$mode run $run: ${notes[*]} -> $line"
   unset pid_of
 done
 
-echo "kill-shards: PASS: $RUNS runs ($MODES), $total_faults faults: $total_shard_kills shards killed and restarted ($total_rollbacks runs rolled back), $total_worker_kills workers and $total_chief_kills chiefs killed, $total_stops processes stopped and continued; $total_no_common backup runs continued with --resume for want of a common round; $missed faults came after the run's end; $(elapsed) s"
+echo "kill-shards: PASS: $RUNS runs ($MODES), $total_faults faults: $total_shard_kills shards killed and restarted ($total_rollbacks runs rolled back), $total_worker_kills workers ($total_sync_stops sync runs stopped and continued with --resume) and $total_chief_kills chiefs killed, $total_stops processes stopped and continued; $total_no_common backup runs continued with --resume for want of a common round; $missed faults came after the run's end; $(elapsed) s"
 rm -rf "$WORK"

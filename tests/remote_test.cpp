@@ -2122,6 +2122,64 @@ TEST(RemoteCli, AShardKilledBeforeTheFirstSaveRestoresTheRunsStart) {
   expect_sync_rollback_ends_bitwise("5", 10, 100, -1, 0);
 }
 
+// Sync: a run that went back to a restarted shard's round and lost a worker before that round
+// completed stops naming the worker and the chief's checkpoint of that round, which holds the
+// state every shard restored; the same launch with --resume then ends bitwise where one process
+// ends. (The worker dies here while it computes. One that dies in the middle of its push
+// leaves the round applied in part on a shard, which then refuses to be read: the chief,
+// which read the shards for a new checkpoint of the round, then said only "the shards could
+// not be read for a checkpoint"; scripts/kill-shards.sh found that case.)
+TEST(RemoteCli, ASyncRunThatLosesAWorkerAfterARollbackNamesTheRoundsCheckpoint) {
+  const std::string flags =
+      "--model mlp --dataset synthetic --synthetic-size 320 --batch 16 --mode sync --steps 30 "
+      "--seed 5 --eval-every 0 --log-every 1 --checkpoint-every 0.5 --optimizer adam --lr 0.001";
+  const std::string dir = test_path("launch"), one = test_path("one");
+  // Worker 1's tower takes 300 ms a step: it is killed while it computes the round after the
+  // rollback. Checkpoints every 5 steps (an epoch is 10).
+  const std::string cluster = fmt::format(
+      "--checkpoint-dir {}/ck --rpc-timeout 60 --heartbeat-timeout 1 --slow-tower 1:300", dir);
+  Proc l = spawn(
+      words(fmt::format("launch --ps 2 --workers 2 --out {} -- train {} {}", dir, flags, cluster)),
+      test_path("launch.log"));
+  ASSERT_TRUE(eventually(90, [&] {
+    const auto steps = live_metrics_events(dir + "/worker-0.jsonl", "step");
+    return !steps.empty() && steps.back()["step"].get<int64_t>() >= 7 && shard_saved(dir, 1) == 5;
+  })) << read_all(l.log);
+  const pid_t worker = launched(dir)["worker:1"];
+  Proc again = kill_and_restart_shard(dir, 1);
+  ASSERT_TRUE(eventually(60, [&] {
+    return !live_metrics_events(dir + "/worker-1.jsonl", "rollback").empty();
+  })) << read_all(l.log);
+  ASSERT_EQ(kill(worker, SIGKILL), 0);
+  const int rc = wait_for(l, 120);
+  const std::string out = read_all(l.log);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(wait_for(again, 60), 0) << read_all(again.log);
+  EXPECT_NE(out.find("round 5 cannot complete: worker(s) 1 lost"), std::string::npos) << out;
+  EXPECT_NE(out.find(fmt::format("the last complete round, step 5, is saved in {}/ck/"
+                                 "ckpt-000000005.safetensors",
+                                 dir)),
+            std::string::npos)
+      << out;
+  std::string resumed;
+  ASSERT_EQ(run_towers(fmt::format("launch --ps 2 --workers 2 --out {} -- train {} {} --resume",
+                                   dir, flags, cluster),
+                       &resumed),
+            0)
+      << resumed;
+  std::string ref;
+  ASSERT_EQ(run_towers(fmt::format("train {} --towers 2 --quiet --metrics {}/m.jsonl "
+                                   "--checkpoint-dir {}",
+                                   flags, one, one),
+                       &ref),
+            0)
+      << ref;
+  const std::string a = tensor_bytes(*io::latest_checkpoint(one));
+  const std::string b = tensor_bytes(*io::latest_checkpoint(dir + "/ck"));
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the parameters and slots differ from one process's";
+}
+
 }  // namespace
 }  // namespace towers
 

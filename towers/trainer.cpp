@@ -579,6 +579,9 @@ class Run {
   std::vector<float> params_;
   std::unique_ptr<Optimizer> opt_;
   int64_t start_step_ = 0, start_examples_ = 0;
+  // The step of the checkpoint written last, or of the round a rollback went back to (its
+  // checkpoint was written before); -1 for none.
+  int64_t saved_step_ = -1;
   std::optional<std::string> resume_from_;
   // The schedule's learning rate for the update that makes version step + 1.
   float lr_at(int64_t step) const { return learning_rate(c_.schedule, epoch_at(step)); }
@@ -862,6 +865,7 @@ void Run::write_checkpoint(int64_t step) {
   if (remote_) event["shards"] = remote_->save_shards(step);
   metrics_->write(event);
   sum_.last_checkpoint = path;
+  saved_step_ = step;
 }
 
 bool Run::on_update(const UpdateRecord& r) {
@@ -975,6 +979,7 @@ void Run::loop() {
         TOWERS_REQUIRE(sum_.rollbacks <= kMaxRollbacks,
                        "{}; that is {} rollbacks in one run: stopping", e.what(), sum_.rollbacks);
         from = e.rollback.version;
+        saved_step_ = from;  // (every shard restored its checkpoint of that round)
         eval_due_ = ckpt_due_ = false;
         target_reached_.store(false);  // (if it was, the steps that reached it are taken again)
         metrics_->write({{"event", "rollback"}, {"step", from},
@@ -985,18 +990,25 @@ void Run::loop() {
     }
   } catch (const Error& e) {
     // A remote run that cannot go on (sync without a lost worker, a shard gone): the chief
-    // saves what the shards still hold, the last complete round, before it reports the error.
+    // saves what the shards still hold, the last complete round, before it reports the error,
+    // unless its last checkpoint is of that round already (a round that the run went back to
+    // and stopped at: its file holds the state every shard restored, and a shard that cannot
+    // complete the round refuses a worker's read of it).
     if (!remote_ || !chief_ || c_.checkpoint_dir.empty()) throw;
     std::string saved;
     try {
       const int64_t step = remote_->version();
       if (step > start_step_) {
-        write_checkpoint(step);
-        saved = fmt::format("; the last complete round, step {}, is saved in {}", step,
-                            sum_.last_checkpoint);
+        std::optional<std::string> path;
+        if (step == saved_step_) path = io::checkpoint_of(c_.checkpoint_dir, step);
+        if (!path) {
+          write_checkpoint(step);
+          path = sum_.last_checkpoint;
+        }
+        saved = fmt::format("; the last complete round, step {}, is saved in {}", step, *path);
       }
-    } catch (const Error&) {
-      saved = "; the shards could not be read for a checkpoint";
+    } catch (const Error& why) {
+      saved = fmt::format("; the shards could not be read for a checkpoint ({})", why.what());
     }
     TOWERS_BAD_INPUT("{}{}", e.what(), saved);
   }

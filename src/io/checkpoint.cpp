@@ -174,8 +174,7 @@ std::string save_checkpoint(const std::string& dir_arg, const CheckpointMeta& me
       {"optimizer_state", json_text(meta.optimizer_state)},
       {"checksum", fmt::format("{:08x}", crc)},
   };
-  const std::string path =
-      (fs::path(dir) / fmt::format("{}{:09d}{}", kPrefix, meta.step, kSuffix)).string();
+  const std::string path = checkpoint_path(dir, meta.step);
   write_safetensors(path, tensors, metadata);
 
   if (keep_last >= 1) {
@@ -253,6 +252,17 @@ Checkpoint load_checkpoint(const std::string& path, const ParameterLayout& layou
     ckpt.slots.emplace_back(slot, std::move(buffer));
   }
   return ckpt;
+}
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  return (fs::path(dir) / fmt::format("{}{:09d}{}", kPrefix, step, kSuffix)).string();
+}
+
+std::optional<std::string> checkpoint_of(const std::string& dir, int64_t step) {
+  const std::string path = checkpoint_path(dir, step);
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  return path;
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {

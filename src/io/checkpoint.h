@@ -58,6 +58,12 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 Checkpoint load_checkpoint(const std::string& path, const ParameterLayout& layout,
                            const std::vector<std::string>& expected_slots);
 
+// Where save_checkpoint writes the checkpoint of `step` in `dir`.
+std::string checkpoint_path(const std::string& dir, int64_t step);
+// The checkpoint of `step` in `dir`, or nullopt when there is none (saves are atomic: a file of
+// that name is whole).
+std::optional<std::string> checkpoint_of(const std::string& dir, int64_t step);
+
 // The checkpoint of the highest step in `dir`, or nullopt when `dir` is missing or has none.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
