@@ -430,10 +430,12 @@ for ((run = 0; run < RUNS; run++)); do
     ((prc == 0)) || fail "restarted-shard" "$mode run $run (${notes[*]}): a restarted shard exited $prc: $(tail -q -n 2 "$out"/ps-*-again-*.log | tr '\n' ' ')"
   done
   # (A shard restarted after the run's end says it would ask, but no worker calls it.)
+  # (Nor does one that restored the run's last round: the workers only say they are done.)
   for log in "$out"/ps-*-again-*.log; do
     if [[ -f $log ]] && grep -q "workers will be asked to roll back" "$log" &&
       ! grep -q "no worker has called since this shard restarted" "$log"; then
-      rollback_asked=1
+      restored=$(sed -n 's/.* from version \([0-9]*\) (initialised by .*/\1/p' "$log" | head -1)
+      ((${restored:-0} >= $(steps_of "$mode"))) || rollback_asked=1
     fi
   done
   # (The rollback was refused, or a worker was killed before it took it: the run was continued.)
