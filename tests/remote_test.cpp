@@ -2122,6 +2122,33 @@ TEST(RemoteCli, AShardKilledBeforeTheFirstSaveRestoresTheRunsStart) {
   expect_sync_rollback_ends_bitwise("5", 10, 100, -1, 0);
 }
 
+// A shard that cannot write its checkpoint (its folder gone, a full disk) stops the run with the
+// shard's error, which names the file and why, once: the chief does not try the same
+// checkpoint again on its way out. The chief's own file of that step, written before it asks
+// the shards, is there for --resume.
+TEST(RemoteCli, AShardThatCannotSaveStopsTheRunNamingTheFile) {
+  const std::string dir = test_path("launch");
+  Proc l = spawn(words(fmt::format(
+                     "launch --ps 2 --workers 2 --out {} -- train --model mlp --dataset synthetic "
+                     "--synthetic-size 320 --batch 16 --mode sync --steps 200 --eval-every 0 "
+                     "--log-every 1 --checkpoint-every 0.5 --checkpoint-dir {}/ck --rpc-timeout 60 "
+                     "--slow-tower 0:50",
+                     dir, dir)),
+                 test_path("launch.log"));
+  ASSERT_TRUE(eventually(60, [&] { return shard_saved(dir, 0) >= 0; })) << read_all(l.log);
+  // The shards' folder becomes a file: every later write into it fails.
+  const std::string folder = dir + "/ps-checkpoints";
+  std::filesystem::remove_all(folder);
+  { std::ofstream(folder) << "not a folder\n"; }
+  const int rc = wait_for(l, 120);
+  const std::string out = read_all(l.log);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("Save failed"), std::string::npos) << out;
+  EXPECT_NE(out.find(fmt::format("cannot write '{}/ps-", folder)), std::string::npos) << out;
+  EXPECT_EQ(out.find("could not be read for a checkpoint"), std::string::npos) << out;
+  EXPECT_FALSE(only_checkpoint(dir + "/ck").empty()) << out;
+}
+
 // Sync: a run that went back to a restarted shard's round and lost a worker before that round
 // completed stops naming the worker and the chief's checkpoint of that round, which holds the
 // state every shard restored; the same launch with --resume then ends bitwise where one process

@@ -582,6 +582,7 @@ class Run {
   // The step of the checkpoint written last, or of the round a rollback went back to (its
   // checkpoint was written before); -1 for none.
   int64_t saved_step_ = -1;
+  bool checkpoint_failed_ = false;  // write_checkpoint threw
   std::optional<std::string> resume_from_;
   // The schedule's learning rate for the update that makes version step + 1.
   float lr_at(int64_t step) const { return learning_rate(c_.schedule, epoch_at(step)); }
@@ -852,6 +853,7 @@ std::string Run::eval_note() const {
 }
 
 void Run::write_checkpoint(int64_t step) {
+  checkpoint_failed_ = true;  // until it is written, here and at every shard
   // First: a store that keeps them elsewhere (GPUs, shards) refreshes the host parameters and
   // the optimizer's slots and state.
   const float* params = store_->host_params();
@@ -866,6 +868,7 @@ void Run::write_checkpoint(int64_t step) {
   metrics_->write(event);
   sum_.last_checkpoint = path;
   saved_step_ = step;
+  checkpoint_failed_ = false;
 }
 
 bool Run::on_update(const UpdateRecord& r) {
@@ -993,8 +996,9 @@ void Run::loop() {
     // saves what the shards still hold, the last complete round, before it reports the error,
     // unless its last checkpoint is of that round already (a round that the run went back to
     // and stopped at: its file holds the state every shard restored, and a shard that cannot
-    // complete the round refuses a worker's read of it).
-    if (!remote_ || !chief_ || c_.checkpoint_dir.empty()) throw;
+    // complete the round refuses a worker's read of it). A checkpoint that failed to be
+    // written (a full disk at a shard) is the error itself, and not tried again.
+    if (!remote_ || !chief_ || c_.checkpoint_dir.empty() || checkpoint_failed_) throw;
     std::string saved;
     try {
       const int64_t step = remote_->version();
