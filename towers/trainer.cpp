@@ -983,6 +983,7 @@ void Run::loop() {
                        "{}; that is {} rollbacks in one run: stopping", e.what(), sum_.rollbacks);
         from = e.rollback.version;
         saved_step_ = from;  // (every shard restored its checkpoint of that round)
+        checkpoint_failed_ = false;  // (a checkpoint that a rollback cut short is not a failure)
         eval_due_ = ckpt_due_ = false;
         target_reached_.store(false);  // (if it was, the steps that reached it are taken again)
         metrics_->write({{"event", "rollback"}, {"step", from},
