@@ -391,7 +391,7 @@ for ((run = 0; run < RUNS; run++)); do
       sync_stopped=0
       notes+=("the run had completed its rounds")
     else
-      grep -q "worker(s) 1 lost .*the last complete round, step [0-9]*, is saved in" "$WORK/$mode-$run.log" ||
+      grep -q "worker(s) 1 lost .*\(the last complete round, step [0-9]*, is saved in\|no round completed since the run's start\)" "$WORK/$mode-$run.log" ||
         fail "sync-stops" "$mode run $run (${notes[*]}): the launcher exited $rc without naming the lost worker and the saved round: $(grep -v '^step\|^  ' "$WORK/$mode-$run.log" | tail -4 | tr '\n' ' ')"
       total_sync_stops=$((total_sync_stops + 1))
     fi

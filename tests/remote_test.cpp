@@ -2146,16 +2146,20 @@ TEST(RemoteCli, AShardThatCannotSaveStopsTheRunNamingTheFile) {
   EXPECT_NE(out.find("Save failed"), std::string::npos) << out;
   EXPECT_NE(out.find(fmt::format("cannot write '{}/ps-", folder)), std::string::npos) << out;
   EXPECT_EQ(out.find("could not be read for a checkpoint"), std::string::npos) << out;
-  EXPECT_FALSE(only_checkpoint(dir + "/ck").empty()) << out;
+  const std::string chiefs = only_checkpoint(dir + "/ck");
+  ASSERT_FALSE(chiefs.empty()) << out;
+  EXPECT_NE(out.find("the chief's own checkpoint of that step is " + chiefs), std::string::npos)
+      << out;
 }
 
 // Sync: a run that went back to a restarted shard's round and lost a worker before that round
 // completed stops naming the worker and the chief's checkpoint of that round, which holds the
 // state every shard restored; the same launch with --resume then ends bitwise where one process
-// ends. (The worker dies here while it computes. One that dies in the middle of its push
-// leaves the round applied in part on a shard, which then refuses to be read: the chief,
-// which read the shards for a new checkpoint of the round, then said only "the shards could
-// not be read for a checkpoint"; scripts/kill-shards.sh found that case.)
+// ends. The chief writes no checkpoint on its way out. (The worker dies here while it
+// computes. One that dies in the middle of its push leaves the round applied in part on a
+// shard, which then refuses to be read: the chief, which read the shards for a new checkpoint
+// of the round, then said only "the shards could not be read for a checkpoint";
+// scripts/kill-shards.sh found that case.)
 TEST(RemoteCli, ASyncRunThatLosesAWorkerAfterARollbackNamesTheRoundsCheckpoint) {
   const std::string flags =
       "--model mlp --dataset synthetic --synthetic-size 320 --batch 16 --mode sync --steps 30 "
@@ -2188,6 +2192,16 @@ TEST(RemoteCli, ASyncRunThatLosesAWorkerAfterARollbackNamesTheRoundsCheckpoint) 
                                  dir)),
             std::string::npos)
       << out;
+  {
+    bool rolled_back = false;
+    std::ifstream in(dir + "/worker-0.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      rolled_back = rolled_back || j["event"] == "rollback";
+      EXPECT_FALSE(rolled_back && j["event"] == "checkpoint") << line;
+    }
+    EXPECT_TRUE(rolled_back);
+  }
   std::string resumed;
   ASSERT_EQ(run_towers(fmt::format("launch --ps 2 --workers 2 --out {} -- train {} {} --resume",
                                    dir, flags, cluster),

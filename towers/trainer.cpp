@@ -582,7 +582,8 @@ class Run {
   // The step of the checkpoint written last, or of the round a rollback went back to (its
   // checkpoint was written before); -1 for none.
   int64_t saved_step_ = -1;
-  bool checkpoint_failed_ = false;  // write_checkpoint threw
+  // The chief's own file of a checkpoint whose shards' saves are under way, or failed.
+  std::string unsaved_by_shards_;
   std::optional<std::string> resume_from_;
   // The schedule's learning rate for the update that makes version step + 1.
   float lr_at(int64_t step) const { return learning_rate(c_.schedule, epoch_at(step)); }
@@ -853,7 +854,6 @@ std::string Run::eval_note() const {
 }
 
 void Run::write_checkpoint(int64_t step) {
-  checkpoint_failed_ = true;  // until it is written, here and at every shard
   // First: a store that keeps them elsewhere (GPUs, shards) refreshes the host parameters and
   // the optimizer's slots and state.
   const float* params = store_->host_params();
@@ -864,11 +864,14 @@ void Run::write_checkpoint(int64_t step) {
   nlohmann::json event = {{"event", "checkpoint"}, {"step", step}, {"path", path}};
   // The shards save their ranges at the same version (those with a --checkpoint-dir), so a
   // restarted shard can restore its own.
-  if (remote_) event["shards"] = remote_->save_shards(step);
+  if (remote_) {
+    unsaved_by_shards_ = path;  // until every shard has saved the step
+    event["shards"] = remote_->save_shards(step);
+    unsaved_by_shards_.clear();
+  }
   metrics_->write(event);
   sum_.last_checkpoint = path;
   saved_step_ = step;
-  checkpoint_failed_ = false;
 }
 
 bool Run::on_update(const UpdateRecord& r) {
@@ -983,7 +986,7 @@ void Run::loop() {
                        "{}; that is {} rollbacks in one run: stopping", e.what(), sum_.rollbacks);
         from = e.rollback.version;
         saved_step_ = from;  // (every shard restored its checkpoint of that round)
-        checkpoint_failed_ = false;  // (a checkpoint that a rollback cut short is not a failure)
+        unsaved_by_shards_.clear();  // (a checkpoint that a rollback cut short did not fail)
         eval_due_ = ckpt_due_ = false;
         target_reached_.store(false);  // (if it was, the steps that reached it are taken again)
         metrics_->write({{"event", "rollback"}, {"step", from},
@@ -994,23 +997,33 @@ void Run::loop() {
     }
   } catch (const Error& e) {
     // A remote run that cannot go on (sync without a lost worker, a shard gone): the chief
-    // saves what the shards still hold, the last complete round, before it reports the error,
-    // unless its last checkpoint is of that round already (a round that the run went back to
-    // and stopped at: its file holds the state every shard restored, and a shard that cannot
-    // complete the round refuses a worker's read of it). A checkpoint that failed to be
-    // written (a full disk at a shard) is the error itself, and not tried again.
-    if (!remote_ || !chief_ || c_.checkpoint_dir.empty() || checkpoint_failed_) throw;
+    // saves what the shards still hold, the last complete round, before it reports the error.
+    // In plain sync, a round the run went back to and stopped at is saved already: its file
+    // holds the state every shard restored, and a shard that cannot complete the round (a
+    // worker lost in the middle of its push) refuses a worker's read of it. (With backup
+    // workers, rounds go on while the chief reads, so its file of a round need not be what
+    // each shard restored.) A checkpoint that the shards failed to write (a full disk) is the
+    // error itself: it is not tried again, and the chief's own file of it is named.
+    if (!remote_ || !chief_ || c_.checkpoint_dir.empty()) throw;
+    if (!unsaved_by_shards_.empty())
+      TOWERS_BAD_INPUT("{}; the chief's own checkpoint of that step is {}", e.what(),
+                       unsaved_by_shards_);
     std::string saved;
     try {
       const int64_t step = remote_->version();
       if (step > start_step_) {
         std::optional<std::string> path;
-        if (step == saved_step_) path = io::checkpoint_of(c_.checkpoint_dir, step);
+        const bool plain =
+            c_.mode == "sync" && (c_.replicas_to_aggregate == 0 ||
+                                  c_.replicas_to_aggregate == cluster_->cluster.workers());
+        if (step == saved_step_ && plain) path = io::checkpoint_of(c_.checkpoint_dir, step);
         if (!path) {
           write_checkpoint(step);
           path = sum_.last_checkpoint;
         }
         saved = fmt::format("; the last complete round, step {}, is saved in {}", step, *path);
+      } else {
+        saved = fmt::format("; no round completed since the run's start at step {}", step);
       }
     } catch (const Error& why) {
       saved = fmt::format("; the shards could not be read for a checkpoint ({})", why.what());

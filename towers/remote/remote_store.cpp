@@ -122,8 +122,10 @@ void RemoteParameterStore::initialize_shards(int64_t version) {
   for (int i = 0; i < shards_->size(); ++i) {
     bool said = false;
     for (;;) {
-      // Waits for the connection (a shard still starting) for a second at a time.
-      auto ctx = call_context(cfg_.token, 1.0 + static_cast<double>(reqs[i].ByteSizeLong()) / 100e6);
+      // Waits for the connection (a shard still starting) for a second or two at a time; the
+      // shard receives the request and writes it as its first checkpoint (decision 78), at
+      // 25 MB/s or faster.
+      auto ctx = call_context(cfg_.token, 2.0 + static_cast<double>(reqs[i].ByteSizeLong()) / 25e6);
       ctx->set_wait_for_ready(true);
       grpc::Status s = shards_->stub(i).Init(ctx.get(), reqs[i], &reps[i]);
       if (s.ok()) break;

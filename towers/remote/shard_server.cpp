@@ -170,6 +170,9 @@ class ShardService final : public ShardBase {
 
   Status Init(ServerContext* ctx, const InitRequest* req, InitReply* rep) override {
     if (Status s = authorize(ctx); !s.ok()) return s;
+    // (Held while the run's start is saved: no Save or Restore meanwhile, and a retried Init
+    // waits for the first one's answer.)
+    std::lock_guard<std::mutex> save(save_mu_);
     std::unique_lock<std::mutex> l(mu_);
     if (initialized_) {
       if (req->run_id() == run_id_ && req->layout_hash() == hash_) {  // a retried Init
@@ -184,23 +187,9 @@ class ShardService final : public ShardBase {
                                                   "restored that run from", o_.checkpoint_dir)
                                     : "")};
     }
-    if (Status s = init_checked(*req, "the chief"); !s.ok()) return s;
+    if (Status s = init_checked(*req, "the chief", /*save_start=*/true); !s.ok()) return s;
     rep->set_begin(range_.begin);
     rep->set_end(range_.end);
-    l.unlock();
-    // The run's first checkpoint is its start: a shard killed before the chief's first Save
-    // restores it, and the run rolls back to it, rather than failing for a range it no longer
-    // holds. The Init is a checkpoint's content (the range, its slots, the version and the
-    // optimizer's updates). A folder that cannot be written fails the run now, not at its
-    // first Save.
-    if (o_.checkpoint_dir.empty()) return Status::OK;
-    std::lock_guard<std::mutex> save(save_mu_);
-    try {
-      const std::string path = write_checkpoint(*req);
-      say(fmt::format("saved version {} to {} (the run's start)", req->version(), path));
-    } catch (const std::exception& e) {
-      return {StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what())};
-    }
     return Status::OK;
   }
 
@@ -475,9 +464,9 @@ class ShardService final : public ShardBase {
 
   // init_from, with anything it throws (a layout or optimizer state it cannot take) as the
   // call's error: a handler returns a status, never an exception.
-  Status init_checked(const InitRequest& in, const std::string& from) {
+  Status init_checked(const InitRequest& in, const std::string& from, bool save_start = false) {
     try {
-      return init_from(in, from);
+      return init_from(in, from, save_start);
     } catch (const std::exception& e) {
       return {StatusCode::INVALID_ARGUMENT, fmt::format("{}: cannot initialise from {}: {}", name_,
                                                         from, e.what())};
@@ -486,7 +475,13 @@ class ShardService final : public ShardBase {
 
   // Under mu_: takes the run from an Init (the chief's, or a checkpoint's: from). Everything is
   // built and checked before the shard's state changes.
-  Status init_from(const InitRequest& in, const std::string& from) {
+  // save_start (the chief's Init; under save_mu_ too): the run's start is saved first, as the
+  // shard's first checkpoint (decision 78). A shard killed before the chief's first Save then
+  // restores it, and the run rolls back to it, rather than failing for a range the shard no
+  // longer holds. The Init is a checkpoint's content (the range, its slots, the version and
+  // the optimizer's updates). A folder that cannot be written refuses the Init, with nothing
+  // changed: the run fails at its start, not at its first Save.
+  Status init_from(const InitRequest& in, const std::string& from, bool save_start) {
     const InitRequest* req = &in;
     auto layout = std::make_unique<ParameterLayout>(param_specs(req->variables()));
     if (layout_hash(*layout) != req->layout_hash())
@@ -536,6 +531,14 @@ class ShardService final : public ShardBase {
               fmt::format("{}: version {}, {} updates, {} workers: out of range", name_,
                           req->version(), req->updates(), run.workers())};
     opt->load_state({{"name", oc.name}, {"updates", req->updates()}});
+    if (save_start && !o_.checkpoint_dir.empty()) {
+      try {
+        say(fmt::format("saved version {} to {} (the run's start)", req->version(),
+                        write_checkpoint(*req)));
+      } catch (const std::exception& e) {
+        return {StatusCode::INTERNAL, fmt::format("{}: {}", name_, e.what())};
+      }
+    }
     layout_ = std::move(layout);
     hash_ = req->layout_hash();
     range_ = range;
