@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Shard faults at random moments: runs `towers launch --ps 2 --workers 2` clusters (sync; sync
 # with one backup worker, --replicas-to-aggregate 1; async; ssp) and, at seeded random moments
-# from the run's start (the shards' first checkpoints), kills a shard with kill -9 and starts
-# it again with its own command line (processes.json), as an operator or a supervisor would; a
-# second fault in the same run may follow at once (during the rollback of the first). A fault
-# may instead kill the non-chief worker, for good: plain sync must then stop with an error
-# naming it and the checkpoint of the last complete round, and is continued with --resume as
-# after a chief's kill; the other modes go on without it. A fault may also kill
-# the chief: the launch must then end (every process of the cluster), and the same launch with
-# --resume continues the run from the chief's last checkpoint. Or a fault stops a process with
-# SIGSTOP and continues it: a shard for up to 6 s (twice the heartbeat timeout), a worker for
-# up to 1.5 s (half of it); neither may lose a worker. Each run must then:
+# from the run's start (the shards' first checkpoints), kills a shard with kill -9 and starts it
+# again with its own command line (processes.json), as an operator or a supervisor would, or
+# kills both shards at once and starts both again; a second fault in the same run may follow at
+# once (during the rollback of the first). A fault may instead kill the non-chief worker, for
+# good: plain sync must then stop with an error naming it and the checkpoint of the last
+# complete round, and is continued with --resume as after a chief's kill; the other modes go on
+# without it. A fault may also kill the chief: the launch must then end (every process of the
+# cluster), and the same launch with --resume continues the run from the chief's last
+# checkpoint. Or a fault stops a process with SIGSTOP and continues it: a shard for up to 6 s
+# (twice the heartbeat timeout), a worker for up to 1.5 s (half of it); neither may lose a
+# worker. Each run must then:
 #   - finish: the launcher exits 0, and every restarted shard exits 0 once the workers are done;
 #   - sync: end bitwise where one process with the same 4 towers ends (the chief's last
 #     checkpoint: every tensor, the optimizer's slots and state, the step and examples seen);
@@ -32,10 +33,9 @@
 #   SEED=7 scripts/kill-shards.sh
 # Settings (environment): RUNS, SEED (the faults' kinds, targets and delays), MODES, STEPS,
 # DELAY_MAX_MS (a fault comes uniformly 0..DELAY_MAX_MS ms after the shards' first checkpoints,
-# of the run's start),
-# TOWERS_BIN, WORK (folder; default a new one under /tmp, removed after a pass, kept after a
-# failure). Where a fault lands in a run also depends on the machine's timing; the seed replays
-# the choices.
+# of the run's start), TOWERS_BIN, WORK (folder; default a new one under /tmp, removed after a
+# pass, kept after a failure). Where a fault lands in a run also depends on the machine's
+# timing; the seed replays the choices.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -288,6 +288,8 @@ for ((run = 0; run < RUNS; run++)); do
       target=stop-ps
     elif ((pick == 4 && worker_killed == 0)); then
       target=stop-worker
+    elif ((pick == 5)); then
+      target=both  # both shards at once: each restores its own last checkpoint
     else
       target=$((RANDOM % 2))
     fi
@@ -347,26 +349,35 @@ for ((run = 0; run < RUNS; run++)); do
         break
       fi
     else
-      if [[ -n ${pid_of[$target]:-} ]]; then  # a shard restarted here: killed again
-        pid=${pid_of[$target]}
-        kill -9 "$pid" 2>/dev/null || true
-        { wait "$pid"; } 2>/dev/null || true
-        for i in "${!restarted_pids[@]}"; do
-          [[ ${restarted_pids[$i]} != "$pid" ]] || unset 'restarted_pids[i]'
-        done
-      else
-        pid=$(shard_pid "$out" "ps:$target")
-        kill -9 "$pid" 2>/dev/null || true
-      fi
-      for ((t = 0; t < 40; t++)); do [[ -d /proc/$pid && $(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null) != Z ]] || break; sleep 0.05; done
+      if [[ $target == both ]]; then shards=(0 1); else shards=("$target"); fi
+      pids=()
+      for s in "${shards[@]}"; do
+        if [[ -n ${pid_of[$s]:-} ]]; then  # a shard restarted here: killed again
+          pid=${pid_of[$s]}
+          kill -9 "$pid" 2>/dev/null || true
+          { wait "$pid"; } 2>/dev/null || true
+          for i in "${!restarted_pids[@]}"; do
+            [[ ${restarted_pids[$i]} != "$pid" ]] || unset 'restarted_pids[i]'
+          done
+        else
+          pid=$(shard_pid "$out" "ps:$s")
+          kill -9 "$pid" 2>/dev/null || true
+        fi
+        pids+=("$pid")
+      done
+      for pid in "${pids[@]}"; do
+        for ((t = 0; t < 40; t++)); do [[ -d /proc/$pid && $(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null) != Z ]] || break; sleep 0.05; done
+      done
       pause=$((RANDOM % 500))
       sleep_ms "$pause"
-      restart_shard "$out" "$target" "$f"
-      pid_of[$target]=$restarted
-      restarted_pids+=("$restarted")
-      killed_shards+="$target,"
-      total_shard_kills=$((total_shard_kills + 1))
-      notes+=("ps:$target killed at +${delay} ms, restarted $pause ms later")
+      for s in "${shards[@]}"; do
+        restart_shard "$out" "$s" "$f"
+        pid_of[$s]=$restarted
+        restarted_pids+=("$restarted")
+        killed_shards+="$s,"
+        total_shard_kills=$((total_shard_kills + 1))
+      done
+      notes+=("$(printf 'ps:%s ' "${shards[@]}")killed at +${delay} ms, restarted $pause ms later")
     fi
     total_faults=$((total_faults + 1))
   done
