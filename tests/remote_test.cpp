@@ -2043,6 +2043,23 @@ TEST(RemoteCli, AShardThatDoesNotRunForAWhileLosesNoWorker) {
   }
 }
 
+// The last checkpoint in `ck` holds bitwise the tensors (parameters and slots) of one process
+// with 2 towers trained with `flags`, which writes its checkpoints to the folder `one`.
+void expect_last_checkpoint_of_one_process(const std::string& flags, const std::string& ck,
+                                           const std::string& one) {
+  std::string ref;
+  ASSERT_EQ(run_towers(fmt::format("train {} --towers 2 --quiet --metrics {}/m.jsonl "
+                                   "--checkpoint-dir {}",
+                                   flags, one, one),
+                       &ref),
+            0)
+      << ref;
+  const std::string a = tensor_bytes(*io::latest_checkpoint(one));
+  const std::string b = tensor_bytes(*io::latest_checkpoint(ck));
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the parameters and slots differ from one process's";
+}
+
 // Sync: a launch of 2 workers, whose shard ps:1 is killed and restarted while the chief is at
 // a step in [kill_from, kill_to) with the shard's latest checkpoint in [saved_from, saved_to]:
 // the restarted shard is rounds behind the others. Every shard goes back to its round (each
@@ -2099,13 +2116,7 @@ void expect_sync_rollback_ends_bitwise(const std::string& checkpoint_every, int6
     EXPECT_EQ(summary[0]["steps"].get<int64_t>(), 240);
     EXPECT_GE(summary[0]["rollbacks"].get<int>(), 1);
   }
-  std::string ref;
-  ASSERT_EQ(run_towers(fmt::format("train {} --towers 2 --quiet --metrics {}/m.jsonl "
-                                   "--checkpoint-dir {}", flags, one, one), &ref), 0) << ref;
-  const std::string a = tensor_bytes(*io::latest_checkpoint(one));
-  const std::string b = tensor_bytes(*io::latest_checkpoint(dir + "/ck"));
-  ASSERT_FALSE(a.empty());
-  EXPECT_TRUE(a == b) << "the parameters and slots differ from one process's";
+  expect_last_checkpoint_of_one_process(flags, dir + "/ck", one);
 }
 
 // Killed well after the shard's first Save (about 16 steps in: twice an epoch of 31), so that
@@ -2208,17 +2219,7 @@ TEST(RemoteCli, ASyncRunThatLosesAWorkerAfterARollbackNamesTheRoundsCheckpoint) 
                        &resumed),
             0)
       << resumed;
-  std::string ref;
-  ASSERT_EQ(run_towers(fmt::format("train {} --towers 2 --quiet --metrics {}/m.jsonl "
-                                   "--checkpoint-dir {}",
-                                   flags, one, one),
-                       &ref),
-            0)
-      << ref;
-  const std::string a = tensor_bytes(*io::latest_checkpoint(one));
-  const std::string b = tensor_bytes(*io::latest_checkpoint(dir + "/ck"));
-  ASSERT_FALSE(a.empty());
-  EXPECT_TRUE(a == b) << "the parameters and slots differ from one process's";
+  expect_last_checkpoint_of_one_process(flags, dir + "/ck", one);
 }
 
 }  // namespace
