@@ -300,6 +300,14 @@ for ((run = 0; run < RUNS; run++)); do
     while kill -0 "$launcher" 2>/dev/null && ! { saved "$out" 0 && saved "$out" 1; } && ((t < 600)); do
       sleep 0.1; t=$((t + 1))
     done
+    # A worker's fault waits for its first step too: a worker that never called the shards has
+    # their start-up grace (60 s) before it counts as lost, longer than the run.
+    if [[ $target == worker || $target == stop-worker ]]; then
+      while kill -0 "$launcher" 2>/dev/null && ! grep -qs '"event":"step"' "$out/worker-1.jsonl" &&
+        ((t < 600)); do
+        sleep 0.1; t=$((t + 1))
+      done
+    fi
     sleep_ms "$delay"
     if ! kill -0 "$launcher" 2>/dev/null; then
       notes+=("run over before fault $((f + 1)) at ${delay} ms")

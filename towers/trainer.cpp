@@ -999,8 +999,8 @@ void Run::loop() {
     // A remote run that cannot go on (sync without a lost worker, a shard gone): the chief
     // saves what the shards still hold, the last complete round, before it reports the error.
     // In plain sync, a round the run went back to and stopped at is saved already: its file
-    // holds the state every shard restored, and a shard that cannot complete the round (a
-    // worker lost in the middle of its push) refuses a worker's read of it. (With backup
+    // holds the state every shard restored. (A round that a worker lost in the middle of its
+    // push left applied in part on a shard is taken back there, decision 79.) (With backup
     // workers, rounds go on while the chief reads, so its file of a round need not be what
     // each shard restored.) A checkpoint that the shards failed to write (a full disk) is the
     // error itself: it is not tried again, and the chief's own file of it is named.

@@ -372,6 +372,7 @@ class ShardService final : public ShardBase {
       opt_->load_state({{"name", opt_->config().name}, {"updates", ck.updates()}});
       version_.store(want.version);
       clear_round();
+      taken_back_ = -1;
       deferred_.clear();
       rounds_.clear();
       needs_load_ = restoring_ = false;
@@ -561,6 +562,13 @@ class ShardService final : public ShardBase {
     claimed_.assign(pieces_, 0);
     copied_.assign(pieces_, 0);
     started_ = finished_ = copying_ = 0;
+    const bool undo = run.mode() == "sync" && k_ == w && w > 1;
+    applied_.assign(undo ? pieces_ : 0, 0);
+    undo_params_ = undo ? HostBuffer(range.size()) : HostBuffer();
+    undo_slots_.clear();
+    for (size_t i = 0; undo && i < opt_->slot_names().size(); ++i)
+      undo_slots_.emplace_back(range.size());
+    taken_back_ = -1;
     arrived_.assign(w, 0);
     waiting_.assign(w, 0);
     inflight_.assign(w, 0);
@@ -1507,6 +1515,7 @@ class ShardService final : public ShardBase {
         return Status::OK;
       }
       if (round > v) return round_ahead(w, round, v);
+      if (round == taken_back_) return taken_back();
       if (arrived_[w] || got_[w][piece]) return Status::OK;  // retried: this piece is here
       got_[w][piece] = 1;  // claimed, then copied (or applied) without the lock
       completes = plain && ++claimed_[piece] == k_;
@@ -1516,9 +1525,11 @@ class ShardService final : public ShardBase {
         // The other workers' copies of the piece are done (they are under way, so this wait
         // is short).
         cv_.wait(l, [&] {
-          return copied_[piece] == k_ - 1 || c.head.generation() < generation_;
+          return copied_[piece] == k_ - 1 || c.head.generation() < generation_ ||
+                 round == taken_back_;
         });
         if (c.head.generation() < generation_) return stale(c.head.generation());
+        if (round == taken_back_) return taken_back();
         begin_piece(c.head.lr());  // from here, readers wait for the round
         if (copying_ > 0) {
           // A worker's pull still holds the parameters (gRPC has not sent all it was lent):
@@ -1549,6 +1560,7 @@ class ShardService final : public ShardBase {
   // round is done; a piece whose apply waits for a reader's hold to end counts too).
   void begin_piece(float lr) {
     if (started_++ == 0) {
+      undo_updates_ = opt_->updates();
       round_t_ = opt_->begin_pieces();
       round_lr_ = lr;
     }
@@ -1562,6 +1574,13 @@ class ShardService final : public ShardBase {
     constexpr int64_t kChunk = 1 << 14;
     std::vector<float*> blocks;
     for (HostBuffer& g : grads_) blocks.push_back(g.data());
+    std::vector<std::pair<const float*, float*>> kept;  // what is kept for a take-back, and where
+    if (!applied_.empty()) {
+      kept.emplace_back(params_.data(), undo_params_.data());
+      const auto slots = opt_->slots();
+      for (size_t i = 0; i < slots.size(); ++i)
+        kept.emplace_back(slots[i].second, undo_slots_[i].data());
+    }
     for (int64_t a = lo; a < hi; a += kChunk) {
       const int64_t b = std::min(a + kChunk, hi);
       const size_t from = at + sizeof(float) * static_cast<size_t>(a - lo);
@@ -1576,10 +1595,13 @@ class ShardService final : public ShardBase {
         kernels::cpu::tree_sum(blocks.data(), static_cast<int64_t>(blocks.size()), a, b);
         g = blocks[0] + a;
       }
+      for (const auto& [from, to] : kept)
+        std::memcpy(to + a, from + a, sizeof(float) * static_cast<size_t>(b - a));
       opt_->apply_piece(params_.data(), g, a, b, round_lr_, round_t_);
     }
     std::lock_guard<std::mutex> l(mu_);
     ++finished_;
+    if (!applied_.empty()) applied_[static_cast<size_t>(lo / piece_)] = 1;
     complete_round();
   }
 
@@ -1832,8 +1854,9 @@ class ShardService final : public ShardBase {
   Status hold_params(const Asker& ctx, int64_t* v, bool* would_wait = nullptr) {
     std::unique_lock<std::mutex> l(mu_);
     if (ctx.ctx != nullptr) {
-      if (Status s = wait(l, ctx, [&] { return started_ == 0; },
-                          [] { return std::string("the round being applied"); }, -1, would_wait);
+      if (Status s = wait(
+              l, ctx, [&] { return started_ == 0; },
+              [] { return std::string("the round being applied"); }, -1, would_wait, true);
           !s.ok() || (would_wait && *would_wait))
         return s;
     } else {
@@ -2054,15 +2077,18 @@ class ShardService final : public ShardBase {
   // would_wait (not null): a call served on one of gRPC's threads, which must not block; instead
   // of waiting, *would_wait is set and OK returned, and the caller serves the call again on a
   // thread of threads_ (what it did before the wait must be safe to do twice).
+  // reads: a read of the parameters, which waits through lost workers while the round applied
+  // in part is to be taken back (take_back_round), and is then served.
   template <class Ready, class What>
   Status wait(std::unique_lock<std::mutex>& l, const Asker& ctx, Ready ready, What what,
-              int64_t gen = -1, bool* would_wait = nullptr) {
+              int64_t gen = -1, bool* would_wait = nullptr, bool reads = false) {
     while (!ready()) {
       if (gen >= 0 && gen < generation_) return stale(gen);
       if (exit_) return {StatusCode::UNAVAILABLE, fmt::format("{} is shutting down", name_)};
       if (ctx.ctx->IsCancelled())
         return {StatusCode::CANCELLED, fmt::format("{}: the call was cancelled", name_)};
-      if (Status s = lost_blocks_round(); !s.ok()) return s;
+      if (Status s = lost_blocks_round(); !s.ok() && !(reads && !applied_.empty() && started_ > 0))
+        return s;
       if (std::chrono::system_clock::now() >= answer_by(ctx))
         return {StatusCode::DEADLINE_EXCEEDED,
                 fmt::format("{}: the call's deadline passed while waiting for {}", name_, what())};
@@ -2115,10 +2141,12 @@ class ShardService final : public ShardBase {
       return Status::OK;
     }
     if (round > v) return round_ahead(w, round, v);
+    if (round == taken_back_) return taken_back();
     // A stale call of this worker (its stream broken, then retried) may still be copying a
     // piece that this push skipped as already here: its gradient is whole once that is done.
     cv_.wait(l, [&] { return inflight_[w] == 0 || req.generation() < generation_; });
     if (req.generation() < generation_) return stale(req.generation());
+    if (round == taken_back_) return taken_back();
     if (version_.load() != round) {  // applied without it meanwhile (backup workers)
       ++dropped_;
       rep.set_version(version_.load());
@@ -2219,7 +2247,49 @@ class ShardService final : public ShardBase {
     for (auto& g : got_) std::fill(g.begin(), g.end(), 0);
     std::fill(claimed_.begin(), claimed_.end(), 0);
     std::fill(copied_.begin(), copied_.end(), 0);
+    std::fill(applied_.begin(), applied_.end(), 0);
     started_ = finished_ = 0;
+  }
+
+  // Under mu_, plain sync (applied_ kept): when lost workers leave the current round unable to
+  // complete after some of its pieces were applied, takes those pieces back: their parameters
+  // and slots, and the optimizer's count, are again the last complete round's, which the
+  // chief then reads for its checkpoint and the shard saves. The round is refused from then
+  // on (plain sync stops when a worker is lost). Waits for nothing: while a piece is being
+  // applied or copied, or a reader holds the parameters, it is tried again at the next check
+  // (watch). Returns whether it took the round back.
+  bool take_back_round() {
+    if (applied_.empty() || started_ == 0 || taken_back_ == version_.load()) return false;
+    if (started_ != finished_ || copying_ != 0 ||
+        std::any_of(inflight_.begin(), inflight_.end(), [](int n) { return n > 0; }))
+      return false;
+    const Status why = lost_blocks_round();
+    if (why.ok()) return false;
+    const auto& names = opt_->slot_names();
+    int pieces = 0;
+    for (int p = 0; p < pieces_; ++p) {
+      if (!applied_[static_cast<size_t>(p)]) continue;
+      ++pieces;
+      const int64_t a = p * piece_, b = std::min<int64_t>(a + piece_, range_.size());
+      const size_t bytes = sizeof(float) * static_cast<size_t>(b - a);
+      std::memcpy(params_.data() + a, undo_params_.data() + a, bytes);
+      for (size_t i = 0; i < names.size(); ++i)
+        std::memcpy(opt_->slot(names[i]) + a, undo_slots_[i].data() + a, bytes);
+    }
+    opt_->load_state({{"name", opt_->config().name}, {"updates", undo_updates_}});
+    taken_back_ = version_.load();
+    taken_back_why_ = fmt::format(
+        "{}; the {} of its {} pieces applied here were taken back, and "
+        "this shard holds round {} again",
+        why.error_message(), pieces, pieces_, taken_back_);
+    clear_round();
+    say(taken_back_why_.substr(name_.size() + 2));  // (the log names the shard already)
+    cv_.notify_all();
+    return true;
+  }
+  // A call of the round taken back: refused.
+  Status taken_back() const {
+    return {StatusCode::ABORTED, fmt::format("{}: refused", taken_back_why_)};
   }
 
   void copy_slots(PullReply& rep) {
@@ -2273,6 +2343,7 @@ class ShardService final : public ShardBase {
         check_exit();
         cv_.notify_all();
       }
+      take_back_round();
       if (now - sessions_checked >= std::chrono::milliseconds(100)) {  // (not on every wake)
         sessions_checked = now;
         l.unlock();
@@ -2404,6 +2475,17 @@ class ShardService final : public ShardBase {
   int started_ = 0, finished_ = 0;      // plain sync: pieces of the round applied, begun / done
   int64_t round_t_ = 0;                 // plain sync: the round's update number
   float round_lr_ = 0.0f;               // plain sync: the round's learning rate
+  // Plain sync with more than one worker: the pieces applied in the current round, with their
+  // parameters and slots as they were before it (kept by apply_completed) and the optimizer's
+  // count of updates before it. A round that cannot complete (a worker lost in the middle of
+  // its push) is taken back from them (take_back_round), so that the shard is read at the last
+  // complete round rather than refusing every read while the round is applied in part.
+  std::vector<char> applied_;
+  HostBuffer undo_params_;
+  std::vector<HostBuffer> undo_slots_;
+  int64_t undo_updates_ = 0;
+  int64_t taken_back_ = -1;             // the round taken back: refused from then on
+  std::string taken_back_why_;          // why, for its refusals
   int copying_ = 0;                     // sync: readers holding the parameters (hold_params)
   std::vector<char> arrived_;
   std::vector<int> waiting_;   // sync: [worker], its calls waiting at the barrier
