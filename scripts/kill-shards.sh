@@ -262,7 +262,7 @@ restart_shard() {
 }
 saved() { compgen -G "$1/ps-checkpoints/ps-$2-*.ckpt" >/dev/null; }
 
-total_no_common=0 total_sync_stops=0 total_faults=0 total_shard_kills=0 total_worker_kills=0 total_chief_kills=0 total_stops=0 total_rollbacks=0 missed=0
+total_no_common=0 total_sync_stops=0 total_faults=0 total_shard_kills=0 total_worker_kills=0 total_chief_kills=0 total_stops=0 total_rollbacks=0 total_taken_back=0 missed=0
 n_modes=${#modes[@]}
 for ((run = 0; run < RUNS; run++)); do
   mode=${modes[$((run % n_modes))]}
@@ -413,6 +413,12 @@ for ((run = 0; run < RUNS; run++)); do
       grep -q "worker(s) 1 lost .*\(the last complete round, step [0-9]*, is saved in\|no round completed since the run's start\)" "$WORK/$mode-$run.log" ||
         fail "sync-stops" "$mode run $run (${notes[*]}): the launcher exited $rc without naming the lost worker and the saved round: $(grep -v '^step\|^  ' "$WORK/$mode-$run.log" | tail -4 | tr '\n' ' ')"
       total_sync_stops=$((total_sync_stops + 1))
+      # The worker died in the middle of its push: a shard took the round's pieces back
+      # (decision 79), and the run must still end bitwise.
+      if grep -qs "were taken back" "$out"/ps-*.log; then
+        total_taken_back=$((total_taken_back + 1))
+        notes+=("a shard took back the round the worker left in part")
+      fi
     fi
   fi
   if ((chief_killed || no_common || sync_stopped)); then
@@ -469,5 +475,5 @@ for ((run = 0; run < RUNS; run++)); do
   unset pid_of
 done
 
-echo "kill-shards: PASS: $RUNS runs ($MODES), $total_faults faults: $total_shard_kills shards killed and restarted ($total_rollbacks runs rolled back), $total_worker_kills workers ($total_sync_stops sync runs stopped and continued with --resume) and $total_chief_kills chiefs killed, $total_stops processes stopped and continued; $total_no_common backup runs continued with --resume for want of a common round; $missed faults came after the run's end; $(elapsed) s"
+echo "kill-shards: PASS: $RUNS runs ($MODES), $total_faults faults: $total_shard_kills shards killed and restarted ($total_rollbacks runs rolled back), $total_worker_kills workers ($total_sync_stops sync runs stopped and continued with --resume, $total_taken_back of them after a shard took back a round left in part) and $total_chief_kills chiefs killed, $total_stops processes stopped and continued; $total_no_common backup runs continued with --resume for want of a common round; $missed faults came after the run's end; $(elapsed) s"
 rm -rf "$WORK"
