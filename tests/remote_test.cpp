@@ -753,6 +753,49 @@ TEST(RemoteShard, PullSessionsCarryPullAfterPullAndEndOnARefusal) {
       << st.error_message();
 }
 
+// Worker 1 of a OneShard's two: pushes of its gradient (not the store's), by hand.
+struct SecondWorker {
+  OneShard& s;
+  std::vector<float> g = std::vector<float>(1024);
+  remote::PushRequest h;
+  explicit SecondWorker(OneShard& shard) : s(shard), h(shard.head()) {
+    for (size_t i = 0; i < g.size(); ++i) g[i] = 0.25f + 0.001f * static_cast<float>(i);
+    h.set_worker(1);
+  }
+  // Its whole push of round r (the shard's 1024 floats in pieces of 300), or the first n pieces.
+  std::vector<grpc::ByteBuffer> pieces(int64_t r, int n = 4) {
+    h.set_round(r);
+    std::vector<grpc::ByteBuffer> out;
+    for (int64_t lo = 0; lo < 1024 && static_cast<int>(out.size()) < n; lo += 300)
+      out.push_back(piece(h, lo, g, lo, std::min<int64_t>(lo + 300, 1024)));
+    return out;
+  }
+  // The parameters and momentum slot that the store (the chief) reads now, and its update count.
+  std::vector<float> params, slot;
+  int64_t updates = 0;
+  void keep() {
+    const float* p = s.store->host_params();
+    params.assign(p, p + 1024);
+    slot.assign(s.opt.slot("momentum"), s.opt.slot("momentum") + 1024);
+    updates = s.opt.updates();
+  }
+  // What the store reads now is bitwise what keep() read.
+  void expect_kept() {
+    const float* p = s.store->host_params();
+    EXPECT_EQ(s.opt.updates(), updates);
+    EXPECT_EQ(0, std::memcmp(p, params.data(), sizeof(float) * params.size()));
+    EXPECT_EQ(0, std::memcmp(s.opt.slot("momentum"), slot.data(), sizeof(float) * slot.size()));
+  }
+  // Round r, whole, from both workers (the store's push of ones is worker 0's).
+  void round(int64_t r) {
+    std::string error;
+    std::thread t([&] { error = s.push(pieces(r)); });
+    EXPECT_EQ(s.push_ones(), r + 1);
+    t.join();
+    EXPECT_EQ(error, "");
+  }
+};
+
 // Plain sync: a worker lost in the middle of its push leaves its round applied in part (the
 // pieces of which every worker's copy had arrived). The shard takes those pieces back, their
 // parameters, optimizer slots and the optimizer's count, so that the chief reads (and saves)
@@ -762,29 +805,14 @@ TEST(RemoteShard, PullSessionsCarryPullAfterPullAndEndOnARefusal) {
 TEST(RemoteShard, ARoundThatALostWorkerLeftInPartIsTakenBack) {
   // 4 pieces; momentum, for a slot; worker 1 is lost after 3 s without a call.
   OneShard s(1024, 300, "", "sync", 1, true, /*workers=*/2, 30, "momentum", 3.0);
-  std::vector<float> g(1024);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.25f + 0.001f * static_cast<float>(i);
-  remote::PushRequest h = s.head();
-  h.set_worker(1);
-  auto whole = [&] {
-    return std::vector<grpc::ByteBuffer>{piece(h, 0, g, 0, 300), piece(h, 300, g, 300, 600),
-                                         piece(h, 600, g, 600, 900), piece(h, 900, g, 900, 1024)};
-  };
-  // Round 0 whole, from both workers.
-  std::string error1;
-  std::thread one([&] { error1 = s.push(whole()); });
-  ASSERT_EQ(s.push_ones(), 1);
-  one.join();
-  ASSERT_EQ(error1, "");
-  const float* p = s.store->host_params();
-  const std::vector<float> params(p, p + 1024);
-  const std::vector<float> slot(s.opt.slot("momentum"), s.opt.slot("momentum") + 1024);
-  ASSERT_EQ(s.opt.updates(), 1);
-  ASSERT_NE(params[0], 0.5f);
+  SecondWorker one(s);
+  one.round(0);
+  one.keep();
+  ASSERT_EQ(one.updates, 1);
+  ASSERT_NE(one.params[0], 0.5f);
   // Round 1: worker 1 sends its first two pieces, then is heard of no more. The store's push
   // (worker 0) completes those two, which are applied, and waits for the rest.
-  h.set_round(1);
-  EXPECT_NE(s.push({piece(h, 0, g, 0, 300), piece(h, 300, g, 300, 600)}), "");
+  EXPECT_NE(s.push(one.pieces(1, 2)), "");
   std::string error0;
   try {
     s.push_ones();
@@ -793,17 +821,56 @@ TEST(RemoteShard, ARoundThatALostWorkerLeftInPartIsTakenBack) {
   }
   EXPECT_NE(error0.find("round 1 cannot complete: worker(s) 1 lost"), std::string::npos) << error0;
   // The chief's read: round 1's start, every float and slot as round 0 left them.
-  p = s.store->host_params();
+  one.expect_kept();
   EXPECT_EQ(s.store->version(), 1);
-  EXPECT_EQ(s.opt.updates(), 1);
-  EXPECT_EQ(0, std::memcmp(p, params.data(), sizeof(float) * params.size()));
-  EXPECT_EQ(0, std::memcmp(s.opt.slot("momentum"), slot.data(), sizeof(float) * slot.size()));
   // Worker 1, back with the rest of round 1: refused, saying why.
-  const std::string late = s.push(whole());
+  const std::string late = s.push(one.pieces(1));
   EXPECT_NE(late.find("the 2 of its 4 pieces applied here were taken back, and this shard "
                       "holds round 1 again: refused"),
             std::string::npos)
       << late;
+}
+
+// Plain sync: a worker lost in the middle of its push may have completed its round on one shard
+// and not on another. The chief, stopping, asks every shard to hold its last complete round
+// again (TakeBack): the shard that completed the next round takes it back, from the values it
+// keeps until a later round's first piece is applied. It does so only once a lost worker
+// stops the run, and only for the round it keeps.
+TEST(RemoteShard, ARoundCompletedOnOneShardIsTakenBackForTheChief) {
+  OneShard s(1024, 300, "", "sync", 1, true, /*workers=*/2, 30, "momentum", 3.0);
+  SecondWorker one(s);
+  one.round(0);
+  one.keep();
+  one.round(1);
+  auto take_back = [&](int64_t v) -> std::string {
+    try {
+      s.store->take_back(v);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // While worker 1 may still push round 2, the shard refuses to go back.
+  EXPECT_NE(take_back(1).find("ps:0 cannot go back to round 1: the run can go on"),
+            std::string::npos);
+  // Once worker 1 is lost (3 s without a call), it goes back; asked again, it answers at once.
+  std::string why = take_back(1);
+  for (int i = 0; i < 300 && !why.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    why = take_back(1);
+  }
+  ASSERT_EQ(why, "");
+  EXPECT_EQ(take_back(1), "");
+  one.expect_kept();
+  // It kept round 1 only.
+  EXPECT_NE(take_back(0).find("ps:0 cannot go back to round 0: it is at round 1, and keeps no "
+                              "earlier one"),
+            std::string::npos);
+  // Worker 1's round 1, sent again: refused, saying why.
+  EXPECT_NE(
+      s.push(one.pieces(1))
+          .find("round 1 was taken back (4 pieces): it had completed here but not on every shard"),
+      std::string::npos);
 }
 
 // A push on a session keeps its own deadline: at a sync barrier that never completes (the

@@ -1018,6 +1018,9 @@ void Run::loop() {
                                   c_.replicas_to_aggregate == cluster_->cluster.workers());
         if (step == saved_step_ && plain) path = io::checkpoint_of(c_.checkpoint_dir, step);
         if (!path) {
+          // A worker lost in the middle of its push may have completed the round on some
+          // shards: they go back to this worker's last round (decision 79).
+          if (plain && cluster_->cluster.workers() > 1) remote_->take_back(step);
           write_checkpoint(step);
           path = sum_.last_checkpoint;
         }

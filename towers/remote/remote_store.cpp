@@ -434,6 +434,18 @@ std::vector<std::string> RemoteParameterStore::save_shards(int64_t version) {
   return paths;
 }
 
+void RemoteParameterStore::take_back(int64_t version) {
+  std::vector<TakeBackRequest> reqs(shards_->size());
+  std::vector<TakeBackReply> reps(shards_->size());
+  for (auto& r : reqs) {
+    r.set_layout_hash(hash_);
+    r.set_version(version);
+  }
+  shards_->all("TakeBack", cfg_.rpc_timeout, [&](int i, ShardSet::Contexts ctx, auto done) {
+    shards_->stub(i).async()->TakeBack(ctx[0], &reqs[i], &reps[i], std::move(done));
+  });
+}
+
 std::vector<int> RemoteParameterStore::lost_workers() {
   const int workers = cfg_.cluster.workers();
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(

@@ -81,6 +81,10 @@ class RemoteParameterStore final : public ParameterStore {
   // The chief's checkpoint at version: every shard with a --checkpoint-dir saves its range
   // there too. Returns each shard's file (empty for a shard without a checkpoint dir).
   std::vector<std::string> save_shards(int64_t version);
+  // Plain sync, a run that stops on a lost worker: every shard holds `version`, this worker's
+  // last complete round, again; a shard that completed the next round, which the lost worker
+  // left incomplete on another, takes it back (TakeBackRequest, towers.proto).
+  void take_back(int64_t version);
   // Tells the shards this worker is done (also done by the destructor).
   void finish();
   // Where this worker's time went at the store: calls and seconds of pulls and of pushes (a

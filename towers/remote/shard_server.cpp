@@ -372,7 +372,8 @@ class ShardService final : public ShardBase {
       opt_->load_state({{"name", opt_->config().name}, {"updates", ck.updates()}});
       version_.store(want.version);
       clear_round();
-      taken_back_ = -1;
+      taken_back_ = kept_round_ = -1;
+      round_updates_ = opt_->updates();
       deferred_.clear();
       rounds_.clear();
       needs_load_ = restoring_ = false;
@@ -564,11 +565,14 @@ class ShardService final : public ShardBase {
     started_ = finished_ = copying_ = 0;
     const bool undo = run.mode() == "sync" && k_ == w && w > 1;
     applied_.assign(undo ? pieces_ : 0, 0);
+    kept_.assign(undo ? pieces_ : 0, 0);
+    kept_round_ = -1;
     undo_params_ = undo ? HostBuffer(range.size()) : HostBuffer();
     undo_slots_.clear();
     for (size_t i = 0; undo && i < opt_->slot_names().size(); ++i)
       undo_slots_.emplace_back(range.size());
     taken_back_ = -1;
+    round_updates_ = opt_->updates();
     arrived_.assign(w, 0);
     waiting_.assign(w, 0);
     inflight_.assign(w, 0);
@@ -1560,7 +1564,7 @@ class ShardService final : public ShardBase {
   // round is done; a piece whose apply waits for a reader's hold to end counts too).
   void begin_piece(float lr) {
     if (started_++ == 0) {
-      undo_updates_ = opt_->updates();
+      kept_round_ = -1;  // (the values kept of the last round are overwritten from here)
       round_t_ = opt_->begin_pieces();
       round_lr_ = lr;
     }
@@ -2235,8 +2239,14 @@ class ShardService final : public ShardBase {
     const int64_t round = version_.load();
     rounds_[round] = t;
     while (rounds_.size() > 64) rounds_.erase(rounds_.begin());
+    if (!applied_.empty()) {  // its values from before stay, until the next round overwrites them
+      kept_.swap(applied_);
+      kept_round_ = round;
+      kept_updates_ = round_updates_;
+    }
     clear_round();
     version_.store(round + 1);
+    round_updates_ = opt_->updates();
     cv_.notify_all();
   }
 
@@ -2265,18 +2275,7 @@ class ShardService final : public ShardBase {
       return false;
     const Status why = lost_blocks_round();
     if (why.ok()) return false;
-    const auto& names = opt_->slot_names();
-    int pieces = 0;
-    for (int p = 0; p < pieces_; ++p) {
-      if (!applied_[static_cast<size_t>(p)]) continue;
-      ++pieces;
-      const int64_t a = p * piece_, b = std::min<int64_t>(a + piece_, range_.size());
-      const size_t bytes = sizeof(float) * static_cast<size_t>(b - a);
-      std::memcpy(params_.data() + a, undo_params_.data() + a, bytes);
-      for (size_t i = 0; i < names.size(); ++i)
-        std::memcpy(opt_->slot(names[i]) + a, undo_slots_[i].data() + a, bytes);
-    }
-    opt_->load_state({{"name", opt_->config().name}, {"updates", undo_updates_}});
+    const int pieces = put_back(applied_, round_updates_);
     taken_back_ = version_.load();
     taken_back_why_ = fmt::format(
         "{}; the {} of its {} pieces applied here were taken back, and "
@@ -2287,6 +2286,71 @@ class ShardService final : public ShardBase {
     cv_.notify_all();
     return true;
   }
+  // Under mu_: the pieces marked in `pieces` get their values from before the round back, and
+  // the optimizer its count `updates`; returns how many.
+  int put_back(const std::vector<char>& pieces, int64_t updates) {
+    const auto& names = opt_->slot_names();
+    int n = 0;
+    for (int p = 0; p < pieces_; ++p) {
+      if (!pieces[static_cast<size_t>(p)]) continue;
+      ++n;
+      const int64_t a = p * piece_, b = std::min<int64_t>(a + piece_, range_.size());
+      const size_t bytes = sizeof(float) * static_cast<size_t>(b - a);
+      std::memcpy(params_.data() + a, undo_params_.data() + a, bytes);
+      for (size_t i = 0; i < names.size(); ++i)
+        std::memcpy(opt_->slot(names[i]) + a, undo_slots_[i].data() + a, bytes);
+    }
+    opt_->load_state({{"name", opt_->config().name}, {"updates", updates}});
+    kept_round_ = -1;
+    return n;
+  }
+
+  // Plain sync, a run that stops on a lost worker (TakeBackRequest, towers.proto): holds
+  // req->version, the last round complete on every shard. A shard one round beyond it takes
+  // that round back, from the values it keeps; the round is refused from then on.
+  Status TakeBack(ServerContext* ctx, const TakeBackRequest* req, TakeBackReply* rep) override {
+    if (Status s = authorize(ctx); !s.ok()) return s;
+    if (Status s = check_reader(req->layout_hash()); !s.ok()) return s;
+    std::unique_lock<std::mutex> l(mu_);
+    const int64_t v = version_.load();
+    rep->set_version(v);
+    if (v == req->version()) return Status::OK;  // (a round in part: take_back_round)
+    auto refuse = [&](const std::string& why) {
+      return Status{StatusCode::FAILED_PRECONDITION,
+                    fmt::format("{} cannot go back to round {}: {}", name_, req->version(), why)};
+    };
+    if (run_.mode() != "sync" || applied_.empty())
+      return refuse("it keeps no earlier round (plain sync with more than one worker does)");
+    if (v != req->version() + 1 || kept_round_ != req->version())
+      return refuse(fmt::format("it is at round {}, and {}", v,
+                                kept_round_ < 0 ? std::string("keeps no earlier one")
+                                                : fmt::format("keeps round {}", kept_round_)));
+    if (lost_blocks_round().ok()) return refuse("the run can go on (no lost worker stops it)");
+    // Readers' holds of the parameters end first.
+    if (!cv_.wait_until(l, answer_by(ctx), [&] { return copying_ == 0 || kept_round_ < 0; }))
+      return {StatusCode::DEADLINE_EXCEEDED,
+              fmt::format("{}: a reader held the parameters until the deadline of going back to "
+                          "round {}",
+                          name_, req->version())};
+    if (kept_round_ != req->version()) return refuse("its next round began meanwhile");
+    const int64_t updates = kept_updates_;
+    const int pieces = put_back(kept_, updates);
+    version_.store(req->version());
+    rounds_.erase(req->version());
+    clear_round();
+    round_updates_ = updates;
+    taken_back_ = req->version();
+    taken_back_why_ = fmt::format(
+        "{}: round {} was taken back ({} pieces): it had completed here but not on every shard "
+        "({}); this shard holds round {} again",
+        name_, req->version(), pieces, lost_blocks_round().error_message().substr(name_.size() + 2),
+        req->version());
+    say(taken_back_why_.substr(name_.size() + 2));
+    cv_.notify_all();
+    rep->set_version(req->version());
+    return Status::OK;
+  }
+
   // A call of the round taken back: refused.
   Status taken_back() const {
     return {StatusCode::ABORTED, fmt::format("{}: refused", taken_back_why_)};
@@ -2479,11 +2543,15 @@ class ShardService final : public ShardBase {
   // parameters and slots as they were before it (kept by apply_completed) and the optimizer's
   // count of updates before it. A round that cannot complete (a worker lost in the middle of
   // its push) is taken back from them (take_back_round), so that the shard is read at the last
-  // complete round rather than refusing every read while the round is applied in part.
-  std::vector<char> applied_;
+  // complete round rather than refusing every read while the round is applied in part. The
+  // values stay until the next round's first piece is applied: until then the last complete
+  // round (kept_round_, its pieces kept_) can be taken back too (TakeBack), where the lost
+  // worker completed it on this shard but not on another.
+  std::vector<char> applied_, kept_;
   HostBuffer undo_params_;
   std::vector<HostBuffer> undo_slots_;
-  int64_t undo_updates_ = 0;
+  int64_t round_updates_ = 0;  // the optimizer's updates when the current round began
+  int64_t kept_round_ = -1, kept_updates_ = 0;
   int64_t taken_back_ = -1;             // the round taken back: refused from then on
   std::string taken_back_why_;          // why, for its refusals
   int copying_ = 0;                     // sync: readers holding the parameters (hold_params)

@@ -11,8 +11,9 @@
 //            applied as soon as every worker's copy of it is here, while later pieces are
 //            still on the wire (README, decision 54).
 //            Later gradients of an applied round are dropped and counted. A worker that is
-//            lost while a round needs it fails the round's waiting calls with its name; the
-//            pieces of a round it left applied in part are taken back (README, decision 79).
+//            lost while a round needs it fails the round's waiting calls with its name; a round
+//            it left applied in part, or complete on some shards only, is taken back
+//            (README, decision 79).
 //   async    every push is applied at once (Hogwild: relaxed atomics; use_locking serialises
 //            the apply per variable), concurrently with pulls.
 //   ssp      as async, but a pull waits while the puller's clock is more than the bound
