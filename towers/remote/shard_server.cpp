@@ -563,14 +563,18 @@ class ShardService final : public ShardBase {
     claimed_.assign(pieces_, 0);
     copied_.assign(pieces_, 0);
     started_ = finished_ = copying_ = 0;
-    const bool undo = run.mode() == "sync" && k_ == w && w > 1;
-    applied_.assign(undo ? pieces_ : 0, 0);
-    kept_.assign(undo ? pieces_ : 0, 0);
+    undo_ = run.mode() == "sync" && k_ == w && w > 1;
+    applied_.assign(undo_ ? pieces_ : 0, 0);
+    kept_.assign(undo_ ? pieces_ : 0, 0);
     kept_round_ = -1;
-    undo_params_ = undo ? HostBuffer(range.size()) : HostBuffer();
+    undo_params_ = undo_ ? HostBuffer(range.size()) : HostBuffer();
     undo_slots_.clear();
-    for (size_t i = 0; undo && i < opt_->slot_names().size(); ++i)
-      undo_slots_.emplace_back(range.size());
+    undo_pairs_.clear();
+    if (undo_) {
+      undo_pairs_.emplace_back(params_.data(), undo_params_.data());
+      for (const std::string& name : opt_->slot_names())
+        undo_pairs_.emplace_back(opt_->slot(name), undo_slots_.emplace_back(range.size()).data());
+    }
     taken_back_ = -1;
     round_updates_ = opt_->updates();
     arrived_.assign(w, 0);
@@ -1578,13 +1582,6 @@ class ShardService final : public ShardBase {
     constexpr int64_t kChunk = 1 << 14;
     std::vector<float*> blocks;
     for (HostBuffer& g : grads_) blocks.push_back(g.data());
-    std::vector<std::pair<const float*, float*>> kept;  // what is kept for a take-back, and where
-    if (!applied_.empty()) {
-      kept.emplace_back(params_.data(), undo_params_.data());
-      const auto slots = opt_->slots();
-      for (size_t i = 0; i < slots.size(); ++i)
-        kept.emplace_back(slots[i].second, undo_slots_[i].data());
-    }
     for (int64_t a = lo; a < hi; a += kChunk) {
       const int64_t b = std::min(a + kChunk, hi);
       const size_t from = at + sizeof(float) * static_cast<size_t>(a - lo);
@@ -1599,13 +1596,13 @@ class ShardService final : public ShardBase {
         kernels::cpu::tree_sum(blocks.data(), static_cast<int64_t>(blocks.size()), a, b);
         g = blocks[0] + a;
       }
-      for (const auto& [from, to] : kept)
+      for (const auto& [from, to] : undo_pairs_)
         std::memcpy(to + a, from + a, sizeof(float) * static_cast<size_t>(b - a));
       opt_->apply_piece(params_.data(), g, a, b, round_lr_, round_t_);
     }
     std::lock_guard<std::mutex> l(mu_);
     ++finished_;
-    if (!applied_.empty()) applied_[static_cast<size_t>(lo / piece_)] = 1;
+    if (undo_) applied_[static_cast<size_t>(lo / piece_)] = 1;
     complete_round();
   }
 
@@ -2091,11 +2088,12 @@ class ShardService final : public ShardBase {
       if (exit_) return {StatusCode::UNAVAILABLE, fmt::format("{} is shutting down", name_)};
       if (ctx.ctx->IsCancelled())
         return {StatusCode::CANCELLED, fmt::format("{}: the call was cancelled", name_)};
-      if (Status s = lost_blocks_round(); !s.ok() && !(reads && !applied_.empty() && started_ > 0))
-        return s;
+      const Status lost = lost_blocks_round();
+      if (!lost.ok() && !(reads && undo_ && started_ > 0)) return lost;
       if (std::chrono::system_clock::now() >= answer_by(ctx))
         return {StatusCode::DEADLINE_EXCEEDED,
-                fmt::format("{}: the call's deadline passed while waiting for {}", name_, what())};
+                fmt::format("{}: the call's deadline passed while waiting for {}{}", name_, what(),
+                            lost.ok() ? std::string() : " (" + lost.error_message() + ")")};
       if (would_wait != nullptr) {
         *would_wait = true;
         return Status::OK;
@@ -2239,7 +2237,7 @@ class ShardService final : public ShardBase {
     const int64_t round = version_.load();
     rounds_[round] = t;
     while (rounds_.size() > 64) rounds_.erase(rounds_.begin());
-    if (!applied_.empty()) {  // its values from before stay, until the next round overwrites them
+    if (undo_) {  // its values from before stay, until the next round overwrites them
       kept_.swap(applied_);
       kept_round_ = round;
       kept_updates_ = round_updates_;
@@ -2269,7 +2267,7 @@ class ShardService final : public ShardBase {
   // applied or copied, or a reader holds the parameters, it is tried again at the next check
   // (watch). Returns whether it took the round back.
   bool take_back_round() {
-    if (applied_.empty() || started_ == 0 || taken_back_ == version_.load()) return false;
+    if (!undo_ || started_ == 0 || taken_back_ == version_.load()) return false;
     if (started_ != finished_ || copying_ != 0 ||
         std::any_of(inflight_.begin(), inflight_.end(), [](int n) { return n > 0; }))
       return false;
@@ -2319,20 +2317,38 @@ class ShardService final : public ShardBase {
       return Status{StatusCode::FAILED_PRECONDITION,
                     fmt::format("{} cannot go back to round {}: {}", name_, req->version(), why)};
     };
-    if (run_.mode() != "sync" || applied_.empty())
+    if (run_.mode() != "sync" || !undo_)
       return refuse("it keeps no earlier round (plain sync with more than one worker does)");
-    if (v != req->version() + 1 || kept_round_ != req->version())
-      return refuse(fmt::format("it is at round {}, and {}", v,
-                                kept_round_ < 0 ? std::string("keeps no earlier one")
-                                                : fmt::format("keeps round {}", kept_round_)));
-    if (lost_blocks_round().ok()) return refuse("the run can go on (no lost worker stops it)");
-    // Readers' holds of the parameters end first.
-    if (!cv_.wait_until(l, answer_by(ctx), [&] { return copying_ == 0 || kept_round_ < 0; }))
-      return {StatusCode::DEADLINE_EXCEEDED,
-              fmt::format("{}: a reader held the parameters until the deadline of going back to "
-                          "round {}",
-                          name_, req->version())};
-    if (kept_round_ != req->version()) return refuse("its next round began meanwhile");
+    // The shards count a worker lost each by its own clock (their watchdogs wake every 100 ms,
+    // and the worker's last call to each differs): the loss that stopped the chief at another
+    // shard is awaited here for up to a heartbeat timeout and 2 s more. Then the readers' holds
+    // of the parameters end. Nothing of the next round may have arrived (it cannot have: the
+    // chief, whose push of it is needed, is at req->version).
+    const auto until = std::min(
+        answer_by(ctx), std::chrono::system_clock::now() + timeout_ + std::chrono::seconds(2));
+    auto can = [&] {
+      return v == version_.load() && v == req->version() + 1 && kept_round_ == req->version() &&
+             !lost_blocks_round().ok() && copying_ == 0 && arrived_count_ == 0 &&
+             std::all_of(claimed_.begin(), claimed_.end(), [](int n) { return n == 0; }) &&
+             std::all_of(inflight_.begin(), inflight_.end(), [](int n) { return n == 0; });
+    };
+    while (!can() && version_.load() == v && kept_round_ == req->version() &&
+           std::chrono::system_clock::now() < until)
+      cv_.wait_for(l, std::chrono::milliseconds(100));
+    if (!can()) {
+      if (version_.load() != v || kept_round_ != req->version())
+        return refuse(fmt::format("it is at round {}, and {}", version_.load(),
+                                  kept_round_ < 0 ? std::string("keeps no earlier one")
+                                                  : fmt::format("keeps round {}", kept_round_)));
+      if (lost_blocks_round().ok()) return refuse("the run can go on (no lost worker stops it)");
+      if (copying_ != 0)
+        return {StatusCode::DEADLINE_EXCEEDED,
+                fmt::format("{}: a reader held the parameters until the deadline of going back "
+                            "to round {}",
+                            name_, req->version())};
+      return refuse(fmt::format("round {} has begun here", v));
+    }
+    const std::string why = lost_blocks_round().error_message().substr(name_.size() + 2);
     const int64_t updates = kept_updates_;
     const int pieces = put_back(kept_, updates);
     version_.store(req->version());
@@ -2343,8 +2359,7 @@ class ShardService final : public ShardBase {
     taken_back_why_ = fmt::format(
         "{}: round {} was taken back ({} pieces): it had completed here but not on every shard "
         "({}); this shard holds round {} again",
-        name_, req->version(), pieces, lost_blocks_round().error_message().substr(name_.size() + 2),
-        req->version());
+        name_, req->version(), pieces, why, req->version());
     say(taken_back_why_.substr(name_.size() + 2));
     cv_.notify_all();
     rep->set_version(req->version());
@@ -2547,9 +2562,11 @@ class ShardService final : public ShardBase {
   // values stay until the next round's first piece is applied: until then the last complete
   // round (kept_round_, its pieces kept_) can be taken back too (TakeBack), where the lost
   // worker completed it on this shard but not on another.
+  bool undo_ = false;  // whether the run keeps them (plain sync, more than one worker)
   std::vector<char> applied_, kept_;
   HostBuffer undo_params_;
   std::vector<HostBuffer> undo_slots_;
+  std::vector<std::pair<const float*, float*>> undo_pairs_;  // each array and where it is kept
   int64_t round_updates_ = 0;  // the optimizer's updates when the current round began
   int64_t kept_round_ = -1, kept_updates_ = 0;
   int64_t taken_back_ = -1;             // the round taken back: refused from then on
