@@ -567,13 +567,12 @@ class ShardService final : public ShardBase {
     applied_.assign(undo_ ? pieces_ : 0, 0);
     kept_.assign(undo_ ? pieces_ : 0, 0);
     kept_round_ = -1;
-    undo_params_ = undo_ ? HostBuffer(range.size()) : HostBuffer();
-    undo_slots_.clear();
+    undo_kept_.clear();
     undo_pairs_.clear();
     if (undo_) {
-      undo_pairs_.emplace_back(params_.data(), undo_params_.data());
+      undo_pairs_.emplace_back(params_.data(), undo_kept_.emplace_back(range.size()).data());
       for (const std::string& name : opt_->slot_names())
-        undo_pairs_.emplace_back(opt_->slot(name), undo_slots_.emplace_back(range.size()).data());
+        undo_pairs_.emplace_back(opt_->slot(name), undo_kept_.emplace_back(range.size()).data());
     }
     taken_back_ = -1;
     round_updates_ = opt_->updates();
@@ -2273,34 +2272,35 @@ class ShardService final : public ShardBase {
       return false;
     const Status why = lost_blocks_round();
     if (why.ok()) return false;
-    const int pieces = put_back(applied_, round_updates_);
-    taken_back_ = version_.load();
-    taken_back_why_ = fmt::format(
-        "{}; the {} of its {} pieces applied here were taken back, and "
-        "this shard holds round {} again",
-        why.error_message(), pieces, pieces_, taken_back_);
-    clear_round();
-    say(taken_back_why_.substr(name_.size() + 2));  // (the log names the shard already)
-    cv_.notify_all();
+    const int64_t round = version_.load();
+    go_back_to(round, applied_, round_updates_,
+               fmt::format("{}; the {} of its {} pieces applied here were taken back, and this "
+                           "shard holds round {} again",
+                           why.error_message(), std::count(applied_.begin(), applied_.end(), 1),
+                           pieces_, round));
     return true;
   }
-  // Under mu_: the pieces marked in `pieces` get their values from before the round back, and
-  // the optimizer its count `updates`; returns how many.
-  int put_back(const std::vector<char>& pieces, int64_t updates) {
-    const auto& names = opt_->slot_names();
-    int n = 0;
+  // Under mu_: the shard holds `round` again, and refuses it from then on, saying `why` (which
+  // begins with the shard's name): the pieces marked in `pieces` get their values from before
+  // the round back, and the optimizer its count `updates`.
+  void go_back_to(int64_t round, const std::vector<char>& pieces, int64_t updates,
+                  std::string why) {
     for (int p = 0; p < pieces_; ++p) {
       if (!pieces[static_cast<size_t>(p)]) continue;
-      ++n;
       const int64_t a = p * piece_, b = std::min<int64_t>(a + piece_, range_.size());
-      const size_t bytes = sizeof(float) * static_cast<size_t>(b - a);
-      std::memcpy(params_.data() + a, undo_params_.data() + a, bytes);
-      for (size_t i = 0; i < names.size(); ++i)
-        std::memcpy(opt_->slot(names[i]) + a, undo_slots_[i].data() + a, bytes);
+      for (const auto& [live, kept] : undo_pairs_)
+        std::memcpy(live + a, kept + a, sizeof(float) * static_cast<size_t>(b - a));
     }
     opt_->load_state({{"name", opt_->config().name}, {"updates", updates}});
+    version_.store(round);
+    rounds_.erase(round);
+    clear_round();
     kept_round_ = -1;
-    return n;
+    round_updates_ = updates;
+    taken_back_ = round;
+    taken_back_why_ = std::move(why);
+    say(taken_back_why_.substr(name_.size() + 2));  // (the log names the shard already)
+    cv_.notify_all();
   }
 
   // Plain sync, a run that stops on a lost worker (TakeBackRequest, towers.proto): holds
@@ -2348,20 +2348,12 @@ class ShardService final : public ShardBase {
                             name_, req->version())};
       return refuse(fmt::format("round {} has begun here", v));
     }
-    const std::string why = lost_blocks_round().error_message().substr(name_.size() + 2);
-    const int64_t updates = kept_updates_;
-    const int pieces = put_back(kept_, updates);
-    version_.store(req->version());
-    rounds_.erase(req->version());
-    clear_round();
-    round_updates_ = updates;
-    taken_back_ = req->version();
-    taken_back_why_ = fmt::format(
-        "{}: round {} was taken back ({} pieces): it had completed here but not on every shard "
-        "({}); this shard holds round {} again",
-        name_, req->version(), pieces, why, req->version());
-    say(taken_back_why_.substr(name_.size() + 2));
-    cv_.notify_all();
+    go_back_to(
+        req->version(), kept_, kept_updates_,
+        fmt::format("{}: round {} was taken back ({} pieces): it had completed here but "
+                    "not on every shard ({}); this shard holds round {} again",
+                    name_, req->version(), std::count(kept_.begin(), kept_.end(), 1),
+                    lost_blocks_round().error_message().substr(name_.size() + 2), req->version()));
     rep->set_version(req->version());
     return Status::OK;
   }
@@ -2564,9 +2556,8 @@ class ShardService final : public ShardBase {
   // worker completed it on this shard but not on another.
   bool undo_ = false;  // whether the run keeps them (plain sync, more than one worker)
   std::vector<char> applied_, kept_;
-  HostBuffer undo_params_;
-  std::vector<HostBuffer> undo_slots_;
-  std::vector<std::pair<const float*, float*>> undo_pairs_;  // each array and where it is kept
+  std::vector<HostBuffer> undo_kept_;  // the parameters', then each slot's, values kept
+  std::vector<std::pair<float*, float*>> undo_pairs_;  // each array and where it is kept
   int64_t round_updates_ = 0;  // the optimizer's updates when the current round began
   int64_t kept_round_ = -1, kept_updates_ = 0;
   int64_t taken_back_ = -1;             // the round taken back: refused from then on
