@@ -271,9 +271,11 @@ TEST(RemoteOptimizer, PiecesInAnyOrderEqualOneApply) {
 // A sync shard of one worker serving one variable of n floats in pieces of `piece`, and the
 // worker's store, joined.
 struct OneShard {
-  remote::ShardOptions opts;
-  std::thread server;
-  std::atomic<bool> running{false};  // the shard's thread has not returned yet
+  // One a shard (ps:i), each on a thread of its own; running[i]: that thread has not
+  // returned yet.
+  std::vector<remote::ShardOptions> opts;
+  std::vector<std::thread> servers;
+  std::unique_ptr<std::atomic<bool>[]> running;
   ParameterLayout layout;
   std::vector<float> params;
   Optimizer opt;
@@ -281,20 +283,27 @@ struct OneShard {
   remote::RemoteConfig cfg;
 
   // workers: the run's (this store is worker 0; the others call only where a test does).
+  // shards: ps:0 holds the whole range unless there are more.
   OneShard(int64_t n, int64_t piece, const std::string& checkpoint_dir = "",
            const std::string& mode = "sync", int stripes = 1, bool sessions = true, int workers = 1,
            double rpc_timeout = 30, const std::string& optimizer = "sgd",
-           double heartbeat_timeout = 10)
-      : layout({{"v/w", {n}, Init::constant(0.5f)}}),
+           double heartbeat_timeout = 10, int shards = 1)
+      : running(new std::atomic<bool>[shards]),
+        layout({{"v/w", {n}, Init::constant(0.5f)}}),
         params(layout.total(), 0.5f),
         opt(layout, OptimizerConfig{optimizer}) {
     remote::Cluster c;
     for (int w = 0; w < workers; ++w) c.worker.push_back(fmt::format("127.0.0.1:{}", w + 1));
-    c.ps = {fmt::format("127.0.0.1:{}", remote::free_loopback_ports(1)[0])};
-    opts.cluster = c;
-    opts.token = "t";
-    opts.quiet = true;
-    opts.checkpoint_dir = checkpoint_dir;
+    for (int port : remote::free_loopback_ports(shards))
+      c.ps.push_back(fmt::format("127.0.0.1:{}", port));
+    opts.resize(shards);
+    for (int i = 0; i < shards; ++i) {
+      opts[i].cluster = c;
+      opts[i].index = i;
+      opts[i].token = "t";
+      opts[i].quiet = true;
+      opts[i].checkpoint_dir = checkpoint_dir;
+    }
     start();
     cfg.cluster = c;
     cfg.token = "t";
@@ -315,27 +324,32 @@ struct OneShard {
     store.reset();
     shut_down();
   }
-  // The shard, on a thread of its own (again, after shut_down).
+  // The shards, each on a thread of its own (again, after shut_down).
   void start() {
-    running = true;
-    server = std::thread([this] {
-      remote::run_shard(opts);
-      running = false;
-    });
+    servers.clear();
+    for (size_t i = 0; i < opts.size(); ++i) {
+      running[i] = true;
+      servers.emplace_back([this, i] {
+        remote::run_shard(opts[i]);
+        running[i] = false;
+      });
+    }
   }
-  // Asks the shard to exit, unless it has already (every worker done), and waits until it
+  // Asks each shard to exit, unless it has already (every worker done), and waits until it
   // has. A shard whose thread has just started may not listen yet: the call is made again
   // until it is taken.
   void shut_down() {
-    auto stub = remote::Shard::NewStub(remote::open_channel(cfg.cluster.ps[0], {}));
-    while (running) {
-      remote::ShutdownRequest req;
-      remote::ShutdownReply rep;
-      auto ctx = remote::call_context("t", 5);
-      if (stub->Shutdown(ctx.get(), req, &rep).ok()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (size_t i = 0; i < opts.size(); ++i) {
+      auto stub = remote::Shard::NewStub(remote::open_channel(cfg.cluster.ps[i], {}));
+      while (running[i]) {
+        remote::ShutdownRequest req;
+        remote::ShutdownReply rep;
+        auto ctx = remote::call_context("t", 5);
+        if (stub->Shutdown(ctx.get(), req, &rep).ok()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      servers[i].join();
     }
-    server.join();
   }
   // A Restore call (towers.proto) to the shard.
   grpc::Status restore(int64_t version, int64_t generation, remote::RestoreReply* rep,
@@ -376,9 +390,9 @@ struct OneShard {
     r.set_towers(1);
     return r;
   }
-  // The error of a PushStream of these messages (empty: it succeeded).
-  std::string push(std::vector<grpc::ByteBuffer> messages) {
-    remote::ShardSet shards(cfg.cluster.ps, "t", {});
+  // The error of a PushStream of these messages to ps:shard (empty: it succeeded).
+  std::string push(std::vector<grpc::ByteBuffer> messages, int shard = 0) {
+    remote::ShardSet shards({cfg.cluster.ps[shard]}, "t", {});
     std::vector<remote::PushReply> reps;
     try {
       shards.push_streams({std::move(messages)}, reps, 10);
@@ -882,6 +896,87 @@ TEST(RemoteShard, ARoundCompletedOnOneShardIsTakenBackForTheChief) {
       s.push(one.pieces(1))
           .find("round 1 was taken back (4 pieces): it had completed here but not on every shard"),
       std::string::npos);
+}
+
+// Plain sync over two shards, the case of a worker lost in the middle of its push that one
+// shard alone cannot mend: worker 1 sends its whole round 1 to ps:0 and the first two pieces of
+// it to ps:1, then is heard of no more. ps:0 completes round 1; ps:1 applies the two pieces
+// and takes them back once the worker is lost; the chief's push fails naming the worker. The
+// call that the chief's failure path makes before it writes the checkpoint of its last round
+// (trainer.cpp: take_back, then write_checkpoint) brings ps:0 back too: the chief then reads
+// round 1's start from both shards, bitwise, and a late push of the round is refused by both,
+// each saying why.
+TEST(RemoteShard, TheChiefBringsTwoShardsBackToTheLastRoundCompleteOnBoth) {
+  OneShard s(2048, 300, "", "sync", 1, true, /*workers=*/2, 30, "momentum",
+             /*heartbeat_timeout=*/3.0, /*shards=*/2);
+  const std::vector<remote::Range> ranges = remote::shard_ranges(2048, 2);
+  std::vector<float> g(2048);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.25f + 0.001f * static_cast<float>(i % 1000);
+  // Worker 1's push of round r to ps:i, its first n pieces.
+  auto pieces = [&](int i, int64_t r, int n = 1 << 30) {
+    remote::PushRequest h = s.head();
+    h.set_worker(1);
+    h.set_round(r);
+    std::vector<grpc::ByteBuffer> out;
+    const remote::Range& rg = ranges[i];
+    for (int64_t lo = 0; lo < rg.size() && static_cast<int>(out.size()) < n; lo += 300)
+      out.push_back(piece(h, lo, g, rg.begin + lo, std::min(rg.begin + lo + 300, rg.end)));
+    return out;
+  };
+  ASSERT_EQ(pieces(1, 0).size(), 4u);  // (so that 2 of them are a round in part)
+  // Round 0, whole, from both workers.
+  {
+    std::string e0, e1;
+    std::thread one([&] {
+      e0 = s.push(pieces(0, 0), 0);
+      e1 = s.push(pieces(1, 0), 1);
+    });
+    EXPECT_EQ(s.push_ones(), 1);
+    one.join();
+    ASSERT_EQ(e0, "");
+    ASSERT_EQ(e1, "");
+  }
+  const float* p = s.store->host_params();
+  const std::vector<float> params(p, p + 2048);
+  const float* m = s.opt.slot("momentum");
+  const std::vector<float> slot(m, m + 2048);
+  ASSERT_EQ(s.opt.updates(), 1);
+  // Round 1: worker 1's whole push to ps:0 (it completes there once the chief's arrives), two
+  // of its four pieces to ps:1.
+  std::string late0;
+  std::thread one([&] {
+    late0 = s.push(pieces(0, 1), 0);
+    EXPECT_NE(s.push(pieces(1, 1, 2), 1), "");  // (a stream cut short: its round is not whole)
+  });
+  std::string error;
+  try {
+    s.push_ones();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  one.join();
+  EXPECT_EQ(late0, "");
+  EXPECT_NE(error.find("round 1 cannot complete: worker(s) 1 lost"), std::string::npos) << error;
+  EXPECT_EQ(s.store->version(), 1);
+  // The chief's failure path: every shard holds round 1 again; a repeated call answers at once.
+  s.store->take_back(1);
+  s.store->take_back(1);
+  p = s.store->host_params();
+  EXPECT_EQ(s.store->version(), 1);
+  EXPECT_EQ(s.opt.updates(), 1);
+  EXPECT_EQ(0, std::memcmp(p, params.data(), sizeof(float) * params.size()));
+  EXPECT_EQ(0, std::memcmp(s.opt.slot("momentum"), slot.data(), sizeof(float) * slot.size()));
+  // Worker 1, back with round 1: refused by each shard, saying why.
+  const std::string again0 = s.push(pieces(0, 1), 0);
+  EXPECT_NE(again0.find("ps:0: round 1 was taken back (4 pieces): it had completed here but not "
+                        "on every shard"),
+            std::string::npos)
+      << again0;
+  const std::string again1 = s.push(pieces(1, 1), 1);
+  EXPECT_NE(again1.find("the 2 of its 4 pieces applied here were taken back, and this shard "
+                        "holds round 1 again: refused"),
+            std::string::npos)
+      << again1;
 }
 
 // A push on a session keeps its own deadline: at a sync barrier that never completes (the
