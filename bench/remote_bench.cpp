@@ -36,6 +36,11 @@
 //                          piece acknowledged on them; the difference is what a call per push
 //                          and stripe costs
 //   BM_Memcpy/BYTES        memory bandwidth over the same bytes
+//   BM_SyncRoundsToProcesses/BYTES/SHARDS/WORKERS/ADAM
+//                          plain sync rounds: WORKERS workers (stores of this process, a thread
+//                          each) push BYTES each to shard processes, with sgd (ADAM 0) or adam;
+//                          with 2 workers the shards also keep each round's starting values
+//                          (decision 79)
 //   BM_PushToProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB/SESSIONS,
 //   BM_PullFromProcesses/BYTES/SHARDS/STRIPES/PIECE_KIB/SESSIONS
 //                          the same push and pull (in STRIPES streams a shard, each on a
@@ -62,6 +67,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
@@ -279,14 +285,22 @@ struct Cluster {
   std::unique_ptr<Optimizer> opt;
   std::unique_ptr<remote::RemoteParameterStore> store;
   remote::RemoteConfig cfg;
+  // Workers 1.. of the run (store is worker 0's, the chief's), each with its own host copy.
+  struct Worker {
+    std::vector<float> params;
+    std::unique_ptr<Optimizer> opt;
+    std::unique_ptr<remote::RemoteParameterStore> store;
+  };
+  std::vector<Worker> others;
 
   Cluster(int64_t n, int shards, bool in_processes = false, int stripes = 0,
-          int64_t piece_floats = 0, bool sessions = true) {
+          int64_t piece_floats = 0, bool sessions = true, int workers = 1,
+          const std::string& optimizer = "sgd") {
     try {
       if (stripes > 0) cfg.stripes = stripes;
       cfg.sessions = sessions;
       cfg.piece_floats = piece_floats;
-      start(n, shards, in_processes);
+      start(n, shards, in_processes, workers, optimizer);
     } catch (...) {
       stop();
       throw;
@@ -294,9 +308,9 @@ struct Cluster {
   }
   ~Cluster() { stop(); }
 
-  void start(int64_t n, int shards, bool in_processes) {
+  void start(int64_t n, int shards, bool in_processes, int workers, const std::string& optimizer) {
     remote::Cluster c;
-    c.worker = {"127.0.0.1:1"};
+    for (int w = 0; w < workers; ++w) c.worker.push_back(fmt::format("127.0.0.1:{}", w + 1));
     const std::vector<int> ports = remote::free_loopback_ports(shards);
     for (int port : ports) c.ps.push_back(fmt::format("127.0.0.1:{}", port));
     cfg.cluster = c;
@@ -306,8 +320,8 @@ struct Cluster {
       children.dir = tmpl;
       const std::string file = children.dir + "/cluster.json";
       std::ofstream f(file);
-      f << fmt::format(R"({{"cluster": {{"worker": ["127.0.0.1:1"], "ps": ["{}"]}}}})",
-                       fmt::join(c.ps, "\", \""))
+      f << fmt::format(R"({{"cluster": {{"worker": ["{}"], "ps": ["{}"]}}}})",
+                       fmt::join(c.worker, "\", \""), fmt::join(c.ps, "\", \""))
         << "\n";
       f.close();
       TOWERS_REQUIRE(f.good(), "cannot write {}", file);
@@ -333,7 +347,7 @@ struct Cluster {
         std::vector<ParamSpec>{{"v/w", {n}, Init::constant(0.5f)}});
     params.assign(layout->total(), 0.5f);
     grads.assign(layout->total(), 1.0f);
-    opt = std::make_unique<Optimizer>(*layout, OptimizerConfig{"sgd"});
+    opt = std::make_unique<Optimizer>(*layout, OptimizerConfig{optimizer});
     cfg.token = kBenchToken;
     cfg.rpc_timeout = 60;
     cfg.mode = "sync";
@@ -342,10 +356,22 @@ struct Cluster {
                                                            UpdateAccess::Exclusive);
     store->initialize_shards(0);
     store->join();
+    others.resize(workers - 1);
+    for (int w = 1; w < workers; ++w) {
+      Worker& o = others[w - 1];
+      o.params.assign(layout->total(), 0.5f);
+      o.opt = std::make_unique<Optimizer>(*layout, OptimizerConfig{optimizer});
+      remote::RemoteConfig wc = cfg;
+      wc.rank = w;
+      o.store = std::make_unique<remote::RemoteParameterStore>(wc, *layout, o.params.data(), *o.opt,
+                                                               UpdateAccess::Exclusive);
+      o.store->join();
+    }
   }
   // The store says it is done, the shards are told to shut down, and their threads joined; a
   // shard process has a few seconds to end by itself (Children).
   void stop() {
+    others.clear();
     store.reset();
     for (const std::string& a : cfg.cluster.ps) {
       auto stub = remote::Shard::NewStub(remote::open_channel(a, {}));
@@ -404,6 +430,69 @@ void push_case(benchmark::State& state, bool in_processes) {
 }
 void BM_Push(benchmark::State& state) { push_case(state, false); }
 void BM_PushToProcesses(benchmark::State& state) { push_case(state, true); }
+
+// Plain sync rounds from several workers (each a store of this process, on a thread of its
+// own, pushing the whole gradient) to shard processes: a round is applied once every worker's
+// gradient of it has arrived, piece by piece, and each worker's push ends with it. With more
+// than one worker a shard also keeps each round's starting values, its parameters' and its
+// optimizer slots' (README, decision 79). bytes_per_second counts every worker's gradient.
+void BM_SyncRoundsToProcesses(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  const int workers = static_cast<int>(state.range(2));
+  const std::unique_ptr<Cluster> cluster =
+      make_or_skip<Cluster>(state, bytes / 4, static_cast<int>(state.range(1)), true, 0, 0, true,
+                            workers, state.range(3) != 0 ? "adam" : "sgd");
+  if (!cluster) return;
+  Cluster& c = *cluster;
+  // Worker w's push of round `round` (rank 0: the chief's store); its error, if it failed.
+  auto push = [&](int w) -> std::string {
+    remote::RemoteParameterStore& s = w == 0 ? *c.store : *c.others[w - 1].store;
+    CpuDevice host(1);
+    HostUpdate on(host);
+    UpdateRecord rec;
+    rec.lr = 0.001f;
+    try {
+      s.push(c.grads.data(), rec, on);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return rec.skipped ? "a round was skipped" : "";
+  };
+  // Each round: every worker at the start line, then every worker's push ended.
+  std::barrier line(workers);
+  std::atomic<bool> over{false};
+  std::vector<std::string> errors(workers);
+  std::vector<std::thread> threads;
+  for (int w = 1; w < workers; ++w)
+    threads.emplace_back([&, w] {
+      for (;;) {
+        line.arrive_and_wait();
+        if (over) return;
+        if (errors[w].empty()) errors[w] = push(w);
+        line.arrive_and_wait();
+      }
+    });
+  auto round = [&] {
+    line.arrive_and_wait();
+    if (errors[0].empty()) errors[0] = push(0);
+    line.arrive_and_wait();
+  };
+  round();  // (validated below: the round moved every parameter, once)
+  const float* p = c.store->host_params();
+  if (c.store->version() != 1 || p[0] >= 0.5f || p[0] != p[bytes / 4 - 1])
+    errors[0] = "the first round did not move the parameters";
+  if (std::all_of(errors.begin(), errors.end(), [](const std::string& e) { return e.empty(); }))
+    timed_loop(state, c.children.pids, round);
+  over = true;
+  line.arrive_and_wait();
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < workers; ++w)
+    if (!errors[w].empty()) {
+      state.SkipWithError(fmt::format("worker {}: {}", w, errors[w]).c_str());
+      return;
+    }
+  state.SetBytesProcessed(state.iterations() * bytes * workers);
+}
 
 void pull_case(benchmark::State& state, bool in_processes) {
   const int64_t bytes = state.range(0);
@@ -1037,6 +1126,12 @@ void with_sessions(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_PushToProcesses)->Apply(with_sessions);
 BENCHMARK(BM_PullFromProcesses)->Apply(with_sessions);
+// 4 MiB to 1 and 2 shard processes, from 1 and 2 workers, with sgd and adam (whose two slots
+// a shard keeps too).
+BENCHMARK(BM_SyncRoundsToProcesses)
+    ->ArgsProduct({{4 << 20}, {1, 2}, {1, 2}, {0, 1}})
+    ->UseRealTime()
+    ->MinTime(0.3);
 BENCHMARK(BM_TcpLoopback)->Apply(tcp_variants);
 BENCHMARK(BM_GrpcUnary)->Apply([](auto* b) { sizes(b, false); });
 BENCHMARK(BM_GrpcStream)->Apply([](auto* b) { sizes(b, false); });
