@@ -67,7 +67,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <barrier>
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
@@ -444,11 +443,9 @@ void BM_SyncRoundsToProcesses(benchmark::State& state) {
                             workers, state.range(3) != 0 ? "adam" : "sgd");
   if (!cluster) return;
   Cluster& c = *cluster;
-  // Worker w's push of round `round` (rank 0: the chief's store); its error, if it failed.
-  auto push = [&](int w) -> std::string {
+  // Worker w's push of the next round (rank 0: the chief's store); its error, if it failed.
+  auto push = [&](int w, HostUpdate& on) -> std::string {
     remote::RemoteParameterStore& s = w == 0 ? *c.store : *c.others[w - 1].store;
-    CpuDevice host(1);
-    HostUpdate on(host);
     UpdateRecord rec;
     rec.lr = 0.001f;
     try {
@@ -458,39 +455,82 @@ void BM_SyncRoundsToProcesses(benchmark::State& state) {
     }
     return rec.skipped ? "a round was skipped" : "";
   };
-  // Each round: every worker at the start line, then every worker's push ended.
-  std::barrier line(workers);
-  std::atomic<bool> over{false};
-  std::vector<std::string> errors(workers);
-  std::vector<std::thread> threads;
+  std::vector<std::string> errors(workers);  // each written by its worker's thread only
+  // Workers 1.., a thread each: each round the chief starts, they push once; the last of them
+  // done says so. Destroyed first: ends and joins them, however the case ends.
+  struct Crew {
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t started = 0;  // rounds started
+    int finished = 0;     // workers 1.. done with the round started last
+    bool over = false;
+    std::vector<std::thread> threads;
+    ~Crew() {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        over = true;
+      }
+      cv.notify_all();
+      for (std::thread& t : threads) t.join();
+    }
+  } crew;
   for (int w = 1; w < workers; ++w)
-    threads.emplace_back([&, w] {
-      for (;;) {
-        line.arrive_and_wait();
-        if (over) return;
-        if (errors[w].empty()) errors[w] = push(w);
-        line.arrive_and_wait();
+    crew.threads.emplace_back([&, w] {
+      CpuDevice host(1);
+      HostUpdate on(host);
+      for (int64_t seen = 0;;) {
+        {
+          std::unique_lock<std::mutex> l(crew.mu);
+          crew.cv.wait(l, [&] { return crew.over || crew.started > seen; });
+          if (crew.over) return;
+          seen = crew.started;
+        }
+        if (errors[w].empty()) errors[w] = push(w, on);
+        {
+          std::lock_guard<std::mutex> l(crew.mu);
+          ++crew.finished;
+        }
+        crew.cv.notify_all();
       }
     });
+  CpuDevice host(1);
+  HostUpdate on(host);
+  // One round: every worker's push, ended; false (the case skipped, naming the worker) once one
+  // has failed.
   auto round = [&] {
-    line.arrive_and_wait();
-    if (errors[0].empty()) errors[0] = push(0);
-    line.arrive_and_wait();
+    {
+      std::lock_guard<std::mutex> l(crew.mu);
+      ++crew.started;
+      crew.finished = 0;
+    }
+    crew.cv.notify_all();
+    if (errors[0].empty()) errors[0] = push(0, on);
+    std::unique_lock<std::mutex> l(crew.mu);
+    crew.cv.wait(l, [&] { return crew.finished == workers - 1; });
+    for (int w = 0; w < workers; ++w)
+      if (!errors[w].empty()) {
+        state.SkipWithError(fmt::format("worker {}: {}", w, errors[w]).c_str());
+        return false;
+      }
+    return true;
   };
-  round();  // (validated below: the round moved every parameter, once)
-  const float* p = c.store->host_params();
-  if (c.store->version() != 1 || p[0] >= 0.5f || p[0] != p[bytes / 4 - 1])
-    errors[0] = "the first round did not move the parameters";
-  if (std::all_of(errors.begin(), errors.end(), [](const std::string& e) { return e.empty(); }))
-    timed_loop(state, c.children.pids, round);
-  over = true;
-  line.arrive_and_wait();
-  for (auto& t : threads) t.join();
-  for (int w = 0; w < workers; ++w)
-    if (!errors[w].empty()) {
-      state.SkipWithError(fmt::format("worker {}: {}", w, errors[w]).c_str());
+  // Validate: the first round was applied once (the optimizer's count), and it moved every
+  // parameter alike (they start alike, and every gradient is ones).
+  if (!round()) return;
+  try {
+    const float* p = c.store->host_params();
+    bool alike = p[0] < 0.5f;
+    for (int64_t i = 1; i < bytes / 4 && alike; ++i) alike = p[i] == p[0];
+    if (c.store->version() != 1 || c.opt->updates() != 1 || !alike) {
+      state.SkipWithError("the first round was not applied once to every parameter");
       return;
     }
+  } catch (const std::exception& e) {
+    state.SkipWithError(
+        fmt::format("the chief's read after the first round: {}", e.what()).c_str());
+    return;
+  }
+  timed_loop(state, c.children.pids, [&] { round(); });
   state.SetBytesProcessed(state.iterations() * bytes * workers);
 }
 

@@ -304,7 +304,6 @@ struct OneShard {
       opts[i].quiet = true;
       opts[i].checkpoint_dir = checkpoint_dir;
     }
-    start();
     cfg.cluster = c;
     cfg.token = "t";
     cfg.rpc_timeout = rpc_timeout;
@@ -314,11 +313,18 @@ struct OneShard {
     cfg.mode = mode;
     cfg.stripes = stripes;
     cfg.sessions = sessions;
-    store = std::make_unique<remote::RemoteParameterStore>(
-        cfg, layout, params.data(), opt,
-        mode == "sync" ? UpdateAccess::Exclusive : UpdateAccess::Concurrent);
-    store->initialize_shards(0);
-    store->join();
+    start();
+    try {
+      store = std::make_unique<remote::RemoteParameterStore>(
+          cfg, layout, params.data(), opt,
+          mode == "sync" ? UpdateAccess::Exclusive : UpdateAccess::Concurrent);
+      store->initialize_shards(0);
+      store->join();
+    } catch (...) {  // (the shards' threads are joined before the fixture is abandoned)
+      store.reset();
+      shut_down();
+      throw;
+    }
   }
   ~OneShard() {
     store.reset();
@@ -768,6 +774,33 @@ TEST(RemoteShard, PullSessionsCarryPullAfterPullAndEndOnARefusal) {
 }
 
 // Worker 1 of a OneShard's two: pushes of its gradient (not the store's), by hand.
+// Worker `worker`'s heartbeats to one shard, every 200 ms from construction until stop() (from
+// any thread); the destructor stops them and waits for the last.
+class Heartbeats {
+ public:
+  Heartbeats(const std::string& shard, int worker)
+      : thread_([this, shard, worker] {
+          remote::ShardSet shards({shard}, "t", {});
+          while (beating_) {
+            remote::HeartbeatRequest req;
+            req.set_worker(worker);
+            remote::HeartbeatReply rep;
+            auto ctx = remote::call_context("t", 2);
+            (void)shards.stub(0).Heartbeat(ctx.get(), req, &rep);
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          }
+        }) {}
+  ~Heartbeats() {
+    stop();
+    thread_.join();
+  }
+  void stop() { beating_ = false; }
+
+ private:
+  std::atomic<bool> beating_{true};
+  std::thread thread_;  // (after beating_: it reads it)
+};
+
 struct SecondWorker {
   OneShard& s;
   std::vector<float> g = std::vector<float>(1024);
@@ -866,22 +899,11 @@ TEST(RemoteShard, ARoundCompletedOnOneShardIsTakenBackForTheChief) {
   };
   // While worker 1 lives (its heartbeats), the shard refuses to go back, after waiting a
   // heartbeat timeout and 2 s for it to be lost.
-  std::atomic<bool> beating{true};
-  std::thread heart([&] {
-    remote::ShardSet shards(s.cfg.cluster.ps, "t", {});
-    while (beating) {
-      remote::HeartbeatRequest req;
-      req.set_worker(1);
-      remote::HeartbeatReply rep;
-      auto ctx = remote::call_context("t", 2);
-      (void)shards.stub(0).Heartbeat(ctx.get(), req, &rep);
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-  });
-  EXPECT_NE(take_back(1).find("ps:0 cannot go back to round 1: the run can go on"),
-            std::string::npos);
-  beating = false;
-  heart.join();
+  {
+    Heartbeats heart(s.cfg.cluster.ps[0], 1);
+    EXPECT_NE(take_back(1).find("ps:0 cannot go back to round 1: the run can go on"),
+              std::string::npos);
+  }
   // Once it is silent, the chief's one call waits for the shard to count it lost (3 s), and
   // the shard goes back; asked again, it answers at once.
   EXPECT_EQ(take_back(1), "");
@@ -924,6 +946,15 @@ TEST(RemoteShard, TheChiefBringsTwoShardsBackToTheLastRoundCompleteOnBoth) {
     return out;
   };
   ASSERT_EQ(pieces(1, 0).size(), 4u);  // (so that 2 of them are a round in part)
+  // The chief's push; its error, if it failed.
+  auto push = [&]() -> std::string {
+    try {
+      EXPECT_EQ(s.push_ones(), 1);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
   // Round 0, whole, from both workers.
   {
     std::string e0, e1;
@@ -931,11 +962,15 @@ TEST(RemoteShard, TheChiefBringsTwoShardsBackToTheLastRoundCompleteOnBoth) {
       e0 = s.push(pieces(0, 0), 0);
       e1 = s.push(pieces(1, 0), 1);
     });
-    EXPECT_EQ(s.push_ones(), 1);
+    const std::string error = push();
     one.join();
+    ASSERT_EQ(error, "");
     ASSERT_EQ(e0, "");
     ASSERT_EQ(e1, "");
   }
+  // Worker 1 lives for ps:1 (its heartbeats) until its part of round 1 is sent there, however
+  // long the rest takes on a loaded machine; it is counted lost 3 s after.
+  Heartbeats heart(s.cfg.cluster.ps[1], 1);
   const float* p = s.store->host_params();
   const std::vector<float> params(p, p + 2048);
   const float* m = s.opt.slot("momentum");
@@ -947,23 +982,17 @@ TEST(RemoteShard, TheChiefBringsTwoShardsBackToTheLastRoundCompleteOnBoth) {
   std::thread one([&] {
     late0 = s.push(pieces(0, 1), 0);
     EXPECT_NE(s.push(pieces(1, 1, 2), 1), "");  // (a stream cut short: its round is not whole)
+    heart.stop();
   });
-  std::string error;
-  try {
-    s.push_ones();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  const std::string error = push();
   one.join();
   EXPECT_EQ(late0, "");
   EXPECT_NE(error.find("round 1 cannot complete: worker(s) 1 lost"), std::string::npos) << error;
-  EXPECT_EQ(s.store->version(), 1);
-  // The chief's failure path: every shard holds round 1 again; a repeated call answers at once.
+  // The chief's failure path: every shard holds round 1 again (asked again, each answers).
   s.store->take_back(1);
   s.store->take_back(1);
   p = s.store->host_params();
-  EXPECT_EQ(s.store->version(), 1);
-  EXPECT_EQ(s.opt.updates(), 1);
+  EXPECT_EQ(s.opt.updates(), 1);  // (ps:0's count, which had gone to 2)
   EXPECT_EQ(0, std::memcmp(p, params.data(), sizeof(float) * params.size()));
   EXPECT_EQ(0, std::memcmp(s.opt.slot("momentum"), slot.data(), sizeof(float) * slot.size()));
   // Worker 1, back with round 1: refused by each shard, saying why.
