@@ -773,7 +773,6 @@ TEST(RemoteShard, PullSessionsCarryPullAfterPullAndEndOnARefusal) {
       << st.error_message();
 }
 
-// Worker 1 of a OneShard's two: pushes of its gradient (not the store's), by hand.
 // Worker `worker`'s heartbeats to one shard, every 200 ms from construction until stop() (from
 // any thread); the destructor stops them and waits for the last.
 class Heartbeats {
@@ -801,20 +800,28 @@ class Heartbeats {
   std::thread thread_;  // (after beating_: it reads it)
 };
 
+// Worker 1 of a OneShard's two: pushes of its gradient (not the store's), by hand, in the
+// fixture's pieces of 300 floats.
 struct SecondWorker {
   OneShard& s;
-  std::vector<float> g = std::vector<float>(1024);
+  const std::vector<remote::Range> ranges;  // each shard's
+  std::vector<float> g;
   remote::PushRequest h;
-  explicit SecondWorker(OneShard& shard) : s(shard), h(shard.head()) {
+  explicit SecondWorker(OneShard& shard)
+      : s(shard),
+        ranges(remote::shard_ranges(shard.layout.total(), static_cast<int>(shard.opts.size()))),
+        g(shard.layout.total()),
+        h(shard.head()) {
     for (size_t i = 0; i < g.size(); ++i) g[i] = 0.25f + 0.001f * static_cast<float>(i);
     h.set_worker(1);
   }
-  // Its whole push of round r (the shard's 1024 floats in pieces of 300), or the first n pieces.
-  std::vector<grpc::ByteBuffer> pieces(int64_t r, int n = 4) {
+  // Its whole push of round r to ps:shard, or the first n pieces.
+  std::vector<grpc::ByteBuffer> pieces(int64_t r, int n = 1 << 30, int shard = 0) {
     h.set_round(r);
     std::vector<grpc::ByteBuffer> out;
-    for (int64_t lo = 0; lo < 1024 && static_cast<int>(out.size()) < n; lo += 300)
-      out.push_back(piece(h, lo, g, lo, std::min<int64_t>(lo + 300, 1024)));
+    const remote::Range& rg = ranges[shard];
+    for (int64_t lo = 0; lo < rg.size() && static_cast<int>(out.size()) < n; lo += 300)
+      out.push_back(piece(h, lo, g, rg.begin + lo, std::min(rg.begin + lo + 300, rg.end)));
     return out;
   }
   // The parameters and momentum slot that the store (the chief) reads now, and its update count.
@@ -822,8 +829,8 @@ struct SecondWorker {
   int64_t updates = 0;
   void keep() {
     const float* p = s.store->host_params();
-    params.assign(p, p + 1024);
-    slot.assign(s.opt.slot("momentum"), s.opt.slot("momentum") + 1024);
+    params.assign(p, p + g.size());
+    slot.assign(s.opt.slot("momentum"), s.opt.slot("momentum") + g.size());
     updates = s.opt.updates();
   }
   // What the store reads now is bitwise what keep() read.
@@ -833,13 +840,26 @@ struct SecondWorker {
     EXPECT_EQ(0, std::memcmp(p, params.data(), sizeof(float) * params.size()));
     EXPECT_EQ(0, std::memcmp(s.opt.slot("momentum"), slot.data(), sizeof(float) * slot.size()));
   }
-  // Round r, whole, from both workers (the store's push of ones is worker 0's).
+  // The store's push of ones (worker 0's); its error, if it failed.
+  std::string chief_push(int64_t r) {
+    try {
+      EXPECT_EQ(s.push_ones(), r + 1);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  }
+  // Round r, whole, from both workers, to every shard.
   void round(int64_t r) {
-    std::string error;
-    std::thread t([&] { error = s.push(pieces(r)); });
-    EXPECT_EQ(s.push_ones(), r + 1);
+    std::vector<std::string> errors(ranges.size());
+    std::thread t([&] {
+      for (size_t i = 0; i < ranges.size(); ++i)
+        errors[i] = s.push(pieces(r, 1 << 30, static_cast<int>(i)), static_cast<int>(i));
+    });
+    const std::string error = chief_push(r);
     t.join();
     EXPECT_EQ(error, "");
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
   }
 };
 
@@ -931,77 +951,38 @@ TEST(RemoteShard, ARoundCompletedOnOneShardIsTakenBackForTheChief) {
 TEST(RemoteShard, TheChiefBringsTwoShardsBackToTheLastRoundCompleteOnBoth) {
   OneShard s(2048, 300, "", "sync", 1, true, /*workers=*/2, 30, "momentum",
              /*heartbeat_timeout=*/3.0, /*shards=*/2);
-  const std::vector<remote::Range> ranges = remote::shard_ranges(2048, 2);
-  std::vector<float> g(2048);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.25f + 0.001f * static_cast<float>(i % 1000);
-  // Worker 1's push of round r to ps:i, its first n pieces.
-  auto pieces = [&](int i, int64_t r, int n = 1 << 30) {
-    remote::PushRequest h = s.head();
-    h.set_worker(1);
-    h.set_round(r);
-    std::vector<grpc::ByteBuffer> out;
-    const remote::Range& rg = ranges[i];
-    for (int64_t lo = 0; lo < rg.size() && static_cast<int>(out.size()) < n; lo += 300)
-      out.push_back(piece(h, lo, g, rg.begin + lo, std::min(rg.begin + lo + 300, rg.end)));
-    return out;
-  };
-  ASSERT_EQ(pieces(1, 0).size(), 4u);  // (so that 2 of them are a round in part)
-  // The chief's push; its error, if it failed.
-  auto push = [&]() -> std::string {
-    try {
-      EXPECT_EQ(s.push_ones(), 1);
-    } catch (const std::exception& e) {
-      return e.what();
-    }
-    return "";
-  };
-  // Round 0, whole, from both workers.
-  {
-    std::string e0, e1;
-    std::thread one([&] {
-      e0 = s.push(pieces(0, 0), 0);
-      e1 = s.push(pieces(1, 0), 1);
-    });
-    const std::string error = push();
-    one.join();
-    ASSERT_EQ(error, "");
-    ASSERT_EQ(e0, "");
-    ASSERT_EQ(e1, "");
-  }
+  SecondWorker one(s);
+  ASSERT_EQ(one.pieces(0, 1 << 30, 1).size(), 4u);  // (so that 2 of them are a round in part)
+  one.round(0);
   // Worker 1 lives for ps:1 (its heartbeats) until its part of round 1 is sent there, however
   // long the rest takes on a loaded machine; it is counted lost 3 s after.
   Heartbeats heart(s.cfg.cluster.ps[1], 1);
-  const float* p = s.store->host_params();
-  const std::vector<float> params(p, p + 2048);
-  const float* m = s.opt.slot("momentum");
-  const std::vector<float> slot(m, m + 2048);
-  ASSERT_EQ(s.opt.updates(), 1);
+  one.keep();
+  ASSERT_EQ(one.updates, 1);
   // Round 1: worker 1's whole push to ps:0 (it completes there once the chief's arrives), two
   // of its four pieces to ps:1.
   std::string late0;
-  std::thread one([&] {
-    late0 = s.push(pieces(0, 1), 0);
-    EXPECT_NE(s.push(pieces(1, 1, 2), 1), "");  // (a stream cut short: its round is not whole)
+  std::thread t([&] {
+    late0 = s.push(one.pieces(1, 1 << 30, 0), 0);
+    EXPECT_NE(s.push(one.pieces(1, 2, 1), 1), "");  // (a stream cut short: its round is not whole)
     heart.stop();
   });
-  const std::string error = push();
-  one.join();
+  const std::string error = one.chief_push(1);
+  t.join();
   EXPECT_EQ(late0, "");
   EXPECT_NE(error.find("round 1 cannot complete: worker(s) 1 lost"), std::string::npos) << error;
   // The chief's failure path: every shard holds round 1 again (asked again, each answers).
+  // What it reads: ps:0's count, which had gone to 2, and both shards' floats and slots.
   s.store->take_back(1);
   s.store->take_back(1);
-  p = s.store->host_params();
-  EXPECT_EQ(s.opt.updates(), 1);  // (ps:0's count, which had gone to 2)
-  EXPECT_EQ(0, std::memcmp(p, params.data(), sizeof(float) * params.size()));
-  EXPECT_EQ(0, std::memcmp(s.opt.slot("momentum"), slot.data(), sizeof(float) * slot.size()));
+  one.expect_kept();
   // Worker 1, back with round 1: refused by each shard, saying why.
-  const std::string again0 = s.push(pieces(0, 1), 0);
+  const std::string again0 = s.push(one.pieces(1, 1 << 30, 0), 0);
   EXPECT_NE(again0.find("ps:0: round 1 was taken back (4 pieces): it had completed here but not "
                         "on every shard"),
             std::string::npos)
       << again0;
-  const std::string again1 = s.push(pieces(1, 1), 1);
+  const std::string again1 = s.push(one.pieces(1, 1 << 30, 1), 1);
   EXPECT_NE(again1.find("the 2 of its 4 pieces applied here were taken back, and this shard "
                         "holds round 1 again: refused"),
             std::string::npos)
