@@ -6,12 +6,14 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -1720,7 +1722,9 @@ Proc spawn(const std::vector<std::string>& args, const std::string& log,
   Proc p;
   p.log = log;
   p.pid = fork();
+  EXPECT_GE(p.pid, 0) << "fork: " << std::strerror(errno);
   if (p.pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // (a test binary that crashes leaves no role running)
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
@@ -1746,6 +1750,7 @@ std::vector<std::string> words(const std::string& line) {
 
 // Waits up to seconds for p to end; returns its exit code, or -1 (then it is killed).
 int wait_for(Proc& p, double seconds) {
+  if (p.pid <= 0) return -1;  // (never started: there is no process to wait for or kill)
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   int st = 0;
   while (std::chrono::steady_clock::now() < until) {
@@ -2046,12 +2051,14 @@ TEST(RemoteCli, SyncStopsNamingTheLostWorker) {
 
 // Plain sync over two shard processes, the chief a real `towers train`, worker 1 this test
 // (its pushes by hand): the two take rounds 0 to 2; then worker 1 sends its whole round 3 to
-// ps:0 and the first two pieces of it to ps:1, and is heard of no more. ps:0 completes round 3,
-// ps:1 cannot. The chief's failure path (trainer.cpp) brings ps:0 back to round 3 (TakeBack),
+// ps:0 and the first two pieces of it to ps:1, and falls silent. ps:0 completes round 3; ps:1
+// applies the two pieces (the chief's are there) and, once worker 1 is lost, its watchdog puts
+// them back. The chief's failure path (trainer.cpp) brings ps:0 back to round 3 (TakeBack),
 // saves round 3's start and stops with an error naming worker 1 and the file. What it saved is
-// bitwise what both shards held before worker 1's round 3, parameters and momentum: the kill
-// that lands between two shards' parts of a push loses no complete round. (SyncStopsNamingThe-
-// LostWorker and scripts/kill-shards.sh kill a worker wherever it is; this is the one place.)
+// bitwise what both shards held before worker 1's round 3 (parameters, momentum, the update
+// count): a worker lost between two shards' parts of a push costs no complete round.
+// (SyncStopsNamingTheLostWorker and scripts/kill-shards.sh kill a worker wherever it is; this
+// is the one moment, every time.)
 TEST(RemoteCli, SyncChiefSavesTheRoundCompleteOnEveryShardWhenAWorkerDiesBetweenShards) {
   const std::string dir = test_path("between");
   const std::vector<int> ports = remote::free_loopback_ports(2);
@@ -2080,9 +2087,13 @@ TEST(RemoteCli, SyncChiefSavesTheRoundCompleteOnEveryShardWhenAWorkerDiesBetween
     std::vector<Proc*> procs;
     ~Ends() {
       for (Proc* p : procs)
-        if (kill(p->pid, SIGKILL) == 0) wait_for(*p, 10);
+        if (p->pid > 0 && kill(p->pid, SIGKILL) == 0) wait_for(*p, 10);
     }
   } ends{{&chief, &shards[0], &shards[1]}};
+  auto logs = [&] {
+    return read_all(chief.log) + "\nps:0:\n" + read_all(shards[0].log) + "\nps:1:\n" +
+           read_all(shards[1].log);
+  };
 
   // Worker 1 joins once the chief has initialised both shards: their layout, ranges and pieces.
   std::vector<remote::InfoReply> info(2);
@@ -2094,7 +2105,7 @@ TEST(RemoteCli, SyncChiefSavesTheRoundCompleteOnEveryShardWhenAWorkerDiesBetween
       if (!one.stub(0).Info(ctx.get(), req, &info[i]).ok() || !info[i].initialized()) return false;
     }
     return true;
-  })) << read_all(chief.log);
+  })) << logs();
   Heartbeats beat0(ps[0], 1, "run-token"), beat1(ps[1], 1, "run-token");
   std::vector<float> g(static_cast<size_t>(info[0].total()), 0.001f);
   // Worker 1's push of round r to ps:i: its first n pieces; the error, if it failed.
@@ -2126,7 +2137,8 @@ TEST(RemoteCli, SyncChiefSavesTheRoundCompleteOnEveryShardWhenAWorkerDiesBetween
   };
   const int kAll = 1 << 30;
   for (int64_t r = 0; r < 3; ++r)
-    for (int i = 0; i < 2; ++i) ASSERT_EQ(push(r, i, kAll), "") << "round " << r << ", ps:" << i;
+    for (int i = 0; i < 2; ++i)
+      ASSERT_EQ(push(r, i, kAll), "") << "round " << r << ", ps:" << i << "\n" << logs();
 
   // What both shards hold before round 3 (no piece of it can be applied without worker 1's):
   // the layout, the parameters and the momentum slot, read as a reader.
@@ -2153,29 +2165,33 @@ TEST(RemoteCli, SyncChiefSavesTheRoundCompleteOnEveryShardWhenAWorkerDiesBetween
   }
   ASSERT_EQ(0, std::memcmp(params.data(), before.params.data(), sizeof(float) * params.size()));
 
-  // Round 3: whole to ps:0, where it completes (the reply comes once it is applied); two pieces
-  // of it to ps:1 (a stream cut short: refused, the pieces kept); then silence.
+  // Round 3: whole to ps:0, where it completes (the reply comes once it is applied); silence
+  // there from then on (ps:0 counts worker 1 lost first, so that it is ready for the chief's
+  // TakeBack when ps:1 is); two pieces of it to ps:1 (a stream cut short: refused, the pieces
+  // kept); then silence.
   ASSERT_GE(remote::messages_of(info[1].end() - info[1].begin(), info[1].piece_floats()), 4);
   remote::PushReply applied;
-  ASSERT_EQ(push(3, 0, kAll, &applied), "");
+  ASSERT_EQ(push(3, 0, kAll, &applied), "") << logs();
+  beat0.stop();
   EXPECT_EQ(applied.version(), 4);
   EXPECT_TRUE(applied.applied());
-  EXPECT_NE(push(3, 1, 2), "");
-  beat0.stop();
+  const std::string cut = push(3, 1, 2);
   beat1.stop();
+  EXPECT_NE(cut.find("worker 1's push of round 3 ended after"), std::string::npos) << cut;
 
   const int rc = wait_for(chief, 120);
   ends.procs.erase(ends.procs.begin());  // (reaped)
   const std::string out = read_all(chief.log);
-  ASSERT_EQ(rc, 1) << out;
+  ASSERT_EQ(rc, 1) << logs();
   EXPECT_NE(out.find("round 3 cannot complete: worker(s) 1 lost"), std::string::npos) << out;
   const std::optional<std::string> saved = io::checkpoint_of(dir + "/ck", 3);
-  ASSERT_TRUE(saved.has_value()) << out;
+  ASSERT_TRUE(saved.has_value()) << logs();
   EXPECT_NE(out.find(fmt::format("the last complete round, step 3, is saved in {}", *saved)),
             std::string::npos)
       << out;
   const io::Checkpoint ck = io::load_checkpoint(*saved, *before.layout, {"momentum"});
   EXPECT_EQ(ck.meta.step, 3);
+  EXPECT_EQ(ck.meta.optimizer_state.value("updates", int64_t{-1}), 3) << ck.meta.optimizer_state;
   for (const auto& v : before.layout->variables()) {
     const size_t at = static_cast<size_t>(v.offset),
                  bytes = sizeof(float) * static_cast<size_t>(v.size);
@@ -2183,6 +2199,9 @@ TEST(RemoteCli, SyncChiefSavesTheRoundCompleteOnEveryShardWhenAWorkerDiesBetween
     EXPECT_EQ(0, std::memcmp(ck.slots.at(0).second.data() + at, momentum.data() + at, bytes))
         << v.spec.name;
   }
+  // The shards end by themselves (the chief is done, worker 1 lost), cleanly.
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(wait_for(shards[i], 30), 0) << "ps:" << i << "\n" << logs();
+  ends.procs.clear();  // (reaped)
 }
 
 // A second launch into the folder of an earlier one is refused before it touches anything (the
