@@ -273,6 +273,22 @@ TEST(RemoteOptimizer, PiecesInAnyOrderEqualOneApply) {
 
 // A sync shard of one worker serving one variable of n floats in pieces of `piece`, and the
 // worker's store, joined.
+// The error of a PushStream of these messages to the shard at `address` (empty: it
+// succeeded, and its reply is in *reply if asked for).
+std::string push_stream(const std::string& address, const std::string& token,
+                        std::vector<grpc::ByteBuffer> messages, double timeout,
+                        remote::PushReply* reply = nullptr) {
+  remote::ShardSet shards({address}, token, {});
+  std::vector<remote::PushReply> reps;
+  try {
+    shards.push_streams({std::move(messages)}, reps, timeout);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  if (reply) *reply = reps.at(0);
+  return "";
+}
+
 struct OneShard {
   // One a shard (ps:i), each on a thread of its own; running[i]: that thread has not
   // returned yet.
@@ -401,14 +417,7 @@ struct OneShard {
   }
   // The error of a PushStream of these messages to ps:shard (empty: it succeeded).
   std::string push(std::vector<grpc::ByteBuffer> messages, int shard = 0) {
-    remote::ShardSet shards({cfg.cluster.ps[shard]}, "t", {});
-    std::vector<remote::PushReply> reps;
-    try {
-      shards.push_streams({std::move(messages)}, reps, 10);
-    } catch (const std::exception& e) {
-      return e.what();
-    }
-    return "";
+    return push_stream(cfg.cluster.ps[shard], "t", std::move(messages), 10);
   }
 };
 
@@ -2125,15 +2134,7 @@ TEST(RemoteCli, SyncChiefSavesTheRoundCompleteOnEveryShardWhenAWorkerDiesBetween
       messages.push_back(piece(h, lo, g, info[i].begin() + lo, info[i].begin() + hi));
       return static_cast<int>(messages.size()) < n;
     });
-    remote::ShardSet one({ps[i]}, "run-token", {});
-    std::vector<remote::PushReply> reps;
-    try {
-      one.push_streams({std::move(messages)}, reps, 30);
-    } catch (const std::exception& e) {
-      return e.what();
-    }
-    if (reply) *reply = reps.at(0);
-    return "";
+    return push_stream(ps[i], "run-token", std::move(messages), 30, reply);
   };
   const int kAll = 1 << 30;
   for (int64_t r = 0; r < 3; ++r)
